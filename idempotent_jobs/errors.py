@@ -1,0 +1,45 @@
+"""The ledger's error hierarchy: one base class, one subclass per thing a caller can act on.
+
+Each subclass's docstring is also its default message.
+"""
+
+from typing import Any
+
+
+class LedgerError(Exception):
+    """The run ledger could not do what was asked."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*(args or ((self.__doc__ or "").strip(),)))
+
+
+class InvalidInputError(LedgerError, ValueError):
+    """A value given to the ledger is not valid."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}")
+
+
+class IdentityConflictError(LedgerError):
+    """A stored run has the same id or the same identity fields but does not match this one."""
+
+
+class LeaseLostError(LedgerError):
+    """This worker no longer holds the run's lease (it expired and was reclaimed, or the run moved on).
+
+    Nothing was written. The caller may retry the whole step: a new claim decides who goes on.
+    """
+
+
+class SchemaNotMigratedError(LedgerError):
+    """The ledger schema is missing or not at this code's version: run `idempotent-jobs migrate`."""
+
+
+class LedgerConnectionError(LedgerError):
+    """The database connection failed while the outcome of a write was unknown; retrying is safe."""
+
+
+class OutputRejectedError(LedgerError):
+    """The validator rejected the model's output; the attempt is recorded as failed."""

@@ -1,0 +1,427 @@
+"""The run ledger: a Dagster resource, usable without Dagster, backed by its own PostgreSQL schema.
+
+PostgreSQL is the only authority: uniqueness is a constraint, the lease is one atomic UPDATE whose
+expiry is the database clock, and every write after a claim is fenced by owner and epoch (see
+``queries.py``). Each method is one statement on an autocommit connection, so a method is one round
+trip and one transaction, and safe to retry when the connection drops: a statement that landed
+before the drop is recognised on the retry instead of being applied twice.
+"""
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, LiteralString, TypeVar
+
+import dagster as dg
+import psycopg
+from psycopg import sql
+from psycopg.rows import RowFactory, class_row, tuple_row
+from psycopg_pool import ConnectionPool, PoolTimeout
+from pydantic import Field, PrivateAttr
+
+from idempotent_jobs import queries
+from idempotent_jobs.errors import (
+    IdentityConflictError,
+    InvalidInputError,
+    LeaseLostError,
+    LedgerConnectionError,
+    SchemaNotMigratedError,
+)
+from idempotent_jobs.identity import RunIdentity
+from idempotent_jobs.json_values import dump_json_object
+from idempotent_jobs.records import (
+    AttemptRecord,
+    Completion,
+    DeliveryReport,
+    Lease,
+    ModelUsage,
+    OutboxRecord,
+    RunRecord,
+)
+from idempotent_jobs.schema import apply_migrations, check_schema_name, verify_migrations
+
+Row = TypeVar("Row")
+
+MAX_LEASE_SECONDS = 24 * 3600.0
+MAX_ERROR_CHARS = 4000
+_NO_USAGE = ModelUsage()
+
+
+def _check_worker_id(worker_id: str) -> str:
+    if not isinstance(worker_id, str) or not worker_id.strip():
+        raise InvalidInputError("worker_id", "must be a non-empty string")
+    if len(worker_id) > 200 or not worker_id.isprintable():
+        raise InvalidInputError("worker_id", "must be printable and at most 200 characters")
+    return worker_id
+
+
+def _check_lease_seconds(lease_seconds: float) -> float:
+    if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, int | float):
+        raise InvalidInputError("lease_seconds", "must be a number of seconds")
+    if not 0 < lease_seconds <= MAX_LEASE_SECONDS:
+        raise InvalidInputError("lease_seconds", f"must be > 0 and <= {MAX_LEASE_SECONDS:.0f}")
+    return float(lease_seconds)
+
+
+def _notifications_json(notifications: Mapping[str, Any] | None) -> str:
+    notifications = dict(notifications or {})
+    for channel, payload in notifications.items():
+        if not isinstance(channel, str) or not channel.strip() or not channel.isprintable():
+            raise InvalidInputError("notifications", f"channel name {channel!r} is not valid")
+        dump_json_object(payload, f"notifications[{channel!r}]")
+    return dump_json_object(notifications, "notifications")
+
+
+def _fence(lease: Lease) -> dict[str, Any]:
+    return {"run_id": lease.run_id, "worker_id": lease.worker_id, "epoch": lease.epoch}
+
+
+def _usage(usage: ModelUsage | None) -> dict[str, Any]:
+    usage = usage or _NO_USAGE
+    return {
+        "model_name": usage.model_name,
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+    }
+
+
+class RunLedger(dg.ConfigurableResource):  # type: ignore[misc]
+    """Durable record of logical runs: registration, fenced leases, checkpoint, commit, outbox.
+
+    In Dagster, configure ``database_url=dg.EnvVar("IDEMPOTENT_JOBS_DATABASE_URL")``; outside it,
+    ``RunLedger(database_url=...)`` works the same and opens its pool on first use (``close()`` or
+    a ``with`` block closes it). Opening verifies the schema and never runs DDL: call
+    :meth:`migrate` (or ``idempotent-jobs migrate``) once per database.
+    """
+
+    database_url: str = Field(
+        description="PostgreSQL URL of the ledger database (use an EnvVar: it may hold a password)",
+        repr=False,
+    )
+    schema_name: str = Field(
+        default="idempotent_jobs", description="PostgreSQL schema holding the ledger's tables"
+    )
+    pool_min_size: int = Field(default=1, description="Connections kept open by the pool")
+    pool_max_size: int = Field(default=4, description="Most connections the pool opens")
+    connect_timeout_seconds: float = Field(
+        default=10.0, description="How long to wait for a connection before failing"
+    )
+    connection_retries: int = Field(
+        default=3, description="Retries of a statement whose connection broke (all are idempotent)"
+    )
+
+    _pool: ConnectionPool | None = PrivateAttr(default=None)
+    _sql: dict[str, sql.Composed] = PrivateAttr(default_factory=dict)
+    _open_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        self.open()
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        self.close()
+
+    def open(self) -> None:
+        """Open the connection pool and verify the schema; a no-op when already open."""
+        with self._open_lock:
+            if self._pool is not None:
+                return
+            check_schema_name(self.schema_name)
+            pool = ConnectionPool(
+                conninfo=self.database_url,
+                min_size=self.pool_min_size,
+                max_size=max(self.pool_max_size, self.pool_min_size),
+                kwargs={"autocommit": True},
+                timeout=self.connect_timeout_seconds,
+                name="idempotent_jobs.ledger",
+                open=False,
+            )
+            try:
+                pool.open(wait=True, timeout=self.connect_timeout_seconds)
+                with pool.connection() as conn:
+                    verify_migrations(conn, self.schema_name)
+            except PoolTimeout:
+                pool.close()
+                raise LedgerConnectionError(
+                    f"could not connect to the ledger database within "
+                    f"{self.connect_timeout_seconds:g}s"
+                ) from None
+            except BaseException:
+                pool.close()
+                raise
+            self._pool = pool
+
+    def close(self) -> None:
+        """Close the pool this ledger opened (it can be opened again)."""
+        with self._open_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    def __enter__(self) -> "RunLedger":
+        self.open()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def migrate(self) -> list[str]:
+        """Apply missing migrations (idempotent, serialised by an advisory lock); return them."""
+        check_schema_name(self.schema_name)
+        try:
+            with psycopg.connect(
+                self.database_url, autocommit=True, connect_timeout=int(self.connect_timeout_seconds)
+            ) as conn:
+                applied = apply_migrations(conn, self.schema_name)
+        except psycopg.OperationalError as exc:
+            raise LedgerConnectionError(f"could not migrate the ledger: {exc}") from None
+        return [f"{m.version:04d}_{m.name}" for m in applied]
+
+    # -- statements --------------------------------------------------------------------------
+
+    def _query(self, template: LiteralString) -> sql.Composed:
+        composed = self._sql.get(template)
+        if composed is None:
+            composed = sql.SQL(template).format(schema=sql.Identifier(self.schema_name))
+            self._sql[template] = composed
+        return composed
+
+    def _pool_or_open(self) -> ConnectionPool:
+        if self._pool is None:
+            self.open()
+        assert self._pool is not None
+        return self._pool
+
+    def _fetch(
+        self,
+        template: LiteralString,
+        params: Mapping[str, Any],
+        row_factory: RowFactory[Row] = tuple_row,  # type: ignore[assignment]
+    ) -> list[Row]:
+        """Run one statement, retrying on a broken connection; return its rows."""
+        pool = self._pool_or_open()
+        query = self._query(template)
+        for attempt in range(self.connection_retries + 1):
+            conn: psycopg.Connection | None = None
+            try:
+                with pool.connection() as conn, conn.cursor(row_factory=row_factory) as cur:
+                    cur.execute(query, params)
+                    return cur.fetchall() if cur.description else []
+            except psycopg.errors.UniqueViolation as exc:
+                if exc.diag.constraint_name == "runs_identity_key":
+                    raise IdentityConflictError(
+                        "a run with the same job, subject, window and version is stored under "
+                        "another run id"
+                    ) from None
+                raise
+            except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+                raise SchemaNotMigratedError() from None
+            except psycopg.OperationalError as exc:
+                broken = conn is None or conn.broken or isinstance(exc, PoolTimeout)
+                if not broken or attempt == self.connection_retries:
+                    raise LedgerConnectionError(
+                        f"ledger statement failed ({type(exc).__name__}): {exc}"
+                    ) from exc
+                pool.check()  # drop the other connections the same outage broke
+                time.sleep(min(0.2 * 2**attempt, 2.0))
+        raise AssertionError("unreachable")
+
+    # -- registration and leases -------------------------------------------------------------
+
+    def register(self, identity: RunIdentity) -> RunRecord:
+        """Create the run's row if it is new; return the stored record either way."""
+        rows = self._fetch(
+            queries.REGISTER,
+            {
+                "run_id": identity.run_id,
+                "job_name": identity.job_name,
+                "subject_id": identity.subject_id,
+                "scheduled_at": identity.scheduled_at,
+                "version": identity.version,
+            },
+            class_row(RunRecord),
+        )
+        record = rows[0]
+        stored = (record.job_name, record.subject_id, record.scheduled_at, record.version)
+        wanted = (identity.job_name, identity.subject_id, identity.scheduled_at, identity.version)
+        if stored != wanted:
+            raise IdentityConflictError(
+                f"run {identity.run_id} is stored with different identity fields"
+            )
+        return record
+
+    def claim(
+        self,
+        run_id: str,
+        worker_id: str,
+        lease_seconds: float,
+        *,
+        dagster_run_id: str | None = None,
+        step_key: str | None = None,
+    ) -> Lease | None:
+        """Take the run's lease; ``None`` if another worker holds it or the run is completed."""
+        lease_seconds = _check_lease_seconds(lease_seconds)
+        rows = self._fetch(
+            queries.CLAIM,
+            {
+                "run_id": run_id,
+                "worker_id": _check_worker_id(worker_id),
+                "lease_seconds": lease_seconds,
+                "dagster_run_id": dagster_run_id,
+                "step_key": step_key,
+            },
+        )
+        if not rows:
+            return None
+        epoch, expires_at, raw_input = rows[0]
+        return Lease(run_id, worker_id, epoch, expires_at, lease_seconds, raw_input)
+
+    def renew(self, lease: Lease) -> Lease:
+        """Extend the lease by its duration from now (database clock); raise if it was lost."""
+        rows = self._fetch(queries.RENEW, {**_fence(lease), "lease_seconds": lease.lease_seconds})
+        if not rows:
+            raise LeaseLostError()
+        return Lease(
+            lease.run_id,
+            lease.worker_id,
+            lease.epoch,
+            rows[0][0],
+            lease.lease_seconds,
+            lease.stored_raw_input,
+        )
+
+    def save_raw_input(self, lease: Lease, raw_input: dict[str, Any]) -> dict[str, Any]:
+        """Checkpoint the collected input; the first stored value wins and is returned."""
+        text = dump_json_object(raw_input, "raw_input")
+        rows = self._fetch(queries.SAVE_RAW_INPUT, {**_fence(lease), "raw_input": text})
+        if not rows:
+            raise LeaseLostError()
+        stored: dict[str, Any] = rows[0][0]
+        return stored
+
+    def complete(
+        self,
+        lease: Lease,
+        output: dict[str, Any],
+        notifications: Mapping[str, dict[str, Any]] | None = None,
+        usage: ModelUsage | None = None,
+    ) -> Completion:
+        """Accept ``output`` and queue ``notifications`` in one transaction.
+
+        If the run was already completed, return the stored output: ``accepted`` tells whether
+        it was this lease's (a retry after a lost answer) or another attempt's. If the lease was
+        lost before completion, raise :class:`LeaseLostError` and write nothing.
+        """
+        params = {
+            **_fence(lease),
+            **_usage(usage),
+            "output": dump_json_object(output, "output"),
+            "notifications": _notifications_json(notifications),
+        }
+        rows = self._fetch(queries.COMPLETE, params)
+        if rows:
+            return Completion(output=rows[0][0], accepted=True)
+        record = self.get(lease.run_id)
+        if record is not None and record.status == "completed" and record.output is not None:
+            return Completion(output=record.output, accepted=record.lease_epoch == lease.epoch)
+        raise LeaseLostError()
+
+    def fail(self, lease: Lease, error: str, usage: ModelUsage | None = None) -> None:
+        """Record a failed attempt and free the run for a retry; raise if the lease was lost."""
+        error = str(error)[:MAX_ERROR_CHARS] or "unknown error"
+        rows = self._fetch(queries.FAIL, {**_fence(lease), **_usage(usage), "error": error})
+        if rows:
+            return
+        record = self.get(lease.run_id)
+        landed_before = (
+            record is not None
+            and record.status == "failed"
+            and record.lease_epoch == lease.epoch
+            and record.last_error == error
+        )
+        if not landed_before:
+            raise LeaseLostError()
+
+    def release(self, lease: Lease) -> None:
+        """Give the lease back without an outcome; raise if it was already lost."""
+        if self._fetch(queries.RELEASE, _fence(lease)):
+            return
+        record = self.get(lease.run_id)
+        landed_before = (
+            record is not None
+            and record.status == "pending"
+            and record.lease_epoch == lease.epoch
+            and record.lock_owner is None
+        )
+        if not landed_before:
+            raise LeaseLostError()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def get(self, run_id: str) -> RunRecord | None:
+        """The stored record of a run, or ``None``."""
+        rows = self._fetch(queries.GET_RUN, {"run_id": run_id}, class_row(RunRecord))
+        return rows[0] if rows else None
+
+    def attempts(self, run_id: str) -> list[AttemptRecord]:
+        """Every successful claim of the run, oldest first."""
+        return self._fetch(queries.LIST_ATTEMPTS, {"run_id": run_id}, class_row(AttemptRecord))
+
+    def outbox(
+        self, run_id: str | None = None, *, pending_only: bool = False, limit: int = 1000
+    ) -> list[OutboxRecord]:
+        """Outbox rows, optionally of one run and/or only those not delivered yet."""
+        return self._fetch(
+            queries.LIST_OUTBOX,
+            {"run_id": run_id, "pending_only": pending_only, "limit": limit},
+            class_row(OutboxRecord),
+        )
+
+    # -- delivery ----------------------------------------------------------------------------
+
+    def deliver_outbox(
+        self,
+        send: Callable[[OutboxRecord], None],
+        *,
+        run_id: str | None = None,
+        limit: int = 100,
+    ) -> DeliveryReport:
+        """Send undelivered notifications once each, keyed ``<run_id>:<channel>``.
+
+        Each row is locked (``FOR UPDATE SKIP LOCKED``) while ``send`` runs, so concurrent
+        deliverers never send the same row at once. A crash between a successful send and the
+        mark re-sends later with the same key: receivers deduplicate on it.
+        """
+        delivered: list[OutboxRecord] = []
+        failed: list[tuple[OutboxRecord, str]] = []
+        for candidate in self.outbox(run_id, pending_only=True, limit=limit):
+            with self._transaction() as conn:
+                key = {"run_id": candidate.run_id, "channel": candidate.channel}
+                with conn.cursor(row_factory=class_row(OutboxRecord)) as cur:
+                    row = cur.execute(self._query(queries.LOCK_UNDELIVERED), key).fetchone()
+                if row is None:  # delivered meanwhile, or another deliverer holds it
+                    continue
+                try:
+                    send(row)
+                except Exception as exc:  # the receiver's failure is recorded, not raised
+                    reason = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+                    conn.execute(self._query(queries.MARK_DELIVERY_FAILED), {**key, "error": reason})
+                    failed.append((row, reason))
+                    continue
+                conn.execute(self._query(queries.MARK_DELIVERED), key)
+                delivered.append(row)
+        return DeliveryReport(delivered, failed)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[psycopg.Connection]:
+        pool = self._pool_or_open()
+        try:
+            with pool.connection() as conn, conn.transaction():
+                yield conn
+        except psycopg.OperationalError as exc:
+            raise LedgerConnectionError(f"ledger transaction failed: {exc}") from exc
+
+
+__all__ = ["RunLedger"]

@@ -1,0 +1,135 @@
+"""The idempotent-run protocol without Dagster: register, claim, collect once, transform, commit.
+
+Dagster ops call the same ledger steps; other schedulers can call :func:`run_idempotent` directly.
+"""
+
+import os
+import socket
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from idempotent_jobs.errors import LeaseLostError, LedgerError, OutputRejectedError
+from idempotent_jobs.heartbeat import LeaseHeartbeat
+from idempotent_jobs.identity import RunIdentity
+from idempotent_jobs.ledger import RunLedger
+from idempotent_jobs.records import Lease, ModelUsage, RunStatus
+
+JSONDict = dict[str, Any]
+DEFAULT_LEASE_SECONDS = 300.0
+
+
+@dataclass(frozen=True)
+class ModelAnswer:
+    """What a ``transform`` may return instead of a bare dict, to have its usage recorded."""
+
+    output: JSONDict
+    usage: ModelUsage
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What one call of :func:`run_idempotent` saw and did.
+
+    ``executed`` is true only when this call ran the model and its output is the accepted one.
+    ``status`` is ``running`` (and ``output`` ``None``) when another worker holds the lease.
+    """
+
+    run_id: str
+    status: RunStatus
+    output: JSONDict | None
+    executed: bool
+    worker_id: str
+    epoch: int | None = None
+
+
+def default_worker_id() -> str:
+    """A worker id unique to this call: host, process and a random suffix."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def describe_error(exc: BaseException) -> str:
+    """The reason stored for a failed attempt."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _unpack(answer: JSONDict | ModelAnswer) -> tuple[JSONDict, ModelUsage | None]:
+    if isinstance(answer, ModelAnswer):
+        return answer.output, answer.usage
+    return answer, None
+
+
+def _check_output(output: JSONDict, validate: Callable[[JSONDict], object] | None) -> None:
+    if validate is not None and validate(output) is False:
+        raise OutputRejectedError()
+
+
+def run_idempotent(
+    ledger: RunLedger,
+    identity: RunIdentity,
+    *,
+    collect: Callable[[RunIdentity], JSONDict],
+    transform: Callable[[JSONDict], JSONDict | ModelAnswer],
+    validate: Callable[[JSONDict], object] | None = None,
+    notifications: Callable[[JSONDict], Mapping[str, JSONDict]] | None = None,
+    worker_id: str | None = None,
+    lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    heartbeat_seconds: float | None = None,
+    dagster_run_id: str | None = None,
+    step_key: str | None = None,
+) -> RunOutcome:
+    """Run one logical run at most once to completion, however often it is called.
+
+    - A completed run returns its stored output; nothing is collected or transformed.
+    - Without the lease (another worker holds it) nothing runs; the outcome says ``running``.
+    - The input is collected once: a stored checkpoint is reused by every later attempt.
+    - The lease is renewed while ``transform`` runs (every ``heartbeat_seconds``, by default a
+      third of the lease); a lost lease raises :class:`LeaseLostError` and never commits.
+    - ``validate`` raising, or returning ``False``, fails the attempt; so does any error in
+      ``collect`` or ``transform``: the reason is recorded, the run stays retryable, and the
+      exception propagates.
+    """
+    worker_id = worker_id or default_worker_id()
+    record = ledger.register(identity)
+    if record.status == "completed":
+        return RunOutcome(record.run_id, "completed", record.output, False, worker_id)
+    lease = ledger.claim(
+        record.run_id, worker_id, lease_seconds, dagster_run_id=dagster_run_id, step_key=step_key
+    )
+    if lease is None:
+        current = ledger.get(record.run_id)
+        assert current is not None
+        output = current.output if current.status == "completed" else None
+        return RunOutcome(current.run_id, current.status, output, False, worker_id)
+
+    usage: ModelUsage | None = None
+    try:
+        raw_input = lease.stored_raw_input
+        if raw_input is None:
+            raw_input = ledger.save_raw_input(lease, collect(identity))
+        with LeaseHeartbeat(ledger, lease, heartbeat_seconds or lease_seconds / 3) as heartbeat:
+            output, usage = _unpack(transform(raw_input))
+        heartbeat.raise_if_lost()
+        _check_output(output, validate)
+        messages = notifications(output) if notifications is not None else None
+        completion = ledger.complete(lease, output, messages, usage)
+    except LeaseLostError:
+        raise
+    except BaseException as exc:
+        _record_failure(ledger, lease, exc, usage)
+        raise
+    return RunOutcome(
+        lease.run_id, "completed", completion.output, completion.accepted, worker_id, lease.epoch
+    )
+
+
+def _record_failure(
+    ledger: RunLedger, lease: Lease, exc: BaseException, usage: ModelUsage | None
+) -> None:
+    """Mark the attempt failed if this lease still holds the run; never hide the first error."""
+    try:
+        ledger.fail(lease, describe_error(exc), usage)
+    except LedgerError:
+        pass

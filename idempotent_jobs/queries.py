@@ -1,0 +1,189 @@
+"""Every runtime statement of the ledger, one named constant each.
+
+``{schema}`` is replaced by the quoted schema name once per ledger; all values are parameters.
+Every write that follows a claim is fenced by ``lock_owner`` AND ``lease_epoch`` AND
+``status = 'running'``: a worker whose lease was reclaimed (epoch moved on) writes nothing.
+All times are the database's ``now()``; workers pass durations only.
+"""
+
+from typing import LiteralString
+
+RUN_COLUMNS: LiteralString = """run_id, job_name, subject_id, scheduled_at, version, status,
+    raw_input, output, lock_owner, lock_expires_at, lease_epoch, attempts, last_error,
+    created_at, updated_at, completed_at"""
+
+ATTEMPT_COLUMNS: LiteralString = """run_id, lease_epoch, worker_id, dagster_run_id, step_key,
+    started_at, ended_at, outcome, error, model_name, input_tokens, output_tokens"""
+
+OUTBOX_COLUMNS: LiteralString = """run_id, channel, payload, created_at, delivered_at,
+    delivery_attempts, last_error"""
+
+# Idempotent registration: one row per run id; a second registration only touches updated_at,
+# never clears output nor moves a completed run back. Same fields under another id violate
+# runs_identity_key.
+REGISTER: LiteralString = (
+    """
+INSERT INTO {schema}.runs (run_id, job_name, subject_id, scheduled_at, version)
+VALUES (%(run_id)s, %(job_name)s, %(subject_id)s, %(scheduled_at)s, %(version)s)
+ON CONFLICT (run_id) DO UPDATE SET updated_at = now()
+RETURNING """
+    + RUN_COLUMNS
+)
+
+# Atomic claim: succeeds only if the run is not completed and its lease is free, expired by the
+# database clock, or already this worker's. Bumps the fencing epoch, closes the attempt it
+# supersedes and opens this one, all in one statement.
+CLAIM: LiteralString = """
+WITH claimed AS (
+    UPDATE {schema}.runs
+    SET status = 'running',
+        lock_owner = %(worker_id)s,
+        lock_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+        lease_epoch = lease_epoch + 1,
+        attempts = attempts + 1,
+        updated_at = now()
+    WHERE run_id = %(run_id)s
+      AND status <> 'completed'
+      AND (lock_owner IS NULL OR lock_expires_at < now() OR lock_owner = %(worker_id)s)
+    RETURNING run_id, lease_epoch, lock_expires_at, raw_input
+), closed AS (
+    UPDATE {schema}.run_attempts AS a
+    SET outcome = CASE WHEN a.worker_id = %(worker_id)s THEN 'superseded' ELSE 'lease_lost' END,
+        ended_at = now()
+    FROM claimed
+    WHERE a.run_id = claimed.run_id AND a.outcome IS NULL
+), opened AS (
+    INSERT INTO {schema}.run_attempts (run_id, lease_epoch, worker_id, dagster_run_id, step_key)
+    SELECT run_id, lease_epoch, %(worker_id)s, %(dagster_run_id)s, %(step_key)s FROM claimed
+)
+SELECT lease_epoch, lock_expires_at, raw_input FROM claimed
+"""
+
+_FENCE: LiteralString = """run_id = %(run_id)s AND lock_owner = %(worker_id)s
+      AND lease_epoch = %(epoch)s AND status = 'running'"""
+
+# Heartbeat: push the expiry forward by the lease duration, only while still the owner.
+RENEW: LiteralString = (
+    """
+UPDATE {schema}.runs
+SET lock_expires_at = now() + make_interval(secs => %(lease_seconds)s), updated_at = now()
+WHERE """
+    + _FENCE
+    + """
+RETURNING lock_expires_at"""
+)
+
+# Checkpoint of the collected input: the first stored value wins and is returned.
+SAVE_RAW_INPUT: LiteralString = (
+    """
+UPDATE {schema}.runs
+SET raw_input = COALESCE(raw_input, %(raw_input)s::jsonb), updated_at = now()
+WHERE """
+    + _FENCE
+    + """
+RETURNING raw_input"""
+)
+
+# The final commit, one statement so one transaction: accepted output, the attempt's outcome and
+# usage, and the outbox rows (one per channel, never twice).
+COMPLETE: LiteralString = (
+    """
+WITH done AS (
+    UPDATE {schema}.runs
+    SET status = 'completed', output = %(output)s::jsonb, completed_at = now(),
+        lock_owner = NULL, lock_expires_at = NULL, last_error = NULL, updated_at = now()
+    WHERE """
+    + _FENCE
+    + """
+    RETURNING run_id, lease_epoch, output
+), attempt AS (
+    UPDATE {schema}.run_attempts AS a
+    SET outcome = 'completed', ended_at = now(), model_name = %(model_name)s,
+        input_tokens = %(input_tokens)s, output_tokens = %(output_tokens)s
+    FROM done
+    WHERE a.run_id = done.run_id AND a.lease_epoch = done.lease_epoch
+), outbox AS (
+    INSERT INTO {schema}.notification_outbox (run_id, channel, payload)
+    SELECT done.run_id, n.key, n.value FROM done, jsonb_each(%(notifications)s::jsonb) AS n
+    ON CONFLICT (run_id, channel) DO NOTHING
+)
+SELECT output FROM done"""
+)
+
+# A failed attempt: the run becomes claimable again; the reason is kept on run and attempt.
+FAIL: LiteralString = (
+    """
+WITH failed AS (
+    UPDATE {schema}.runs
+    SET status = 'failed', last_error = %(error)s, lock_owner = NULL, lock_expires_at = NULL,
+        updated_at = now()
+    WHERE """
+    + _FENCE
+    + """
+    RETURNING run_id, lease_epoch
+), attempt AS (
+    UPDATE {schema}.run_attempts AS a
+    SET outcome = 'failed', ended_at = now(), error = %(error)s, model_name = %(model_name)s,
+        input_tokens = %(input_tokens)s, output_tokens = %(output_tokens)s
+    FROM failed
+    WHERE a.run_id = failed.run_id AND a.lease_epoch = failed.lease_epoch
+)
+SELECT run_id FROM failed"""
+)
+
+# Hand the run back untouched (for example between ops running in different processes).
+RELEASE: LiteralString = (
+    """
+WITH released AS (
+    UPDATE {schema}.runs
+    SET status = 'pending', lock_owner = NULL, lock_expires_at = NULL, updated_at = now()
+    WHERE """
+    + _FENCE
+    + """
+    RETURNING run_id, lease_epoch
+), attempt AS (
+    UPDATE {schema}.run_attempts AS a
+    SET outcome = 'superseded', ended_at = now()
+    FROM released
+    WHERE a.run_id = released.run_id AND a.lease_epoch = released.lease_epoch
+)
+SELECT run_id FROM released"""
+)
+
+GET_RUN: LiteralString = "SELECT " + RUN_COLUMNS + " FROM {schema}.runs WHERE run_id = %(run_id)s"
+
+LIST_ATTEMPTS: LiteralString = (
+    "SELECT "
+    + ATTEMPT_COLUMNS
+    + " FROM {schema}.run_attempts WHERE run_id = %(run_id)s ORDER BY lease_epoch"
+)
+
+LIST_OUTBOX: LiteralString = (
+    "SELECT "
+    + OUTBOX_COLUMNS
+    + """ FROM {schema}.notification_outbox
+WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s)
+  AND (NOT %(pending_only)s OR delivered_at IS NULL)
+ORDER BY created_at, run_id, channel
+LIMIT %(limit)s"""
+)
+
+# Delivery takes one undelivered row at a time under FOR UPDATE SKIP LOCKED, so two deliverers
+# never send the same row concurrently; the row lock is held while sending.
+LOCK_UNDELIVERED: LiteralString = (
+    "SELECT "
+    + OUTBOX_COLUMNS
+    + """ FROM {schema}.notification_outbox
+WHERE run_id = %(run_id)s AND channel = %(channel)s AND delivered_at IS NULL
+FOR UPDATE SKIP LOCKED"""
+)
+
+MARK_DELIVERED: LiteralString = """
+UPDATE {schema}.notification_outbox
+SET delivered_at = now(), delivery_attempts = delivery_attempts + 1, last_error = NULL
+WHERE run_id = %(run_id)s AND channel = %(channel)s AND delivered_at IS NULL"""
+
+MARK_DELIVERY_FAILED: LiteralString = """
+UPDATE {schema}.notification_outbox
+SET delivery_attempts = delivery_attempts + 1, last_error = %(error)s
+WHERE run_id = %(run_id)s AND channel = %(channel)s AND delivered_at IS NULL"""

@@ -1,0 +1,108 @@
+"""What the ledger hands back: plain frozen records, one per table row or claim."""
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+RunStatus = Literal["pending", "running", "completed", "failed"]
+AttemptOutcome = Literal["completed", "failed", "lease_lost", "superseded"]
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Proof of a successful claim. Every later write names the owner *and* the epoch.
+
+    ``epoch`` is a fencing token: each successful claim of the run adds one, so a worker whose
+    lease was taken over can never write again, even if it still believes it holds the lease.
+    ``stored_raw_input`` is the checkpoint found at claim time (``None`` if not collected yet).
+    """
+
+    run_id: str
+    worker_id: str
+    epoch: int
+    expires_at: datetime
+    lease_seconds: float
+    stored_raw_input: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ModelUsage:
+    """What a model call cost, recorded on the attempt that made it."""
+
+    model_name: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One row of ``runs``: the durable record of a logical run."""
+
+    run_id: str
+    job_name: str
+    subject_id: str
+    scheduled_at: datetime
+    version: str
+    status: RunStatus
+    raw_input: dict[str, Any] | None
+    output: dict[str, Any] | None
+    lock_owner: str | None
+    lock_expires_at: datetime | None
+    lease_epoch: int
+    attempts: int
+    last_error: str | None
+    created_at: datetime
+    updated_at: datetime
+    completed_at: datetime | None
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One row of ``run_attempts``: one successful claim and how it ended."""
+
+    run_id: str
+    lease_epoch: int
+    worker_id: str
+    dagster_run_id: str | None
+    step_key: str | None
+    started_at: datetime
+    ended_at: datetime | None
+    outcome: AttemptOutcome | None
+    error: str | None
+    model_name: str | None
+    input_tokens: int | None
+    output_tokens: int | None
+
+
+@dataclass(frozen=True)
+class OutboxRecord:
+    """One row of ``notification_outbox``: a side effect to perform once per (run, channel)."""
+
+    run_id: str
+    channel: str
+    payload: dict[str, Any]
+    created_at: datetime
+    delivered_at: datetime | None
+    delivery_attempts: int
+    last_error: str | None
+
+    @property
+    def idempotency_key(self) -> str:
+        """The key receivers deduplicate on: a re-sent notification carries the same one."""
+        return f"{self.run_id}:{self.channel}"
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The answer of ``complete``: the accepted output and whether this lease produced it."""
+
+    output: dict[str, Any]
+    accepted: bool
+
+
+@dataclass(frozen=True)
+class DeliveryReport:
+    """What one outbox delivery pass sent, and what failed with the reason."""
+
+    delivered: list[OutboxRecord]
+    failed: list[tuple[OutboxRecord, str]]
