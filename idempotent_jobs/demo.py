@@ -49,8 +49,10 @@ def run_demo(ledger: RunLedger, print_line: Any = print) -> None:
             {"summary": "Two competitors moved: a price cut and an SAP connector."},
         ]
     )
-    print_line(f"identity: {identity.job_name} / {identity.subject_id} / "
-               f"{identity.scheduled_at.isoformat()} / {identity.version}")
+    print_line(
+        f"identity: {identity.job_name} / {identity.subject_id} / "
+        f"{identity.scheduled_at.isoformat()} / {identity.version}"
+    )
     print_line(f"run id:   {identity.run_id}")
     for call in (1, 2):
         outcome = run_idempotent(
@@ -63,15 +65,20 @@ def run_demo(ledger: RunLedger, print_line: Any = print) -> None:
     assert record is not None
     print_line("")
     print_line("stored run (one row):")
-    print_line(f"  status={record.status} epoch={record.lease_epoch} attempts={record.attempts} "
-               f"completed_at={record.completed_at}")
+    print_line(
+        f"  status={record.status} epoch={record.lease_epoch} attempts={record.attempts} "
+        f"completed_at={record.completed_at}"
+    )
     print_line(f"  output={json.dumps(record.output)}")
     print_line("attempts:")
     for attempt in ledger.attempts(identity.run_id):
-        print_line(f"  epoch={attempt.lease_epoch} worker={attempt.worker_id} "
-                   f"outcome={attempt.outcome}")
+        print_line(
+            f"  epoch={attempt.lease_epoch} worker={attempt.worker_id} outcome={attempt.outcome}"
+        )
     delivered = ledger.deliver_outbox(lambda row: None, run_id=identity.run_id)
     print_line(f"outbox (delivered now: {len(delivered.delivered)}):")
     for row in ledger.outbox(identity.run_id):
-        print_line(f"  key={row.idempotency_key} delivered_at={row.delivered_at} "
-                   f"payload={json.dumps(row.payload)}")
+        print_line(
+            f"  key={row.idempotency_key} delivered_at={row.delivered_at} "
+            f"payload={json.dumps(row.payload)}"
+        )

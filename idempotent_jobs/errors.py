@@ -27,7 +27,7 @@ class IdentityConflictError(LedgerError):
 
 
 class LeaseLostError(LedgerError):
-    """This worker no longer holds the run's lease (it expired and was reclaimed, or the run moved on).
+    """This worker no longer holds the run's lease: it was reclaimed, or the run moved on.
 
     Nothing was written. The caller may retry the whole step: a new claim decides who goes on.
     """

@@ -34,7 +34,9 @@ def _clean_time(value: object) -> datetime:
     if not isinstance(value, datetime):
         raise InvalidInputError("scheduled_at", f"must be a datetime, got {type(value).__name__}")
     if value.tzinfo is None or value.utcoffset() is None:
-        raise InvalidInputError("scheduled_at", "must be timezone-aware (a naive datetime is refused)")
+        raise InvalidInputError(
+            "scheduled_at", "must be timezone-aware (a naive datetime is refused)"
+        )
     # The id encodes whole seconds, so the identity keeps whole seconds too: two values that give
     # the same id must be the same identity.
     return value.astimezone(UTC).replace(microsecond=0)

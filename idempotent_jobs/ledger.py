@@ -86,7 +86,7 @@ def _usage(usage: ModelUsage | None) -> dict[str, Any]:
     }
 
 
-class RunLedger(dg.ConfigurableResource):  # type: ignore[misc]
+class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
     """Durable record of logical runs: registration, fenced leases, checkpoint, commit, outbox.
 
     In Dagster, configure ``database_url=dg.EnvVar("IDEMPOTENT_JOBS_DATABASE_URL")``; outside it,
@@ -172,7 +172,9 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[misc]
         check_schema_name(self.schema_name)
         try:
             with psycopg.connect(
-                self.database_url, autocommit=True, connect_timeout=int(self.connect_timeout_seconds)
+                self.database_url,
+                autocommit=True,
+                connect_timeout=int(self.connect_timeout_seconds),
             ) as conn:
                 applied = apply_migrations(conn, self.schema_name)
         except psycopg.OperationalError as exc:
@@ -198,7 +200,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[misc]
         self,
         template: LiteralString,
         params: Mapping[str, Any],
-        row_factory: RowFactory[Row] = tuple_row,  # type: ignore[assignment]
+        row_factory: RowFactory[Row],
     ) -> list[Row]:
         """Run one statement, retrying on a broken connection; return its rows."""
         pool = self._pool_or_open()
@@ -227,6 +229,9 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[misc]
                 pool.check()  # drop the other connections the same outage broke
                 time.sleep(min(0.2 * 2**attempt, 2.0))
         raise AssertionError("unreachable")
+
+    def _rows(self, template: LiteralString, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        return self._fetch(template, params, tuple_row)
 
     # -- registration and leases -------------------------------------------------------------
 
@@ -263,7 +268,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[misc]
     ) -> Lease | None:
         """Take the run's lease; ``None`` if another worker holds it or the run is completed."""
         lease_seconds = _check_lease_seconds(lease_seconds)
-        rows = self._fetch(
+        rows = self._rows(
             queries.CLAIM,
             {
                 "run_id": run_id,
@@ -280,7 +285,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[misc]
 
     def renew(self, lease: Lease) -> Lease:
         """Extend the lease by its duration from now (database clock); raise if it was lost."""
-        rows = self._fetch(queries.RENEW, {**_fence(lease), "lease_seconds": lease.lease_seconds})
+        rows = self._rows(queries.RENEW, {**_fence(lease), "lease_seconds": lease.lease_seconds})
         if not rows:
             raise LeaseLostError()
         return Lease(
@@ -295,7 +300,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[misc]
     def save_raw_input(self, lease: Lease, raw_input: dict[str, Any]) -> dict[str, Any]:
         """Checkpoint the collected input; the first stored value wins and is returned."""
         text = dump_json_object(raw_input, "raw_input")
-        rows = self._fetch(queries.SAVE_RAW_INPUT, {**_fence(lease), "raw_input": text})
+        rows = self._rows(queries.SAVE_RAW_INPUT, {**_fence(lease), "raw_input": text})
         if not rows:
             raise LeaseLostError()
         stored: dict[str, Any] = rows[0][0]
@@ -320,7 +325,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[misc]
             "output": dump_json_object(output, "output"),
             "notifications": _notifications_json(notifications),
         }
-        rows = self._fetch(queries.COMPLETE, params)
+        rows = self._rows(queries.COMPLETE, params)
         if rows:
             return Completion(output=rows[0][0], accepted=True)
         record = self.get(lease.run_id)
@@ -331,7 +336,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[misc]
     def fail(self, lease: Lease, error: str, usage: ModelUsage | None = None) -> None:
         """Record a failed attempt and free the run for a retry; raise if the lease was lost."""
         error = str(error)[:MAX_ERROR_CHARS] or "unknown error"
-        rows = self._fetch(queries.FAIL, {**_fence(lease), **_usage(usage), "error": error})
+        rows = self._rows(queries.FAIL, {**_fence(lease), **_usage(usage), "error": error})
         if rows:
             return
         record = self.get(lease.run_id)
@@ -346,7 +351,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[misc]
 
     def release(self, lease: Lease) -> None:
         """Give the lease back without an outcome; raise if it was already lost."""
-        if self._fetch(queries.RELEASE, _fence(lease)):
+        if self._rows(queries.RELEASE, _fence(lease)):
             return
         record = self.get(lease.run_id)
         landed_before = (
@@ -407,7 +412,9 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[misc]
                     send(row)
                 except Exception as exc:  # the receiver's failure is recorded, not raised
                     reason = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
-                    conn.execute(self._query(queries.MARK_DELIVERY_FAILED), {**key, "error": reason})
+                    conn.execute(
+                        self._query(queries.MARK_DELIVERY_FAILED), {**key, "error": reason}
+                    )
                     failed.append((row, reason))
                     continue
                 conn.execute(self._query(queries.MARK_DELIVERED), key)

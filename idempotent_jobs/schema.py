@@ -69,7 +69,7 @@ _RECORD = "INSERT INTO {schema}.schema_migrations (version, name, checksum) VALU
 
 
 def _q(template: str, schema_name: str) -> sql.Composed:
-    return sql.SQL(template).format(schema=sql.Identifier(schema_name))  # type: ignore[arg-type]
+    return sql.SQL(template).format(schema=sql.Identifier(schema_name))
 
 
 def _applied(conn: psycopg.Connection, schema_name: str) -> dict[int, tuple[str, str]]:

@@ -2,12 +2,11 @@
 
 import itertools
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from idempotent_jobs.identity import RunIdentity
 from idempotent_jobs.ledger import RunLedger
-from idempotent_jobs.protocol import ModelAnswer, RunOutcome, run_idempotent
+from idempotent_jobs.protocol import RunOutcome
 
 JSONDict = dict[str, Any]
 
@@ -52,45 +51,35 @@ class ScriptedModel:
 
 
 def assert_run_twice_is_idempotent(
-    ledger: RunLedger,
-    identity: RunIdentity,
-    *,
-    collect: Callable[[RunIdentity], JSONDict],
-    transform: Callable[[JSONDict], JSONDict | ModelAnswer],
-    notifications: Callable[[JSONDict], Mapping[str, JSONDict]] | None = None,
-    validate: Callable[[JSONDict], object] | None = None,
+    ledger: RunLedger, run_once: Callable[[], RunOutcome]
 ) -> tuple[RunOutcome, RunOutcome]:
-    """Run the same logical run twice; raise ``AssertionError`` if the second changed anything.
+    """Call ``run_once`` (your job for one logical run) twice; raise if the second changed anything.
 
-    Checks: both calls end completed with the same output; the second did not execute; the
-    stored record (output, completion time, epoch), its attempts and its outbox are unchanged.
+    ``run_once`` is whatever your code does for one scheduled run, typically building the
+    identity and calling :func:`run_idempotent`. Checks: both calls address the same run id and
+    end completed with the same output; the second did not execute the model; the stored record
+    (output, completion time, epoch), its attempts and its outbox are unchanged.
     """
-
-    def once() -> RunOutcome:
-        return run_idempotent(
-            ledger,
-            identity,
-            collect=collect,
-            transform=transform,
-            notifications=notifications,
-            validate=validate,
-        )
-
-    first = once()
-    before = _snapshot(ledger, identity.run_id)
-    second = once()
-    after = _snapshot(ledger, identity.run_id)
+    first = run_once()
+    before = _snapshot(ledger, first.run_id)
+    second = run_once()
     problems = []
+    if second.run_id != first.run_id:
+        problems.append(
+            "the second call addressed another run id (is the identity built from the wall "
+            "clock or the scheduler's run id?)"
+        )
+    after = _snapshot(ledger, first.run_id)
     if first.status != "completed" or second.status != "completed":
         problems.append(f"status after the runs: {first.status}, {second.status}")
     if second.executed:
-        problems.append("the second run executed the model again")
+        problems.append("the second call executed the model again")
     if second.output != first.output:
-        problems.append(f"the second run returned another output: {second.output!r}")
+        problems.append(f"the second call returned another output: {second.output!r}")
     if after != before:
-        problems.append("the stored run, its attempts or its outbox changed on the second run")
+        problems.append("the stored run, its attempts or its outbox changed on the second call")
     if problems:
-        raise AssertionError("run twice is not idempotent: " + "; ".join(problems))
+        raise AssertionError("running twice is not idempotent: " + "; ".join(problems))
     return first, second
 
 

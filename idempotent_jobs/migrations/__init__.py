@@ -1,1 +1,1 @@
-"""Versioned SQL migrations, shipped as package data and applied by :mod:`idempotent_jobs.schema`."""
+"""Versioned SQL migrations, shipped as package data; applied by ``idempotent_jobs.schema``."""

@@ -1,0 +1,87 @@
+"""Fixtures: a real PostgreSQL, one database per test cloned from a migrated template.
+
+The server is ``IDEMPOTENT_JOBS_TEST_DATABASE_URL`` or ``IDEMPOTENT_JOBS_DATABASE_URL`` when set,
+else the embedded server (started here, never skipped).
+"""
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from idempotent_jobs import RunLedger
+from idempotent_jobs.database import DATABASE_URL_ENV, start_embedded_postgres
+
+
+@pytest.fixture(scope="session")
+def server_url() -> str:
+    """A URL of the server's maintenance database (``postgres``)."""
+    return (
+        os.environ.get("IDEMPOTENT_JOBS_TEST_DATABASE_URL")
+        or os.environ.get(DATABASE_URL_ENV)
+        or start_embedded_postgres()
+    )
+
+
+def database_conninfo(server_url: str, dbname: str) -> str:
+    return make_conninfo(server_url, dbname=dbname)
+
+
+def admin_execute(server_url: str, statement: sql.Composable) -> None:
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(statement)
+
+
+@pytest.fixture(scope="session")
+def template_database(server_url: str) -> Iterator[str]:
+    name = f"ij_template_{uuid.uuid4().hex[:12]}"
+    admin_execute(server_url, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    RunLedger(database_url=database_conninfo(server_url, name)).migrate()
+    yield name
+    admin_execute(
+        server_url, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+    )
+
+
+@pytest.fixture
+def fresh_database(server_url: str) -> Iterator[str]:
+    """An empty database (no ledger schema); yields its conninfo."""
+    name = f"ij_test_{uuid.uuid4().hex[:12]}"
+    admin_execute(server_url, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield database_conninfo(server_url, name)
+    admin_execute(
+        server_url, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+    )
+
+
+@pytest.fixture
+def database(server_url: str, template_database: str) -> Iterator[str]:
+    """A migrated database of this test's own; yields its conninfo."""
+    name = f"ij_test_{uuid.uuid4().hex[:12]}"
+    admin_execute(
+        server_url,
+        sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            sql.Identifier(name), sql.Identifier(template_database)
+        ),
+    )
+    yield database_conninfo(server_url, name)
+    admin_execute(
+        server_url, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+    )
+
+
+@pytest.fixture
+def ledger(database: str) -> Iterator[RunLedger]:
+    with RunLedger(database_url=database) as opened:
+        yield opened
+
+
+@pytest.fixture
+def db(database: str) -> Iterator[psycopg.Connection]:
+    """A plain autocommit connection to the test database, for checks and planted states."""
+    with psycopg.connect(database, autocommit=True) as conn:
+        yield conn

@@ -1,0 +1,45 @@
+"""Small shared helpers for the tests."""
+
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+
+from idempotent_jobs import RunIdentity
+
+
+def identity(subject: str = "workspace-acme", hour: int = 9) -> RunIdentity:
+    return RunIdentity("competitor-summary", subject, datetime(2026, 8, 7, hour, tzinfo=UTC), "v1")
+
+
+def expire_lease(db: psycopg.Connection, run_id: str) -> None:
+    """Move the lease's expiry into the past by the database clock (time passing, without sleep)."""
+    db.execute(
+        "UPDATE idempotent_jobs.runs SET lock_expires_at = now() - interval '1 millisecond'"
+        " WHERE run_id = %s AND lock_owner IS NOT NULL",
+        (run_id,),
+    )
+
+
+def count(db: psycopg.Connection, table: str, run_id: str) -> int:
+    row = db.execute(
+        f"SELECT count(*) FROM idempotent_jobs.{table} WHERE run_id = %s",  # noqa: S608
+        (run_id,),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+class Collector:
+    """A collector that counts its calls and returns a fresh document list each time."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, ident: RunIdentity) -> dict[str, Any]:
+        self.calls += 1
+        return {"subject": ident.subject_id, "documents": [f"doc seen on collect #{self.calls}"]}
+
+
+def email(output: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {"email": {"body": output["summary"]}}

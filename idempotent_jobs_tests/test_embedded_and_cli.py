@@ -1,0 +1,71 @@
+"""The embedded PostgreSQL (fresh machines) and the command line, as real processes."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+
+from idempotent_jobs.database import start_embedded_postgres, stop_embedded_postgres
+from idempotent_jobs.demo import DEMO_IDENTITY
+
+
+def test_embedded_postgres_starts_reuses_and_keeps_data(tmp_path: Path) -> None:
+    data_dir = tmp_path / "pgdata"
+    url = start_embedded_postgres(data_dir)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE kept (v text)")
+            conn.execute("INSERT INTO kept VALUES ('survives a restart')")
+        assert start_embedded_postgres(data_dir) == url  # reused, not started twice
+        stop_embedded_postgres(data_dir)
+        assert not (data_dir / "postmaster.pid").exists()
+        url = start_embedded_postgres(data_dir)
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT v FROM kept").fetchall() == [("survives a restart",)]
+    finally:
+        stop_embedded_postgres(data_dir)
+
+
+def run_cli(*args: str, database: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "IDEMPOTENT_JOBS_DATABASE_URL": database}
+    return subprocess.run(
+        [sys.executable, "-m", "idempotent_jobs.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_migrate_then_demo_twice(fresh_database: str) -> None:
+    first = run_cli("migrate", database=fresh_database)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() == "applied: 0001_initial"
+    assert run_cli("migrate", database=fresh_database).stdout.strip() == "schema is up to date"
+
+    demo = run_cli("demo", database=fresh_database)
+    assert demo.returncode == 0, demo.stderr
+    assert "call 1: ran the model" in demo.stdout
+    assert "call 2: reused the stored result (no model call)" in demo.stdout
+    assert "model calls in this demo: 1" in demo.stdout
+    assert demo.stdout.count("key=") == 1 and "outbox (delivered now: 1)" in demo.stdout
+
+    again = run_cli("demo", database=fresh_database)
+    assert "call 1: reused the stored result" in again.stdout
+    assert "model calls in this demo: 0" in again.stdout
+    assert "outbox (delivered now: 0)" in again.stdout
+    with psycopg.connect(fresh_database) as conn:
+        rows = conn.execute("SELECT run_id, status FROM idempotent_jobs.runs").fetchall()
+    assert rows == [(DEMO_IDENTITY.run_id, "completed")]
+
+
+def test_cli_errors_are_clear_and_keep_the_password_out(tmp_path: Path) -> None:
+    result = run_cli(
+        "demo", database="postgresql://u:hunter2-secret@127.0.0.1:9/x?connect_timeout=1"
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("idempotent-jobs: LedgerConnectionError")
+    assert "hunter2" not in result.stderr + result.stdout

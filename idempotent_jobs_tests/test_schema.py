@@ -1,0 +1,172 @@
+import multiprocessing
+
+import psycopg
+import pytest
+
+from idempotent_jobs import InvalidInputError, LedgerError, RunLedger, SchemaNotMigratedError
+from idempotent_jobs.schema import shipped_migrations
+
+EXPECTED_COLUMNS = {
+    "runs": [
+        "run_id",
+        "job_name",
+        "subject_id",
+        "scheduled_at",
+        "version",
+        "status",
+        "raw_input",
+        "output",
+        "lock_owner",
+        "lock_expires_at",
+        "lease_epoch",
+        "attempts",
+        "last_error",
+        "created_at",
+        "updated_at",
+        "completed_at",
+    ],
+    "run_attempts": [
+        "run_id",
+        "lease_epoch",
+        "worker_id",
+        "dagster_run_id",
+        "step_key",
+        "started_at",
+        "ended_at",
+        "outcome",
+        "error",
+        "model_name",
+        "input_tokens",
+        "output_tokens",
+    ],
+    "notification_outbox": [
+        "run_id",
+        "channel",
+        "payload",
+        "created_at",
+        "delivered_at",
+        "delivery_attempts",
+        "last_error",
+    ],
+}
+
+
+def columns(conninfo: str, schema: str) -> dict[str, list[str]]:
+    with psycopg.connect(conninfo) as conn:
+        rows = conn.execute(
+            "SELECT table_name, column_name FROM information_schema.columns"
+            " WHERE table_schema = %s ORDER BY table_name, ordinal_position",
+            (schema,),
+        ).fetchall()
+    found: dict[str, list[str]] = {}
+    for table, column in rows:
+        found.setdefault(table, []).append(column)
+    return found
+
+
+def constraints(conninfo: str, schema: str) -> set[str]:
+    with psycopg.connect(conninfo) as conn:
+        rows = conn.execute(
+            "SELECT conname FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace"
+            " WHERE n.nspname = %s",
+            (schema,),
+        ).fetchall()
+    return {name for (name,) in rows}
+
+
+def test_migrations_create_the_designed_tables(fresh_database: str) -> None:
+    applied = RunLedger(database_url=fresh_database).migrate()
+    assert applied == [f"{m.version:04d}_{m.name}" for m in shipped_migrations()]
+    found = columns(fresh_database, "idempotent_jobs")
+    assert {t: found[t] for t in EXPECTED_COLUMNS} == EXPECTED_COLUMNS
+    assert {"runs_identity_key", "runs_status_check", "run_attempts_outcome_check"} <= constraints(
+        fresh_database, "idempotent_jobs"
+    )
+
+
+def test_migrating_twice_is_a_no_op(fresh_database: str) -> None:
+    ledger = RunLedger(database_url=fresh_database)
+    assert ledger.migrate() != []
+    before = columns(fresh_database, "idempotent_jobs")
+    assert ledger.migrate() == []
+    assert columns(fresh_database, "idempotent_jobs") == before
+
+
+def _migrate_in_child(
+    conninfo: str,
+    barrier: "multiprocessing.synchronize.Barrier",
+    out: "multiprocessing.Queue[object]",
+) -> None:
+    barrier.wait()
+    try:
+        out.put(RunLedger(database_url=conninfo).migrate())
+    except Exception as exc:  # reported to the parent, which fails the test
+        out.put(repr(exc))
+
+
+def test_concurrent_migrations_apply_once(fresh_database: str) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    workers = 4
+    barrier = ctx.Barrier(workers)
+    out: multiprocessing.Queue[object] = ctx.Queue()
+    procs = [
+        ctx.Process(target=_migrate_in_child, args=(fresh_database, barrier, out))
+        for _ in range(workers)
+    ]
+    for proc in procs:
+        proc.start()
+    results = [out.get(timeout=120) for _ in procs]
+    for proc in procs:
+        proc.join(timeout=60)
+    assert all(isinstance(r, list) for r in results), results
+    assert sorted(len(r) for r in results) == [0] * (workers - 1) + [len(shipped_migrations())]  # type: ignore[arg-type]
+    with psycopg.connect(fresh_database) as conn:
+        row = conn.execute("SELECT count(*) FROM idempotent_jobs.schema_migrations").fetchone()
+    assert row == (len(shipped_migrations()),)
+
+
+def test_an_unmigrated_database_is_refused_at_open(fresh_database: str) -> None:
+    ledger = RunLedger(database_url=fresh_database)
+    with pytest.raises(SchemaNotMigratedError, match="idempotent-jobs migrate"):
+        ledger.open()
+    ledger.migrate()
+    with ledger:
+        assert ledger.get("0" * 64) is None
+
+
+def test_a_missing_migration_is_refused_at_open(database: str) -> None:
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("DELETE FROM idempotent_jobs.schema_migrations")
+    with pytest.raises(SchemaNotMigratedError, match="lacks migrations 0001_initial"):
+        RunLedger(database_url=database).open()
+
+
+def test_an_edited_migration_is_detected(database: str) -> None:
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("UPDATE idempotent_jobs.schema_migrations SET checksum = 'edited'")
+    with pytest.raises(LedgerError, match="changed after it was applied"):
+        RunLedger(database_url=database).migrate()
+
+
+def test_a_newer_schema_than_the_code_is_refused(database: str) -> None:
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO idempotent_jobs.schema_migrations (version, name, checksum)"
+            " VALUES (9999, 'future', 'x')"
+        )
+    with pytest.raises(SchemaNotMigratedError, match="newer than the code"):
+        RunLedger(database_url=database).open()
+
+
+def test_a_custom_schema_is_independent(database: str) -> None:
+    other = RunLedger(database_url=database, schema_name="tenant_b_ledger")
+    assert other.migrate() == ["0001_initial"]
+    found = columns(database, "tenant_b_ledger")
+    assert {t: found[t] for t in EXPECTED_COLUMNS} == EXPECTED_COLUMNS
+
+
+@pytest.mark.parametrize("name", ["Ledger", "a-b", "x; DROP TABLE y", "", "9abc"])
+def test_bad_schema_names_are_refused(name: str) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        RunLedger(database_url="postgresql://unused", schema_name=name).migrate()
+    assert info.value.field == "schema_name"

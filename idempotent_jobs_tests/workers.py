@@ -1,0 +1,78 @@
+"""Code run in child processes by the concurrency tests (importable under ``spawn``)."""
+
+import multiprocessing.synchronize
+import os
+import sys
+from typing import Any
+
+from idempotent_jobs import RunLedger, run_idempotent
+from idempotent_jobs_tests.helpers import identity
+
+
+def race_run_idempotent(
+    conninfo: str,
+    barrier: multiprocessing.synchronize.Barrier,
+    release_winner: multiprocessing.synchronize.Event,
+    out: "multiprocessing.Queue[dict[str, Any]]",
+) -> None:
+    """Run the protocol on the shared identity; the model blocks until the parent says go."""
+    model_calls = 0
+    collect_calls = 0
+
+    def collect(_: object) -> dict[str, Any]:
+        nonlocal collect_calls
+        collect_calls += 1
+        return {"docs": [f"collected by {os.getpid()}"]}
+
+    def transform(raw: dict[str, Any]) -> dict[str, Any]:
+        nonlocal model_calls
+        model_calls += 1
+        out.put({"event": "model-started", "pid": os.getpid()})
+        release_winner.wait(timeout=120)
+        return {"summary": f"answer from {os.getpid()}"}
+
+    with RunLedger(database_url=conninfo) as ledger:
+        barrier.wait()
+        outcome = run_idempotent(
+            ledger,
+            identity(),
+            collect=collect,
+            transform=transform,
+            notifications=lambda o: {"email": {"body": o["summary"]}},
+        )
+    out.put(
+        {
+            "event": "done",
+            "pid": os.getpid(),
+            "executed": outcome.executed,
+            "status": outcome.status,
+            "model_calls": model_calls,
+            "collect_calls": collect_calls,
+        }
+    )
+
+
+def race_claim(
+    conninfo: str,
+    run_id: str,
+    barrier: multiprocessing.synchronize.Barrier,
+    out: "multiprocessing.Queue[int | None]",
+) -> None:
+    with RunLedger(database_url=conninfo) as ledger:
+        barrier.wait()
+        lease = ledger.claim(run_id, f"worker-{os.getpid()}", 60)
+    out.put(lease.epoch if lease else None)
+
+
+def hold_lease_then_hang(conninfo: str, run_id: str, lease_seconds: float) -> None:
+    """Claim, print the expiry, then hang until killed (a worker that dies holding a lease)."""
+    with RunLedger(database_url=conninfo) as ledger:
+        lease = ledger.claim(run_id, f"doomed-{os.getpid()}", lease_seconds)
+        assert lease is not None
+        sys.stdout.write(f"{lease.epoch} {lease.expires_at.isoformat()}\n")
+        sys.stdout.flush()
+        multiprocessing.Event().wait()
+
+
+if __name__ == "__main__":
+    hold_lease_then_hang(sys.argv[1], sys.argv[2], float(sys.argv[3]))
