@@ -4,10 +4,12 @@ each external side effect once, whatever the scheduler, the network or the worke
 from idempotent_jobs.errors import (
     IdentityConflictError,
     InvalidInputError,
+    LeaseBusyError,
     LeaseLostError,
     LedgerConnectionError,
     LedgerError,
     OutputRejectedError,
+    RunNotFoundError,
     SchemaNotMigratedError,
 )
 from idempotent_jobs.identity import RunIdentity, stable_run_id
@@ -30,6 +32,7 @@ __all__ = [
     "IdentityConflictError",
     "InvalidInputError",
     "Lease",
+    "LeaseBusyError",
     "LeaseLostError",
     "LedgerConnectionError",
     "LedgerError",
@@ -39,6 +42,7 @@ __all__ = [
     "OutputRejectedError",
     "RunIdentity",
     "RunLedger",
+    "RunNotFoundError",
     "RunOutcome",
     "RunRecord",
     "SchemaNotMigratedError",

@@ -33,6 +33,14 @@ class LeaseLostError(LedgerError):
     """
 
 
+class RunNotFoundError(LedgerError):
+    """No run with this id is registered in the ledger."""
+
+
+class LeaseBusyError(LedgerError):
+    """Another worker holds the run's lease and did not finish in time; retry later."""
+
+
 class SchemaNotMigratedError(LedgerError):
     """The ledger schema is missing or not at this code's version: run `idempotent-jobs migrate`."""
 

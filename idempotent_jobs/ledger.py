@@ -9,6 +9,7 @@ before the drop is recognised on the retry instead of being applied twice.
 
 import threading
 import time
+from dataclasses import replace
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, LiteralString, TypeVar
@@ -284,18 +285,16 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         return Lease(run_id, worker_id, epoch, expires_at, lease_seconds, raw_input)
 
     def renew(self, lease: Lease) -> Lease:
-        """Extend the lease by its duration from now (database clock); raise if it was lost."""
+        """Extend the lease by its duration from now (database clock); raise if it was lost.
+
+        Also how a later step (another process, even) takes over a lease handed on to it: the
+        owner and epoch are the capability, and the returned lease carries the checkpoint.
+        """
         rows = self._rows(queries.RENEW, {**_fence(lease), "lease_seconds": lease.lease_seconds})
         if not rows:
             raise LeaseLostError()
-        return Lease(
-            lease.run_id,
-            lease.worker_id,
-            lease.epoch,
-            rows[0][0],
-            lease.lease_seconds,
-            lease.stored_raw_input,
-        )
+        expires_at, raw_input = rows[0]
+        return replace(lease, expires_at=expires_at, stored_raw_input=raw_input)
 
     def save_raw_input(self, lease: Lease, raw_input: dict[str, Any]) -> dict[str, Any]:
         """Checkpoint the collected input; the first stored value wins and is returned."""

@@ -13,8 +13,9 @@ from typing import Any
 from idempotent_jobs.errors import LeaseLostError, LedgerError, OutputRejectedError
 from idempotent_jobs.heartbeat import LeaseHeartbeat
 from idempotent_jobs.identity import RunIdentity
+from idempotent_jobs.leases import acquire
 from idempotent_jobs.ledger import RunLedger
-from idempotent_jobs.records import Lease, ModelUsage, RunStatus
+from idempotent_jobs.records import Lease, ModelUsage, RunRecord, RunStatus
 
 JSONDict = dict[str, Any]
 DEFAULT_LEASE_SECONDS = 300.0
@@ -77,6 +78,7 @@ def run_idempotent(
     worker_id: str | None = None,
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
     heartbeat_seconds: float | None = None,
+    wait_seconds: float = 0.0,
     dagster_run_id: str | None = None,
     step_key: str | None = None,
 ) -> RunOutcome:
@@ -84,6 +86,7 @@ def run_idempotent(
 
     - A completed run returns its stored output; nothing is collected or transformed.
     - Without the lease (another worker holds it) nothing runs; the outcome says ``running``.
+      With ``wait_seconds``, the call first waits that long for the holder to finish or expire.
     - The input is collected once: a stored checkpoint is reused by every later attempt.
     - The lease is renewed while ``transform`` runs (every ``heartbeat_seconds``, by default a
       third of the lease); a lost lease raises :class:`LeaseLostError` and never commits.
@@ -95,14 +98,18 @@ def run_idempotent(
     record = ledger.register(identity)
     if record.status == "completed":
         return RunOutcome(record.run_id, "completed", record.output, False, worker_id)
-    lease = ledger.claim(
-        record.run_id, worker_id, lease_seconds, dagster_run_id=dagster_run_id, step_key=step_key
+    lease = acquire(
+        ledger,
+        record.run_id,
+        worker_id,
+        lease_seconds,
+        wait_seconds=wait_seconds,
+        dagster_run_id=dagster_run_id,
+        step_key=step_key,
     )
-    if lease is None:
-        current = ledger.get(record.run_id)
-        assert current is not None
-        output = current.output if current.status == "completed" else None
-        return RunOutcome(current.run_id, current.status, output, False, worker_id)
+    if isinstance(lease, RunRecord):
+        output = lease.output if lease.status == "completed" else None
+        return RunOutcome(lease.run_id, lease.status, output, False, worker_id)
 
     usage: ModelUsage | None = None
     try:

@@ -62,7 +62,8 @@ SELECT lease_epoch, lock_expires_at, raw_input FROM claimed
 _FENCE: LiteralString = """run_id = %(run_id)s AND lock_owner = %(worker_id)s
       AND lease_epoch = %(epoch)s AND status = 'running'"""
 
-# Heartbeat: push the expiry forward by the lease duration, only while still the owner.
+# Heartbeat, or taking over a lease handed on by an earlier step: push the expiry forward by the
+# lease duration, only while still the owner; hands back the checkpoint too.
 RENEW: LiteralString = (
     """
 UPDATE {schema}.runs
@@ -70,7 +71,7 @@ SET lock_expires_at = now() + make_interval(secs => %(lease_seconds)s), updated_
 WHERE """
     + _FENCE
     + """
-RETURNING lock_expires_at"""
+RETURNING lock_expires_at, raw_input"""
 )
 
 # Checkpoint of the collected input: the first stored value wins and is returned.

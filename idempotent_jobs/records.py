@@ -15,14 +15,34 @@ class Lease:
     ``epoch`` is a fencing token: each successful claim of the run adds one, so a worker whose
     lease was taken over can never write again, even if it still believes it holds the lease.
     ``stored_raw_input`` is the checkpoint found at claim time (``None`` if not collected yet).
+    ``expires_at`` is ``None`` for a lease rebuilt from a hand-over ticket until it is renewed.
     """
 
     run_id: str
     worker_id: str
     epoch: int
-    expires_at: datetime
+    expires_at: datetime | None
     lease_seconds: float
     stored_raw_input: dict[str, Any] | None = None
+
+    def ticket(self) -> dict[str, Any]:
+        """The JSON-able part another step (or process) needs to take the lease over."""
+        return {
+            "run_id": self.run_id,
+            "worker_id": self.worker_id,
+            "epoch": self.epoch,
+            "lease_seconds": self.lease_seconds,
+        }
+
+    @classmethod
+    def from_ticket(cls, ticket: dict[str, Any]) -> "Lease":
+        return cls(
+            ticket["run_id"],
+            ticket["worker_id"],
+            int(ticket["epoch"]),
+            None,
+            float(ticket["lease_seconds"]),
+        )
 
 
 @dataclass(frozen=True)
