@@ -3,8 +3,24 @@
 import dagster as dg
 
 from idempotent_jobs.database import DATABASE_URL_ENV
+from idempotent_jobs.jobs import JOB_SPECS
+from idempotent_jobs.job_factory import build_idempotent_job
 from idempotent_jobs.ledger import RunLedger
+from idempotent_jobs.resources import (
+    JsonLinesChannel,
+    LocalExtractiveSummarizer,
+    SampleDocumentsCollector,
+)
+
+built = [build_idempotent_job(spec) for spec in JOB_SPECS]
 
 defs = dg.Definitions(
-    resources={"ledger": RunLedger(database_url=dg.EnvVar(DATABASE_URL_ENV))},
+    jobs=[job for job, _ in built],
+    schedules=[schedule for _, schedule in built],
+    resources={
+        "ledger": RunLedger(database_url=dg.EnvVar(DATABASE_URL_ENV)),
+        "model": LocalExtractiveSummarizer(),
+        "collector": SampleDocumentsCollector(),
+        "report_file": JsonLinesChannel(),
+    },
 )

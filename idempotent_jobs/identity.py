@@ -15,7 +15,8 @@ from idempotent_jobs.errors import InvalidInputError
 MAX_FIELD_LENGTH = 512
 
 
-def _clean_text(name: str, value: object) -> str:
+def clean_identity_text(name: str, value: object) -> str:
+    """Strip ``value`` and check it can be an identity field; raise naming ``name`` if not."""
     if not isinstance(value, str):
         raise InvalidInputError(name, f"must be a string, got {type(value).__name__}")
     text = value.strip()
@@ -66,10 +67,10 @@ class RunIdentity:
     run_id: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        job_name = _clean_text("job_name", self.job_name)
-        subject_id = _clean_text("subject_id", self.subject_id)
+        job_name = clean_identity_text("job_name", self.job_name)
+        subject_id = clean_identity_text("subject_id", self.subject_id)
         scheduled_at = _clean_time(self.scheduled_at)
-        version = _clean_text("version", self.version)
+        version = clean_identity_text("version", self.version)
         encoded = "|".join((job_name, subject_id, _encode_time(scheduled_at), version))
         object.__setattr__(self, "job_name", job_name)
         object.__setattr__(self, "subject_id", subject_id)

@@ -45,8 +45,10 @@ def acquire(
 
 def take_over(
     ledger: RunLedger,
-    handed: Lease,
+    run_id: str,
+    handed: Lease | None,
     worker_id: str,
+    lease_seconds: float,
     *,
     wait_seconds: float = 0.0,
     dagster_run_id: str | None = None,
@@ -55,17 +57,20 @@ def take_over(
     """Continue under the lease an earlier step handed on (same epoch), or else claim anew.
 
     The hand-over works across processes because the owner and epoch, not the process, are
-    the capability. If that lease was lost, this worker claims the run itself (next epoch).
+    the capability. If there is no handed lease, or it was lost, this worker claims the run
+    itself (next epoch), waiting up to ``wait_seconds`` for another holder; see :func:`acquire`.
     """
-    try:
-        return ledger.renew(handed)
-    except LeaseLostError:
-        return acquire(
-            ledger,
-            handed.run_id,
-            worker_id,
-            handed.lease_seconds,
-            wait_seconds=wait_seconds,
-            dagster_run_id=dagster_run_id,
-            step_key=step_key,
-        )
+    if handed is not None:
+        try:
+            return ledger.renew(handed)
+        except LeaseLostError:
+            pass
+    return acquire(
+        ledger,
+        run_id,
+        worker_id,
+        lease_seconds,
+        wait_seconds=wait_seconds,
+        dagster_run_id=dagster_run_id,
+        step_key=step_key,
+    )

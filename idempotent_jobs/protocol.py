@@ -125,14 +125,14 @@ def run_idempotent(
     except LeaseLostError:
         raise
     except BaseException as exc:
-        _record_failure(ledger, lease, exc, usage)
+        record_failure(ledger, lease, exc, usage)
         raise
     return RunOutcome(
         lease.run_id, "completed", completion.output, completion.accepted, worker_id, lease.epoch
     )
 
 
-def _record_failure(
+def record_failure(
     ledger: RunLedger, lease: Lease, exc: BaseException, usage: ModelUsage | None
 ) -> None:
     """Mark the attempt failed if this lease still holds the run; never hide the first error."""

@@ -1,0 +1,234 @@
+"""The four ops of an idempotent job, built for one :class:`IdempotentJobSpec`.
+
+Between ops travels a small JSON "ticket": the ledger run id, whether the run is already
+completed, and the lease (owner + epoch) handed on to the next step of the *same* Dagster run.
+A step in another Dagster run (re-execution, run retry) never uses a ticket it did not issue:
+it claims the lease itself, waiting for the previous holder to finish or expire.
+"""
+
+import uuid
+from dataclasses import asdict
+from typing import Any
+
+import dagster as dg
+
+from idempotent_jobs.errors import LeaseBusyError, LeaseLostError, LedgerError, OutputRejectedError
+from idempotent_jobs.heartbeat import LeaseHeartbeat
+from idempotent_jobs.identity import RunIdentity
+from idempotent_jobs.job_spec import IdempotentJobSpec
+from idempotent_jobs.leases import take_over
+from idempotent_jobs.ledger import RunLedger
+from idempotent_jobs.protocol import record_failure
+from idempotent_jobs.records import Completion, Lease, ModelUsage, RunRecord
+from idempotent_jobs.resources import DocumentCollector, NotificationChannel, SummaryModel
+
+Ticket = dict[str, Any]
+
+
+def _worker_id(context: dg.OpExecutionContext) -> str:
+    """Unique per op execution, readable in the ledger: Dagster run, op, retry, random."""
+    return (
+        f"dagster:{context.run_id}:{context.op.name}:{context.retry_number}:{uuid.uuid4().hex[:6]}"
+    )
+
+
+def _completed_ticket(run_id: str) -> Ticket:
+    return {"run_id": run_id, "completed": True, "lease": None, "dagster_run_id": None}
+
+
+def _lease_ticket(context: dg.OpExecutionContext, lease: Lease, **extra: Any) -> Ticket:
+    return {
+        "run_id": lease.run_id,
+        "completed": False,
+        "lease": lease.ticket(),
+        "dagster_run_id": context.run_id,
+        **extra,
+    }
+
+
+def _handed_lease(context: dg.OpExecutionContext, ticket: Ticket) -> Lease | None:
+    """The lease an upstream step of this very Dagster run handed on, if any."""
+    if ticket.get("lease") and ticket.get("dagster_run_id") == context.run_id:
+        return Lease.from_ticket(ticket["lease"])
+    return None
+
+
+def _report(
+    context: dg.OpExecutionContext,
+    ledger: RunLedger,
+    run_id: str,
+    result: str,
+    epoch: int | None = None,
+    usage: ModelUsage | None = None,
+) -> None:
+    """Output metadata: answers "did this Dagster run do the work?" on the run page."""
+    record = ledger.get(run_id)
+    metadata: dict[str, Any] = {
+        "ledger_run_id": run_id,
+        "result": result,
+        "status": record.status if record else "missing",
+        "attempts": record.attempts if record else 0,
+        "lease_epoch": epoch if epoch is not None else (record.lease_epoch if record else 0),
+    }
+    if usage is not None:
+        metadata["model"] = usage.model_name or ""
+        metadata["input_tokens"] = usage.input_tokens or 0
+        metadata["output_tokens"] = usage.output_tokens or 0
+    context.add_output_metadata(metadata)
+    context.log.info(f"ledger run {run_id}: {result}")
+
+
+def _busy(record: RunRecord) -> LeaseBusyError:
+    return LeaseBusyError(
+        f"run {record.run_id} is held by {record.lock_owner} until {record.lock_expires_at}"
+    )
+
+
+def build_ops(
+    spec: IdempotentJobSpec,
+) -> tuple[dg.OpDefinition, dg.OpDefinition, dg.OpDefinition, dg.OpDefinition]:
+    """collect, transform, persist and deliver for ``spec``."""
+
+    def identity_of(context: dg.OpExecutionContext) -> RunIdentity:
+        return spec.identity_for(context.partition_key)
+
+    def claim(
+        context: dg.OpExecutionContext, ledger: RunLedger, run_id: str, handed: Lease | None
+    ) -> Lease | RunRecord:
+        return take_over(
+            ledger,
+            run_id,
+            handed,
+            _worker_id(context),
+            spec.lease_seconds,
+            wait_seconds=spec.holder_wait_seconds,
+            dagster_run_id=context.run_id,
+            step_key=context.op.name,
+        )
+
+    @dg.op(name="collect", out=dg.Out(Ticket), tags={"kind": "ledger"})
+    def collect(
+        context: dg.OpExecutionContext, ledger: RunLedger, collector: DocumentCollector
+    ) -> Ticket:
+        """Register the run, take its lease and checkpoint the collected input (once)."""
+        identity = identity_of(context)
+        record = ledger.register(identity)
+        if record.status == "completed":
+            _report(context, ledger, record.run_id, "reused")
+            return _completed_ticket(record.run_id)
+        lease = claim(context, ledger, record.run_id, None)
+        if isinstance(lease, RunRecord):
+            if lease.status != "completed":
+                raise _busy(lease)
+            _report(context, ledger, record.run_id, "reused")
+            return _completed_ticket(record.run_id)
+        reused_input = lease.stored_raw_input is not None
+        if not reused_input:
+            try:
+                raw_input = collector.collect(identity)
+            except Exception as exc:
+                record_failure(ledger, lease, exc, None)
+                raise
+            ledger.save_raw_input(lease, raw_input)
+        result = "reused input" if reused_input else "collected"
+        _report(context, ledger, lease.run_id, result, lease.epoch)
+        return _lease_ticket(context, lease)
+
+    @dg.op(
+        name="transform", out=dg.Out(Ticket), retry_policy=spec.model_retry, tags={"kind": "model"}
+    )
+    def transform(
+        context: dg.OpExecutionContext, collected: Ticket, ledger: RunLedger, model: SummaryModel
+    ) -> Ticket:
+        """Call the model on the checkpointed input (read from the ledger) under a live lease."""
+        run_id = collected["run_id"]
+        if collected["completed"]:
+            _report(context, ledger, run_id, "reused")
+            return _completed_ticket(run_id)
+        lease = claim(context, ledger, run_id, _handed_lease(context, collected))
+        if isinstance(lease, RunRecord):
+            if lease.status != "completed":
+                raise _busy(lease)
+            _report(context, ledger, run_id, "reused")
+            return _completed_ticket(run_id)
+        raw_input = lease.stored_raw_input
+        if raw_input is None:
+            raise LedgerError(f"run {run_id} has no raw-input checkpoint; re-run collect")
+        with LeaseHeartbeat(ledger, lease, spec.lease_seconds / 3) as heartbeat:
+            try:
+                answer = model.summarize(spec.prompt, raw_input)
+                if spec.validate(answer.output) is False:
+                    raise OutputRejectedError()
+            except Exception as exc:
+                record_failure(ledger, lease, exc, None)
+                raise
+        heartbeat.raise_if_lost()
+        _report(context, ledger, run_id, "model called", lease.epoch, answer.usage)
+        return _lease_ticket(
+            context, heartbeat.lease, output=answer.output, usage=asdict(answer.usage)
+        )
+
+    @dg.op(name="persist", out=dg.Out(Ticket), tags={"kind": "ledger"})
+    def persist(context: dg.OpExecutionContext, transformed: Ticket, ledger: RunLedger) -> Ticket:
+        """Commit the answer, its usage and the outbox rows in one transaction."""
+        run_id = transformed["run_id"]
+        if transformed["completed"]:
+            _report(context, ledger, run_id, "reused")
+            return _completed_ticket(run_id)
+        identity = identity_of(context)
+        output = transformed["output"]
+        usage = ModelUsage(**transformed["usage"])
+        notifications = spec.notifications(identity, output)
+        completion: Completion | None = None
+        handed = _handed_lease(context, transformed)
+        if handed is not None:
+            try:
+                completion, epoch = (
+                    ledger.complete(handed, output, notifications, usage),
+                    handed.epoch,
+                )
+            except LeaseLostError:
+                completion = None
+        if completion is None:
+            # The handed lease was lost, or this is a re-execution: claim, then commit the
+            # answer this run already paid for (first commit wins).
+            lease = claim(context, ledger, run_id, None)
+            if isinstance(lease, RunRecord):
+                if lease.status != "completed":
+                    raise _busy(lease)
+                _report(context, ledger, run_id, "reused")
+                return _completed_ticket(run_id)
+            completion = ledger.complete(lease, output, notifications, usage)
+            epoch = lease.epoch
+        result = "new" if completion.accepted else "reused"
+        _report(context, ledger, run_id, result, epoch, usage if completion.accepted else None)
+        return {**_completed_ticket(run_id), "result": result}
+
+    @dg.op(
+        name="deliver",
+        required_resource_keys={"ledger", *spec.channels},
+        retry_policy=dg.RetryPolicy(max_retries=3, delay=1.0, backoff=dg.Backoff.EXPONENTIAL),
+        tags={"kind": "outbox"},
+    )
+    def deliver(context: dg.OpExecutionContext, persisted: Ticket) -> None:
+        """Send this run's undelivered outbox rows, once each, keyed ``<run_id>:<channel>``."""
+        run_id = persisted["run_id"]
+        ledger: RunLedger = context.resources.ledger
+
+        def send(row: Any) -> None:
+            channel: NotificationChannel = getattr(context.resources, row.channel)
+            channel.send(row)
+
+        report = ledger.deliver_outbox(send, run_id=run_id)
+        context.add_output_metadata(
+            {
+                "ledger_run_id": run_id,
+                "delivered_now": len(report.delivered),
+                "failed": len(report.failed),
+            }
+        )
+        if report.failed:
+            reasons = "; ".join(f"{row.channel}: {reason}" for row, reason in report.failed)
+            raise dg.Failure(f"delivery failed, will retry: {reasons}", allow_retries=True)
+
+    return collect, transform, persist, deliver

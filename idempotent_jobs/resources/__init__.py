@@ -1,0 +1,25 @@
+"""Dagster resources: each an abstract ConfigurableResource with an offline default and a real one."""
+
+from idempotent_jobs.resources.channels import JsonLinesChannel, NotificationChannel, WebhookChannel
+from idempotent_jobs.resources.collectors import (
+    DocumentCollector,
+    FeedCollector,
+    SampleDocumentsCollector,
+)
+from idempotent_jobs.resources.models import (
+    LocalExtractiveSummarizer,
+    OpenAICompatibleModel,
+    SummaryModel,
+)
+
+__all__ = [
+    "DocumentCollector",
+    "FeedCollector",
+    "JsonLinesChannel",
+    "LocalExtractiveSummarizer",
+    "NotificationChannel",
+    "OpenAICompatibleModel",
+    "SampleDocumentsCollector",
+    "SummaryModel",
+    "WebhookChannel",
+]

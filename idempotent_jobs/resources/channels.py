@@ -1,0 +1,68 @@
+"""Notification channels: where outbox rows go. Each send carries the row's idempotency key."""
+
+import fcntl
+import json
+import urllib.error
+import urllib.request
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import dagster as dg
+from pydantic import Field
+
+from idempotent_jobs.records import OutboxRecord
+
+
+class NotificationChannel(dg.ConfigurableResource, ABC):  # type: ignore[type-arg]
+    """Performs one side effect per outbox row; raising leaves the row to be retried."""
+
+    @abstractmethod
+    def send(self, row: OutboxRecord) -> None: ...
+
+
+class JsonLinesChannel(NotificationChannel):
+    """Offline: appends ``{"key", "payload"}`` lines to a file, skipping keys already written.
+
+    The file is the receiver, so it deduplicates on the key itself (under a file lock): a row
+    re-sent after a crash between send and mark is written once.
+    """
+
+    path: str = Field(default=".idempotent_jobs/notifications.jsonl")
+
+    def send(self, row: OutboxRecord) -> None:
+        target = Path(self.path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with target.open("a+", encoding="utf-8") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            handle.seek(0)
+            if any(
+                json.loads(line)["key"] == row.idempotency_key for line in handle if line.strip()
+            ):
+                return
+            handle.write(
+                json.dumps({"key": row.idempotency_key, "payload": row.payload}, sort_keys=True)
+                + "\n"
+            )
+
+
+class WebhookChannel(NotificationChannel):
+    """POSTs the payload as JSON with ``Idempotency-Key: <run_id>:<channel>``; non-2xx raises."""
+
+    url: str = Field(description="Receiver URL; put any token in an EnvVar-backed header")
+    authorization: str = Field(default="", repr=False, description="Authorization header value")
+    timeout_seconds: float = 10.0
+
+    def send(self, row: OutboxRecord) -> None:
+        headers = {"Content-Type": "application/json", "Idempotency-Key": row.idempotency_key}
+        if self.authorization:
+            headers["Authorization"] = self.authorization
+        request = urllib.request.Request(  # noqa: S310
+            self.url, data=json.dumps(row.payload).encode(), headers=headers, method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_seconds) as answer:  # noqa: S310
+                status = answer.status
+        except urllib.error.HTTPError as exc:
+            raise ConnectionError(f"webhook answered HTTP {exc.code}") from None
+        if not 200 <= status < 300:
+            raise ConnectionError(f"webhook answered HTTP {status}")

@@ -1,0 +1,1 @@
+"""Sample documents per subject for the offline collector."""
