@@ -3,8 +3,8 @@
 import dagster as dg
 
 from idempotent_jobs.database import DATABASE_URL_ENV
-from idempotent_jobs.jobs import JOB_SPECS
 from idempotent_jobs.job_factory import build_idempotent_job
+from idempotent_jobs.jobs import JOB_SPECS
 from idempotent_jobs.ledger import RunLedger
 from idempotent_jobs.resources import (
     JsonLinesChannel,

@@ -9,9 +9,9 @@ before the drop is recognised on the retry instead of being applied twice.
 
 import threading
 import time
-from dataclasses import replace
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, LiteralString, TypeVar
 
 import dagster as dg

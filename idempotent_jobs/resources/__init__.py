@@ -1,4 +1,4 @@
-"""Dagster resources: each an abstract ConfigurableResource with an offline default and a real one."""
+"""Dagster resources: each abstract, with an offline default and a real implementation."""
 
 from idempotent_jobs.resources.channels import JsonLinesChannel, NotificationChannel, WebhookChannel
 from idempotent_jobs.resources.collectors import (
