@@ -9,9 +9,44 @@ after this process exits (the next command reuses it). It listens on a Unix sock
 import os
 import warnings
 from pathlib import Path
+from urllib.parse import quote, urlencode
+
+from psycopg.conninfo import conninfo_to_dict
 
 DATABASE_URL_ENV = "IDEMPOTENT_JOBS_DATABASE_URL"
+DAGSTER_STORAGE_URL_ENV = "IDEMPOTENT_JOBS_DAGSTER_STORAGE_URL"
 HOME_ENV = "IDEMPOTENT_JOBS_HOME"
+
+
+def libpq_conninfo(url: str) -> str:
+    """``url`` as libpq (psycopg 3) accepts it: a SQLAlchemy ``+driver`` suffix is dropped."""
+    scheme, sep, rest = url.partition("://")
+    if sep and "+" in scheme:
+        return scheme.split("+", 1)[0] + "://" + rest
+    return url
+
+
+def dagster_storage_url(url: str) -> str:
+    """The same database as a ``postgresql+psycopg2://`` URL for dagster-postgres.
+
+    Accepts a URL or a ``key=value`` conninfo string; a Unix-socket host goes in ``?host=``.
+    """
+    params = conninfo_to_dict(libpq_conninfo(url))
+    user = quote(str(params.pop("user", "postgres")), safe="")
+    password = params.pop("password", None)
+    userinfo = f"{user}:{quote(str(password), safe='')}" if password else user
+    host = str(params.pop("host", "") or "")
+    port = params.pop("port", None)
+    dbname = quote(str(params.pop("dbname", "postgres")), safe="")
+    query = {k: str(v) for k, v in params.items()}
+    if host.startswith("/"):
+        query["host"] = host
+        host = ""
+    netloc = f"{userinfo}@{host}" + (f":{port}" if port and host else "")
+    if port and not host:
+        query["port"] = str(port)
+    suffix = f"?{urlencode(query)}" if query else ""
+    return f"postgresql+psycopg2://{netloc}/{dbname}{suffix}"
 
 
 def project_home() -> Path:
@@ -56,7 +91,9 @@ def database_url() -> str:
 
 
 def ensure_database_url() -> str:
-    """Like :func:`database_url`, and export it so child processes (Dagster) see the same one."""
+    """Like :func:`database_url`, and export it (and Dagster's form of it, for ``dagster.yaml``)
+    so that child processes see the same database."""
     url = database_url()
     os.environ[DATABASE_URL_ENV] = url
+    os.environ.setdefault(DAGSTER_STORAGE_URL_ENV, dagster_storage_url(url))
     return url

@@ -25,7 +25,8 @@ def build_idempotent_job(
         tags=spec.tags(),
     )
     def idempotent_job() -> None:
-        deliver(persist(transform(collect())))
+        collected = collect.alias("collect")()
+        deliver.alias("deliver")(persist.alias("persist")(transform.alias("transform")(collected)))
 
     schedule = dg.build_schedule_from_partitioned_job(idempotent_job, name=f"{spec.name}_schedule")
     assert isinstance(schedule, dg.ScheduleDefinition)

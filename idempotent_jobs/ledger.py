@@ -22,6 +22,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from pydantic import Field, PrivateAttr
 
 from idempotent_jobs import queries
+from idempotent_jobs.database import libpq_conninfo
 from idempotent_jobs.errors import (
     IdentityConflictError,
     InvalidInputError,
@@ -131,7 +132,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
                 return
             check_schema_name(self.schema_name)
             pool = ConnectionPool(
-                conninfo=self.database_url,
+                conninfo=libpq_conninfo(self.database_url),
                 min_size=self.pool_min_size,
                 max_size=max(self.pool_max_size, self.pool_min_size),
                 kwargs={"autocommit": True},

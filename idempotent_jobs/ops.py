@@ -87,7 +87,11 @@ def _busy(record: RunRecord) -> LeaseBusyError:
 def build_ops(
     spec: IdempotentJobSpec,
 ) -> tuple[dg.OpDefinition, dg.OpDefinition, dg.OpDefinition, dg.OpDefinition]:
-    """collect, transform, persist and deliver for ``spec``."""
+    """collect, transform, persist and deliver for ``spec``.
+
+    Op definition names carry the job's name (Dagster wants them unique per code location);
+    the job uses them under the plain node names ``collect``, ``transform``, ...
+    """
 
     def identity_of(context: dg.OpExecutionContext) -> RunIdentity:
         return spec.identity_for(context.partition_key)
@@ -106,7 +110,7 @@ def build_ops(
             step_key=context.op.name,
         )
 
-    @dg.op(name="collect", out=dg.Out(Ticket), tags={"kind": "ledger"})
+    @dg.op(name=f"{spec.name}_collect", out=dg.Out(Ticket), tags={"kind": "ledger"})
     def collect(
         context: dg.OpExecutionContext, ledger: RunLedger, collector: DocumentCollector
     ) -> Ticket:
@@ -135,7 +139,10 @@ def build_ops(
         return _lease_ticket(context, lease)
 
     @dg.op(
-        name="transform", out=dg.Out(Ticket), retry_policy=spec.model_retry, tags={"kind": "model"}
+        name=f"{spec.name}_transform",
+        out=dg.Out(Ticket),
+        retry_policy=spec.model_retry,
+        tags={"kind": "model"},
     )
     def transform(
         context: dg.OpExecutionContext, collected: Ticket, ledger: RunLedger, model: SummaryModel
@@ -168,7 +175,7 @@ def build_ops(
             context, heartbeat.lease, output=answer.output, usage=asdict(answer.usage)
         )
 
-    @dg.op(name="persist", out=dg.Out(Ticket), tags={"kind": "ledger"})
+    @dg.op(name=f"{spec.name}_persist", out=dg.Out(Ticket), tags={"kind": "ledger"})
     def persist(context: dg.OpExecutionContext, transformed: Ticket, ledger: RunLedger) -> Ticket:
         """Commit the answer, its usage and the outbox rows in one transaction."""
         run_id = transformed["run_id"]
@@ -205,7 +212,7 @@ def build_ops(
         return {**_completed_ticket(run_id), "result": result}
 
     @dg.op(
-        name="deliver",
+        name=f"{spec.name}_deliver",
         required_resource_keys={"ledger", *spec.channels},
         retry_policy=dg.RetryPolicy(max_retries=3, delay=1.0, backoff=dg.Backoff.EXPONENTIAL),
         tags={"kind": "outbox"},

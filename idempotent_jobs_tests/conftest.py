@@ -7,6 +7,7 @@ else the embedded server (started here, never skipped).
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -15,6 +16,7 @@ from psycopg.conninfo import make_conninfo
 
 from idempotent_jobs import RunLedger
 from idempotent_jobs.database import DATABASE_URL_ENV, start_embedded_postgres
+from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
 
 
 @pytest.fixture(scope="session")
@@ -85,3 +87,16 @@ def db(database: str) -> Iterator[psycopg.Connection]:
     """A plain autocommit connection to the test database, for checks and planted states."""
     with psycopg.connect(database, autocommit=True) as conn:
         yield conn
+
+
+@pytest.fixture
+def dagster_env(database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> DagsterTestEnv:
+    """Env vars the test code location reads: this test's ledger database and call logs."""
+    from idempotent_jobs.database import DAGSTER_STORAGE_URL_ENV, dagster_storage_url
+
+    env = DagsterTestEnv(database, tmp_path)
+    monkeypatch.setenv(DATABASE_URL_ENV, database)
+    monkeypatch.setenv(DAGSTER_STORAGE_URL_ENV, dagster_storage_url(database))
+    monkeypatch.setenv("IJ_TEST_DIR", str(env.calls_dir))
+    monkeypatch.setenv("IJ_TEST_NOTIFICATIONS", str(env.notifications))
+    return env

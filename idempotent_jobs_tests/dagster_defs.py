@@ -1,0 +1,105 @@
+"""A code location for the Dagster tests: the real job factory with observable resources.
+
+The model and collector write one line per call under ``$IJ_TEST_DIR``, so calls are counted
+across processes and Dagster runs; files there script failures and slowness:
+``fail_next`` (the next model call raises TimeoutError, once), ``slow`` (the model writes
+``started`` and waits for ``go``).
+"""
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from idempotent_jobs.database import DATABASE_URL_ENV
+from idempotent_jobs.identity import RunIdentity
+from idempotent_jobs.job_factory import build_idempotent_job
+from idempotent_jobs.job_spec import IdempotentJobSpec
+from idempotent_jobs.ledger import RunLedger
+from idempotent_jobs.protocol import ModelAnswer
+from idempotent_jobs.records import ModelUsage
+from idempotent_jobs.resources import (
+    DocumentCollector,
+    JsonLinesChannel,
+    SampleDocumentsCollector,
+    SummaryModel,
+)
+
+SUBJECTS = ["workspace-acme", "workspace-globex", "workspace-initech"]
+WINDOW = dg.DailyPartitionsDefinition(start_date="2026-08-01")
+
+
+def _append(path: Path, line: str) -> int:
+    """Append a line; return how many lines the file has now."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+", encoding="utf-8") as handle:
+        handle.write(line + "\n")
+        handle.seek(0)
+        return sum(1 for _ in handle)
+
+
+class RecordingModel(SummaryModel):
+    """Answers differently on every call (the call number is in the answer) and logs calls."""
+
+    calls_dir: str
+
+    @property
+    def model_name(self) -> str:
+        return "recording-model"
+
+    def summarize(self, prompt: str, raw_input: dict[str, Any]) -> ModelAnswer:
+        folder = Path(self.calls_dir)
+        number = _append(folder / "model_calls.log", f"{os.getpid()} {raw_input.get('subject')}")
+        fail = folder / "fail_next"
+        if fail.exists():
+            fail.unlink()
+            raise TimeoutError(f"scripted model timeout on call {number}")
+        if (folder / "slow").exists():
+            (folder / "started").touch()
+            deadline = time.monotonic() + 60
+            while not (folder / "go").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return ModelAnswer(
+            {"summary": f"answer #{number} for {raw_input.get('subject')}"},
+            ModelUsage(self.model_name, 100 + number, 10),
+        )
+
+
+class RecordingCollector(DocumentCollector):
+    calls_dir: str
+
+    def collect(self, identity: RunIdentity) -> dict[str, Any]:
+        _append(Path(self.calls_dir) / "collect_calls.log", identity.subject_id)
+        return SampleDocumentsCollector().collect(identity)
+
+
+def _spec(name: str, identity_job_name: str, retries: int) -> IdempotentJobSpec:
+    return IdempotentJobSpec(
+        name=name,
+        identity_job_name=identity_job_name,
+        version="v1",
+        window=WINDOW,
+        subjects=SUBJECTS,
+        prompt="Summarise.",
+        lease_seconds=5.0,
+        wait_seconds=30.0,
+        model_retry=dg.RetryPolicy(max_retries=retries, delay=0.1),
+    )
+
+
+SUMMARY_SPEC = _spec("competitor_summary", "competitor-summary", retries=2)
+NO_RETRY_SPEC = _spec("summary_without_op_retries", "summary-without-op-retries", retries=0)
+built = [build_idempotent_job(s) for s in (SUMMARY_SPEC, NO_RETRY_SPEC)]
+
+defs = dg.Definitions(
+    jobs=[job for job, _ in built],
+    schedules=[schedule for _, schedule in built],
+    resources={
+        "ledger": RunLedger(database_url=dg.EnvVar(DATABASE_URL_ENV)),
+        "model": RecordingModel(calls_dir=dg.EnvVar("IJ_TEST_DIR")),
+        "collector": RecordingCollector(calls_dir=dg.EnvVar("IJ_TEST_DIR")),
+        "report_file": JsonLinesChannel(path=dg.EnvVar("IJ_TEST_NOTIFICATIONS")),
+    },
+)

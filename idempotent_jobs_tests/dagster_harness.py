@@ -1,0 +1,108 @@
+"""Helpers for tests that need a real Dagster instance (PostgreSQL storage, the project's
+dagster.yaml) and the test code location in ``dagster_defs``."""
+
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import yaml
+from dagster._core.test_utils import create_test_daemon_workspace_context
+from dagster._core.workspace.context import WorkspaceProcessContext
+from dagster._core.workspace.load_target import ModuleTarget
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+LOCATION = "idempotent_jobs_tests"
+SYNC_LAUNCHER = {
+    "module": "dagster._core.launcher.sync_in_memory_run_launcher",
+    "class": "SyncInMemoryRunLauncher",
+}
+
+
+@dataclass
+class DagsterTestEnv:
+    database: str
+    tmp_path: Path
+
+    @property
+    def calls_dir(self) -> Path:
+        path = self.tmp_path / "calls"
+        path.mkdir(exist_ok=True)
+        return path
+
+    @property
+    def notifications(self) -> Path:
+        return self.tmp_path / "notifications.jsonl"
+
+    def model_calls(self) -> int:
+        return _lines(self.calls_dir / "model_calls.log")
+
+    def collect_calls(self) -> int:
+        return _lines(self.calls_dir / "collect_calls.log")
+
+    def delivered(self) -> list[dict[str, Any]]:
+        if not self.notifications.exists():
+            return []
+        return [json.loads(line) for line in self.notifications.read_text().splitlines()]
+
+    def script(self, name: str) -> None:
+        (self.calls_dir / name).touch()
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@contextmanager
+def dagster_instance(
+    env: DagsterTestEnv, *, sync_launcher: bool = True
+) -> Iterator[dg.DagsterInstance]:
+    """An instance configured by the project's dagster.yaml (storage on PostgreSQL, run retries),
+    with runs launched in this process when ``sync_launcher``."""
+    home = env.tmp_path / "dagster_home"
+    home.mkdir(exist_ok=True)
+    config = yaml.safe_load((PROJECT_ROOT / "dagster.yaml").read_text())
+    if sync_launcher:
+        config["run_launcher"] = SYNC_LAUNCHER
+    (home / "dagster.yaml").write_text(yaml.safe_dump(config))
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        yield instance
+
+
+@contextmanager
+def workspace(instance: dg.DagsterInstance) -> Iterator[WorkspaceProcessContext]:
+    target = ModuleTarget(
+        module_name="idempotent_jobs_tests.dagster_defs",
+        attribute="defs",
+        working_directory=str(PROJECT_ROOT),
+        location_name=LOCATION,
+    )
+    with create_test_daemon_workspace_context(target, instance) as context:
+        yield context
+
+
+def graphql(context: WorkspaceProcessContext, query: str, variables: dict[str, Any]) -> Any:
+    from dagster_graphql.test.utils import execute_dagster_graphql
+
+    result = execute_dagster_graphql(context.create_request_context(), query, variables)
+    assert not result.errors, result.errors
+    return result.data
+
+
+def step_metadata(instance: dg.DagsterInstance, run_id: str, step: str) -> dict[str, Any]:
+    """The output metadata an op reported in a run (as plain values)."""
+    records = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.STEP_OUTPUT).records
+    for record in records:
+        event = record.event_log_entry.dagster_event
+        if event is not None and event.step_key == step:
+            data = event.event_specific_data
+            return {k: v.value for k, v in data.metadata.items()}  # type: ignore[union-attr]
+    raise AssertionError(f"no output of {step} in run {run_id}")
+
+
+def daemon_logger() -> logging.Logger:
+    return logging.getLogger("idempotent_jobs_tests.daemon")

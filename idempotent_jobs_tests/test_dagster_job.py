@@ -1,0 +1,84 @@
+"""The Dagster job executed in process against a real ledger: twice, with op retries."""
+
+import dagster as dg
+import psycopg
+
+from idempotent_jobs import RunLedger
+from idempotent_jobs_tests.dagster_defs import NO_RETRY_SPEC, SUMMARY_SPEC, defs
+from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
+from idempotent_jobs_tests.helpers import count
+
+PARTITION = "workspace-acme|2026-08-07"
+
+
+def outputs(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, object]]:
+    found = {}
+    for event in result.all_node_events:
+        if event.event_type == dg.DagsterEventType.STEP_OUTPUT:
+            data = event.event_specific_data
+            found[event.node_name] = {k: v.value for k, v in data.metadata.items()}  # type: ignore[union-attr]
+    return found
+
+
+def test_one_partition_executed_twice_does_the_work_once(
+    dagster_env: DagsterTestEnv, ledger: RunLedger, db: psycopg.Connection
+) -> None:
+    job = defs.resolve_job_def("competitor_summary")
+    first = job.execute_in_process(partition_key=PARTITION)
+    second = job.execute_in_process(partition_key=PARTITION)
+    assert first.success and second.success
+
+    ident = SUMMARY_SPEC.identity_for(PARTITION)
+    record = ledger.get(ident.run_id)
+    assert record is not None and record.status == "completed"
+    assert record.output == {"summary": "answer #1 for workspace-acme"}
+    assert count(db, "runs", ident.run_id) == 1
+    assert count(db, "notification_outbox", ident.run_id) == 1
+    assert dagster_env.model_calls() == 1 and dagster_env.collect_calls() == 1
+    assert [d["key"] for d in dagster_env.delivered()] == [f"{ident.run_id}:report_file"]
+
+    done, again = outputs(first), outputs(second)
+    assert done["persist"]["result"] == "new"
+    assert (done["persist"]["ledger_run_id"], done["persist"]["lease_epoch"]) == (ident.run_id, 1)
+    assert (done["persist"]["model"], done["persist"]["input_tokens"]) == ("recording-model", 101)
+    assert done["deliver"]["delivered_now"] == 1
+    assert {again[step]["result"] for step in ("collect", "transform", "persist")} == {"reused"}
+    assert again["deliver"]["delivered_now"] == 0
+    assert [a.outcome for a in ledger.attempts(ident.run_id)] == ["completed"]
+
+
+def test_a_transient_model_error_is_retried_by_the_op_retry_policy(
+    dagster_env: DagsterTestEnv, ledger: RunLedger
+) -> None:
+    dagster_env.script("fail_next")
+    result = defs.resolve_job_def("competitor_summary").execute_in_process(partition_key=PARTITION)
+    assert result.success
+    ident = SUMMARY_SPEC.identity_for(PARTITION)
+    assert dagster_env.model_calls() == 2 and dagster_env.collect_calls() == 1
+    attempts = ledger.attempts(ident.run_id)
+    assert [a.outcome for a in attempts] == ["failed", "completed"]
+    assert attempts[0].error == "TimeoutError: scripted model timeout on call 1"
+    record = ledger.get(ident.run_id)
+    assert record is not None and record.output == {"summary": "answer #2 for workspace-acme"}
+    assert len(ledger.outbox(ident.run_id)) == 1 and len(dagster_env.delivered()) == 1
+
+
+def test_without_op_retries_the_failure_is_recorded_and_the_next_run_completes(
+    dagster_env: DagsterTestEnv, ledger: RunLedger
+) -> None:
+    dagster_env.script("fail_next")
+    job = defs.resolve_job_def("summary_without_op_retries")
+    failed = job.execute_in_process(partition_key=PARTITION, raise_on_error=False)
+    assert not failed.success
+    ident = NO_RETRY_SPEC.identity_for(PARTITION)
+    record = ledger.get(ident.run_id)
+    assert record is not None and record.status == "failed"
+    assert record.raw_input is not None and record.output is None
+    assert ledger.outbox(ident.run_id) == []
+
+    retried = job.execute_in_process(partition_key=PARTITION)
+    assert retried.success
+    assert dagster_env.collect_calls() == 1, "the stored raw input is reused"
+    assert dagster_env.model_calls() == 2
+    assert outputs(retried)["collect"]["result"] == "reused input"
+    assert len(dagster_env.delivered()) == 1
