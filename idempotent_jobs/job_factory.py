@@ -12,10 +12,11 @@ from idempotent_jobs.ops import build_ops
 
 
 def build_idempotent_job(
-    spec: IdempotentJobSpec,
+    spec: IdempotentJobSpec, executor_def: dg.ExecutorDefinition | None = None
 ) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
     """The partitioned job and its schedule (one run request per subject for the last window,
-    run key = partition key)."""
+    run key = partition key). ``executor_def`` defaults to Dagster's (multiprocess: each op in
+    its own process, the lease handed on between them by owner and epoch)."""
     collect, transform, persist, deliver = build_ops(spec)
 
     @dg.job(
@@ -23,6 +24,7 @@ def build_idempotent_job(
         partitions_def=spec.partitions_def,
         description=spec.description or None,
         tags=spec.tags(),
+        executor_def=executor_def,
     )
     def idempotent_job() -> None:
         collected = collect.alias("collect")()

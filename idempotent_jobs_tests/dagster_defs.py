@@ -91,7 +91,12 @@ def _spec(name: str, identity_job_name: str, retries: int) -> IdempotentJobSpec:
 
 SUMMARY_SPEC = _spec("competitor_summary", "competitor-summary", retries=2)
 NO_RETRY_SPEC = _spec("summary_without_op_retries", "summary-without-op-retries", retries=0)
-built = [build_idempotent_job(s) for s in (SUMMARY_SPEC, NO_RETRY_SPEC)]
+# competitor_summary runs its ops in one process (fast); the other uses Dagster's default
+# multiprocess executor, so its ops hand the lease over between processes.
+built = [
+    build_idempotent_job(SUMMARY_SPEC, executor_def=dg.in_process_executor),
+    build_idempotent_job(NO_RETRY_SPEC),
+]
 
 defs = dg.Definitions(
     jobs=[job for job, _ in built],

@@ -106,3 +106,112 @@ def step_metadata(instance: dg.DagsterInstance, run_id: str, step: str) -> dict[
 
 def daemon_logger() -> logging.Logger:
     return logging.getLogger("idempotent_jobs_tests.daemon")
+
+
+REPOSITORY = {"repositoryLocationName": LOCATION, "repositoryName": "__repository__"}
+
+
+def launch_partition(context: WorkspaceProcessContext, job: str, partition_key: str) -> str:
+    """Launch one partition as the UI's Launchpad does; return the Dagster run id."""
+    from dagster_graphql.client.query import LAUNCH_PIPELINE_EXECUTION_MUTATION
+
+    data = graphql(
+        context,
+        LAUNCH_PIPELINE_EXECUTION_MUTATION,
+        {
+            "executionParams": {
+                "selector": {**REPOSITORY, "jobName": job},
+                "executionMetadata": {
+                    "tags": [{"key": "dagster/partition", "value": partition_key}]
+                },
+                "runConfigData": {},
+            }
+        },
+    )
+    launched = data["launchPipelineExecution"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    run_queue_daemon(context)
+    return str(launched["run"]["runId"])
+
+
+def reexecute(context: WorkspaceProcessContext, parent_run_id: str, strategy: str) -> str:
+    """Re-execute a run as the UI's "Re-execute" menu does (FROM_FAILURE or ALL_STEPS)."""
+    from dagster_graphql.client.query import LAUNCH_PIPELINE_REEXECUTION_MUTATION
+
+    data = graphql(
+        context,
+        LAUNCH_PIPELINE_REEXECUTION_MUTATION,
+        {"reexecutionParams": {"parentRunId": parent_run_id, "strategy": strategy}},
+    )
+    launched = data["launchPipelineReexecution"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    run_queue_daemon(context)
+    return str(launched["run"]["runId"])
+
+
+def launch_backfill(context: WorkspaceProcessContext, job: str, partitions: list[str]) -> str:
+    """Submit a partition backfill as the UI's backfill dialog does; return its id."""
+    from dagster_graphql.client.query import LAUNCH_PARTITION_BACKFILL_MUTATION
+
+    data = graphql(
+        context,
+        LAUNCH_PARTITION_BACKFILL_MUTATION,
+        {
+            "backfillParams": {
+                "selector": {
+                    "partitionSetName": f"{job}_partition_set",
+                    "repositorySelector": REPOSITORY,
+                },
+                "partitionNames": partitions,
+            }
+        },
+    )
+    launched = data["launchPartitionBackfill"]
+    assert launched["__typename"] == "LaunchBackfillSuccess", launched
+    return str(launched["backfillId"])
+
+
+def run_queue_daemon(context: WorkspaceProcessContext) -> None:
+    """The run queue daemon: dequeue and launch (here: execute) every queued run."""
+    from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
+        QueuedRunCoordinatorDaemon,
+    )
+
+    daemon = QueuedRunCoordinatorDaemon(interval_seconds=1)
+    queued = dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED])
+    for _ in range(50):
+        if not context.instance.get_run_records(filters=queued):
+            return
+        list(daemon.run_iteration(context))
+    raise AssertionError("queued runs were never launched")
+
+
+def run_backfill_daemon(context: WorkspaceProcessContext, backfill_id: str) -> None:
+    """Run the backfill and run-queue daemons until the backfill has finished all its runs."""
+    from dagster._core.execution.backfill import BulkActionStatus
+    from dagster._daemon.backfill import execute_backfill_iteration
+
+    instance = context.instance
+    for _ in range(50):
+        errors = [e for e in execute_backfill_iteration(context, daemon_logger()) if e]
+        assert not errors, errors
+        run_queue_daemon(context)
+        backfill = instance.get_backfill(backfill_id)
+        assert backfill is not None
+        if backfill.status != BulkActionStatus.REQUESTED:
+            assert backfill.status == BulkActionStatus.COMPLETED_SUCCESS, backfill.status
+            return
+    raise AssertionError("the backfill did not finish")
+
+
+def run_retry_daemon(context: WorkspaceProcessContext) -> None:
+    """One pass of the daemon that retries failed runs (``run_retries`` in dagster.yaml)."""
+    from dagster._daemon.auto_run_reexecution.auto_run_reexecution import (
+        consume_new_runs_for_automatic_reexecution,
+    )
+
+    failed = context.instance.get_run_records(
+        filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE])
+    )
+    list(consume_new_runs_for_automatic_reexecution(context, failed, daemon_logger()))
+    run_queue_daemon(context)

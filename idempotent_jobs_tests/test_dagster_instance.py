@@ -1,0 +1,104 @@
+"""Behaviour that lives in a Dagster instance: backfills, re-execution, run retries.
+
+The instance is configured by the project's dagster.yaml (PostgreSQL storage, run retries);
+runs are submitted through the same GraphQL mutations the UI uses and executed in process.
+"""
+
+import dagster as dg
+import psycopg
+
+from idempotent_jobs import RunLedger
+from idempotent_jobs_tests.dagster_defs import NO_RETRY_SPEC, SUMMARY_SPEC
+from idempotent_jobs_tests.dagster_harness import (
+    DagsterTestEnv,
+    dagster_instance,
+    launch_backfill,
+    launch_partition,
+    reexecute,
+    run_backfill_daemon,
+    run_retry_daemon,
+    step_metadata,
+    workspace,
+)
+
+PARTITION = "workspace-acme|2026-08-07"
+
+
+def status(instance: dg.DagsterInstance, run_id: str) -> dg.DagsterRunStatus:
+    run = instance.get_run_by_id(run_id)
+    assert run is not None
+    return run.status
+
+
+def test_a_backfill_submitted_twice_runs_each_partition_once(
+    dagster_env: DagsterTestEnv, ledger: RunLedger, db: psycopg.Connection
+) -> None:
+    partitions = [
+        f"{subject}|{day}"
+        for subject in SUMMARY_SPEC.subjects
+        for day in ("2026-08-05", "2026-08-06")
+    ]
+    assert len(partitions) == 6
+    with dagster_instance(dagster_env) as instance, workspace(instance) as context:
+        for _ in range(2):
+            backfill_id = launch_backfill(context, "competitor_summary", partitions)
+            run_backfill_daemon(context, backfill_id)
+        runs = instance.get_runs()
+        assert len(runs) == 12
+        assert {r.status for r in runs} == {dg.DagsterRunStatus.SUCCESS}
+    assert dagster_env.model_calls() == 6 and dagster_env.collect_calls() == 6
+    rows = db.execute("SELECT status, count(*) FROM idempotent_jobs.runs GROUP BY 1").fetchall()
+    assert rows == [("completed", 6)]
+    assert db.execute("SELECT count(*) FROM idempotent_jobs.notification_outbox").fetchone() == (6,)
+    assert db.execute("SELECT max(lease_epoch) FROM idempotent_jobs.runs").fetchone() == (1,)
+    assert len(dagster_env.delivered()) == 6
+    for key in partitions:
+        record = ledger.get(SUMMARY_SPEC.identity_for(key).run_id)
+        assert record is not None and record.status == "completed"
+
+
+def test_reexecution_from_failure_reuses_the_checkpoint_and_then_changes_nothing(
+    dagster_env: DagsterTestEnv, ledger: RunLedger
+) -> None:
+    job = "summary_without_op_retries"
+    dagster_env.script("fail_next")
+    with dagster_instance(dagster_env) as instance, workspace(instance) as context:
+        failed = launch_partition(context, job, PARTITION)
+        assert status(instance, failed) == dg.DagsterRunStatus.FAILURE
+        assert (dagster_env.collect_calls(), dagster_env.model_calls()) == (1, 1)
+
+        retried = reexecute(context, failed, "FROM_FAILURE")
+        assert status(instance, retried) == dg.DagsterRunStatus.SUCCESS
+        assert dagster_env.collect_calls() == 1, "collect is not run again; its checkpoint is"
+        assert dagster_env.model_calls() == 2
+        assert step_metadata(instance, retried, "persist")["result"] == "new"
+
+        again = reexecute(context, retried, "ALL_STEPS")
+        assert status(instance, again) == dg.DagsterRunStatus.SUCCESS
+        assert step_metadata(instance, again, "persist")["result"] == "reused"
+    ident = NO_RETRY_SPEC.identity_for(PARTITION)
+    assert (dagster_env.collect_calls(), dagster_env.model_calls()) == (1, 2)
+    assert len(ledger.outbox(ident.run_id)) == 1 and len(dagster_env.delivered()) == 1
+    assert [a.outcome for a in ledger.attempts(ident.run_id)] == ["failed", "completed"]
+
+
+def test_a_run_retry_after_transform_crashes_completes_once(
+    dagster_env: DagsterTestEnv, ledger: RunLedger
+) -> None:
+    job = "summary_without_op_retries"
+    dagster_env.script("fail_next")
+    with dagster_instance(dagster_env) as instance, workspace(instance) as context:
+        failed = launch_partition(context, job, PARTITION)
+        assert status(instance, failed) == dg.DagsterRunStatus.FAILURE
+        run_retry_daemon(context)
+        run_retry_daemon(context)  # a second pass must not retry the same run again
+        runs = instance.get_runs()
+        assert len(runs) == 2
+        retry = next(r for r in runs if r.run_id != failed)
+        assert retry.tags.get("dagster/parent_run_id") == failed
+        assert retry.status == dg.DagsterRunStatus.SUCCESS
+    ident = NO_RETRY_SPEC.identity_for(PARTITION)
+    record = ledger.get(ident.run_id)
+    assert record is not None and record.status == "completed"
+    assert (dagster_env.collect_calls(), dagster_env.model_calls()) == (1, 2)
+    assert len(ledger.outbox(ident.run_id)) == 1 and len(dagster_env.delivered()) == 1
