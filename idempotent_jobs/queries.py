@@ -63,11 +63,12 @@ _FENCE: LiteralString = """run_id = %(run_id)s AND lock_owner = %(worker_id)s
       AND lease_epoch = %(epoch)s AND status = 'running'"""
 
 # Heartbeat, or taking over a lease handed on by an earlier step: push the expiry forward by the
-# lease duration, only while still the owner; hands back the checkpoint too.
+# lease duration, only while still the owner; hands back the checkpoint too. Not a change of the
+# run's state, so updated_at stays.
 RENEW: LiteralString = (
     """
 UPDATE {schema}.runs
-SET lock_expires_at = now() + make_interval(secs => %(lease_seconds)s), updated_at = now()
+SET lock_expires_at = now() + make_interval(secs => %(lease_seconds)s)
 WHERE """
     + _FENCE
     + """

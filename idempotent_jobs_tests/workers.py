@@ -76,3 +76,26 @@ def hold_lease_then_hang(conninfo: str, run_id: str, lease_seconds: float) -> No
 
 if __name__ == "__main__":
     hold_lease_then_hang(sys.argv[1], sys.argv[2], float(sys.argv[3]))
+
+
+def execute_partition(
+    job_name: str,
+    partition_key: str,
+    env: dict[str, str],
+    out: "multiprocessing.Queue[dict[str, Any]]",
+) -> None:
+    """Run one partition of the test code location in this process (a separate Dagster run)."""
+    os.environ.update(env)
+    import dagster as dg
+
+    from idempotent_jobs_tests.dagster_defs import defs
+
+    result = defs.resolve_job_def(job_name).execute_in_process(
+        partition_key=partition_key, raise_on_error=False
+    )
+    persisted = {}
+    for event in result.all_node_events:
+        if event.event_type == dg.DagsterEventType.STEP_OUTPUT and event.node_name == "persist":
+            metadata = event.event_specific_data.metadata  # type: ignore[union-attr]
+            persisted = {k: v.value for k, v in metadata.items()}
+    out.put({"pid": os.getpid(), "success": result.success, "persist": persisted})
