@@ -20,12 +20,15 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from idempotent_jobs.dagster_demo import run_dagster_demo
     from idempotent_jobs.demo import run_demo
 
     ledger = _ledger(args)
     ledger.migrate()
     with ledger:
         run_demo(ledger)
+        print()
+        run_dagster_demo(ledger)
     return 0
 
 

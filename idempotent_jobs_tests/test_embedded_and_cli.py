@@ -28,8 +28,13 @@ def test_embedded_postgres_starts_reuses_and_keeps_data(tmp_path: Path) -> None:
         stop_embedded_postgres(data_dir)
 
 
-def run_cli(*args: str, database: str) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, database: str, home: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "IDEMPOTENT_JOBS_DATABASE_URL": database}
+    env.pop("IDEMPOTENT_JOBS_DAGSTER_STORAGE_URL", None)
+    if home is not None:
+        env["IDEMPOTENT_JOBS_HOME"] = str(home)
     return subprocess.run(
         [sys.executable, "-m", "idempotent_jobs.cli", *args],
         env=env,
@@ -40,26 +45,36 @@ def run_cli(*args: str, database: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_migrate_then_demo_twice(fresh_database: str) -> None:
+def test_migrate_then_demo_twice(fresh_database: str, tmp_path: Path) -> None:
     first = run_cli("migrate", database=fresh_database)
     assert first.returncode == 0, first.stderr
     assert first.stdout.strip() == "applied: 0001_initial"
     assert run_cli("migrate", database=fresh_database).stdout.strip() == "schema is up to date"
 
-    demo = run_cli("demo", database=fresh_database)
+    demo = run_cli("demo", database=fresh_database, home=tmp_path)
     assert demo.returncode == 0, demo.stderr
     assert "call 1: ran the model" in demo.stdout
     assert "call 2: reused the stored result (no model call)" in demo.stdout
     assert "model calls in this demo: 1" in demo.stdout
     assert demo.stdout.count("key=") == 1 and "outbox (delivered now: 1)" in demo.stdout
 
-    again = run_cli("demo", database=fresh_database)
+    partitions = [line for line in demo.stdout.splitlines() if "runs: " in line]
+    assert len(partitions) == 4
+    assert all("runs: new / reused" in p and "outbox=1 delivered=1" in p for p in partitions)
+    delivered = (tmp_path / "notifications.jsonl").read_text().splitlines()
+    assert len(delivered) == 4
+
+    again = run_cli("demo", database=fresh_database, home=tmp_path)
     assert "call 1: reused the stored result" in again.stdout
+    partitions = [line for line in again.stdout.splitlines() if "runs: " in line]
+    assert all("runs: reused / reused" in p for p in partitions) and len(partitions) == 4
+    assert (tmp_path / "notifications.jsonl").read_text().splitlines() == delivered
     assert "model calls in this demo: 0" in again.stdout
     assert "outbox (delivered now: 0)" in again.stdout
     with psycopg.connect(fresh_database) as conn:
         rows = conn.execute("SELECT run_id, status FROM idempotent_jobs.runs").fetchall()
-    assert rows == [(DEMO_IDENTITY.run_id, "completed")]
+    assert (DEMO_IDENTITY.run_id, "completed") in rows
+    assert len(rows) == 5 and {status for _, status in rows} == {"completed"}
 
 
 def test_cli_errors_are_clear_and_keep_the_password_out(tmp_path: Path) -> None:
