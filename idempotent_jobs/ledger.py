@@ -239,17 +239,20 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
 
     def register(self, identity: RunIdentity) -> RunRecord:
         """Create the run's row if it is new; return the stored record either way."""
-        rows = self._fetch(
-            queries.REGISTER,
-            {
-                "run_id": identity.run_id,
-                "job_name": identity.job_name,
-                "subject_id": identity.subject_id,
-                "scheduled_at": identity.scheduled_at,
-                "version": identity.version,
-            },
-            class_row(RunRecord),
-        )
+        params = {
+            "run_id": identity.run_id,
+            "job_name": identity.job_name,
+            "subject_id": identity.subject_id,
+            "scheduled_at": identity.scheduled_at,
+            "version": identity.version,
+        }
+        try:
+            rows = self._fetch(queries.REGISTER, params, class_row(RunRecord))
+        except IdentityConflictError:
+            # ON CONFLICT (run_id) arbitrates on the primary key only: two first registrations
+            # racing can trip runs_identity_key instead. The winner has committed by now, so
+            # the retry takes the DO UPDATE path; a real conflict raises again.
+            rows = self._fetch(queries.REGISTER, params, class_row(RunRecord))
         record = rows[0]
         stored = (record.job_name, record.subject_id, record.scheduled_at, record.version)
         wanted = (identity.job_name, identity.subject_id, identity.scheduled_at, identity.version)

@@ -4,6 +4,7 @@ import multiprocessing
 import signal
 import subprocess
 import sys
+import threading
 from datetime import datetime
 from typing import Any
 
@@ -105,3 +106,32 @@ def test_a_worker_killed_holding_a_lease_blocks_others_until_expiry(
     assert row is not None and row[0] >= expires_at
     assert lease.epoch == 2
     assert [a.outcome for a in ledger.attempts(ident.run_id)] == ["lease_lost", None]
+
+
+def test_first_registrations_racing_on_one_identity_all_succeed(
+    database: str, db: psycopg.Connection
+) -> None:
+    """Racing first INSERTs can trip the identity constraint instead of ON CONFLICT (run_id)."""
+    racers, rounds = 8, 15
+    ledgers = [RunLedger(database_url=database, pool_max_size=1) for _ in range(racers)]
+    barrier = threading.Barrier(racers)
+    errors: list[BaseException] = []
+
+    def race(ledger: RunLedger) -> None:
+        for hour in range(rounds):
+            barrier.wait()
+            try:
+                ledger.register(identity(subject="racing", hour=hour))
+            except BaseException as exc:  # collected: the assertion below names it
+                errors.append(exc)
+
+    threads = [threading.Thread(target=race, args=(ledger,)) for ledger in ledgers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for ledger in ledgers:
+        ledger.close()
+    assert errors == []
+    row = db.execute("SELECT count(*) FROM idempotent_jobs.runs").fetchone()
+    assert row == (rounds,)
