@@ -6,6 +6,7 @@ from idempotent_jobs.database import DATABASE_URL_ENV
 from idempotent_jobs.job_factory import build_idempotent_job
 from idempotent_jobs.jobs import JOB_SPECS
 from idempotent_jobs.ledger import RunLedger
+from idempotent_jobs.reconciliation_job import build_reconciliation_job
 from idempotent_jobs.resources import (
     JsonLinesChannel,
     LocalExtractiveSummarizer,
@@ -13,6 +14,7 @@ from idempotent_jobs.resources import (
 )
 
 built = [build_idempotent_job(spec) for spec in JOB_SPECS]
+built.append(build_reconciliation_job(JOB_SPECS))
 
 defs = dg.Definitions(
     jobs=[job for job, _ in built],

@@ -9,9 +9,10 @@ before the drop is recognised on the retry instead of being applied twice.
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from datetime import datetime
 from typing import Any, LiteralString, TypeVar
 
 import dagster as dg
@@ -28,6 +29,7 @@ from idempotent_jobs.errors import (
     InvalidInputError,
     LeaseLostError,
     LedgerConnectionError,
+    RunNotFoundError,
     SchemaNotMigratedError,
 )
 from idempotent_jobs.identity import RunIdentity
@@ -39,7 +41,9 @@ from idempotent_jobs.records import (
     Lease,
     ModelUsage,
     OutboxRecord,
+    RevisionRecord,
     RunRecord,
+    RunStatus,
 )
 from idempotent_jobs.schema import apply_migrations, check_schema_name, verify_migrations
 
@@ -387,6 +391,86 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
             class_row(OutboxRecord),
         )
 
+    def list_runs(
+        self,
+        *,
+        job_name: str | None = None,
+        subject_id: str | None = None,
+        status: RunStatus | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 100,
+    ) -> list[RunRecord]:
+        """Runs, newest window first; ``since``/``until`` bound the window start (until excl.)."""
+        params = {
+            "job_name": job_name,
+            "subject_id": subject_id,
+            "status": status,
+            "since": since,
+            "until": until,
+            "limit": limit,
+        }
+        return self._fetch(queries.LIST_RUNS, params, class_row(RunRecord))
+
+    def revisions(self, run_id: str) -> list[RevisionRecord]:
+        """The accepted results a run had before each explicit revision, oldest first."""
+        return self._fetch(queries.LIST_REVISIONS, {"run_id": run_id}, class_row(RevisionRecord))
+
+    def revise(
+        self,
+        run_id: str,
+        reason: str,
+        *,
+        channels: Sequence[str] = (),
+        recollect: bool = False,
+        requested_by: str | None = None,
+    ) -> RunRecord:
+        """Reopen a completed run for recomputation: the only way a result is ever replaced.
+
+        The accepted output moves to ``run_revisions`` with ``reason``; the run becomes pending
+        under the next revision, keeping its raw input unless ``recollect``. The next completion
+        queues notifications only for ``channels`` (none: the new result is stored silently).
+        """
+        if not isinstance(reason, str) or not reason.strip():
+            raise InvalidInputError("reason", "must say why the result is recomputed")
+        for channel in channels:
+            if not isinstance(channel, str) or not channel.strip() or not channel.isprintable():
+                raise InvalidInputError("channels", f"channel name {channel!r} is not valid")
+        params = {
+            "run_id": run_id,
+            "reason": reason.strip()[:MAX_ERROR_CHARS],
+            "channels": list(channels),
+            "recollect": recollect,
+            "requested_by": requested_by,
+        }
+        rows = self._fetch(queries.REVISE, params, class_row(RunRecord))
+        if rows:
+            return rows[0]
+        record = self.get(run_id)
+        if record is None:
+            raise RunNotFoundError(f"run {run_id} is not registered")
+        raise InvalidInputError(
+            "run_id", f"only a completed run can be revised; {run_id} is {record.status}"
+        )
+
+    def expired_leases(self) -> list[RunRecord]:
+        """Running runs whose lease expired (by the database clock) without completion."""
+        return self._fetch(queries.EXPIRED_LEASES, {}, class_row(RunRecord))
+
+    def stale_outbox(self, older_than_seconds: float) -> list[OutboxRecord]:
+        """Undelivered notifications queued more than ``older_than_seconds`` ago."""
+        params = {"older_than_seconds": float(older_than_seconds)}
+        return self._fetch(queries.STALE_OUTBOX, params, class_row(OutboxRecord))
+
+    def failed_past_retries(self, max_attempts: int) -> list[RunRecord]:
+        """Failed runs that have used ``max_attempts`` claims or more."""
+        params = {"max_attempts": max_attempts}
+        return self._fetch(queries.FAILED_PAST_RETRIES, params, class_row(RunRecord))
+
+    def runs_claimed_by_several_dagster_runs(self) -> list[tuple[str, int, int]]:
+        """(run id, distinct Dagster runs, claims) for logical runs claimed from several runs."""
+        return [(r[0], int(r[1]), int(r[2])) for r in self._rows(queries.MULTI_RUN_ATTEMPTS, {})]
+
     # -- delivery ----------------------------------------------------------------------------
 
     def deliver_outbox(
@@ -406,7 +490,11 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         failed: list[tuple[OutboxRecord, str]] = []
         for candidate in self.outbox(run_id, pending_only=True, limit=limit):
             with self._transaction() as conn:
-                key = {"run_id": candidate.run_id, "channel": candidate.channel}
+                key = {
+                    "run_id": candidate.run_id,
+                    "channel": candidate.channel,
+                    "revision": candidate.revision,
+                }
                 with conn.cursor(row_factory=class_row(OutboxRecord)) as cur:
                     row = cur.execute(self._query(queries.LOCK_UNDELIVERED), key).fetchone()
                 if row is None:  # delivered meanwhile, or another deliverer holds it

@@ -10,13 +10,16 @@ from typing import LiteralString
 
 RUN_COLUMNS: LiteralString = """run_id, job_name, subject_id, scheduled_at, version, status,
     raw_input, output, lock_owner, lock_expires_at, lease_epoch, attempts, last_error,
-    created_at, updated_at, completed_at"""
+    created_at, updated_at, completed_at, revision"""
 
 ATTEMPT_COLUMNS: LiteralString = """run_id, lease_epoch, worker_id, dagster_run_id, step_key,
     started_at, ended_at, outcome, error, model_name, input_tokens, output_tokens"""
 
 OUTBOX_COLUMNS: LiteralString = """run_id, channel, payload, created_at, delivered_at,
-    delivery_attempts, last_error"""
+    delivery_attempts, last_error, revision"""
+
+REVISION_COLUMNS: LiteralString = """run_id, revision, reason, channels, previous_output,
+    previous_completed_at, previous_epoch, recollect, requested_by, requested_at"""
 
 # Idempotent registration: one row per run id; a second registration only touches updated_at,
 # never clears output nor moves a completed run back. Same fields under another id violate
@@ -87,7 +90,8 @@ RETURNING raw_input"""
 )
 
 # The final commit, one statement so one transaction: accepted output, the attempt's outcome and
-# usage, and the outbox rows (one per channel, never twice).
+# usage, and the outbox rows (one per channel and revision, never twice). A revised run notifies
+# only the channels its revision named.
 COMPLETE: LiteralString = (
     """
 WITH done AS (
@@ -97,7 +101,7 @@ WITH done AS (
     WHERE """
     + _FENCE
     + """
-    RETURNING run_id, lease_epoch, output
+    RETURNING run_id, lease_epoch, output, revision
 ), attempt AS (
     UPDATE {schema}.run_attempts AS a
     SET outcome = 'completed', ended_at = now(), model_name = %(model_name)s,
@@ -105,9 +109,13 @@ WITH done AS (
     FROM done
     WHERE a.run_id = done.run_id AND a.lease_epoch = done.lease_epoch
 ), outbox AS (
-    INSERT INTO {schema}.notification_outbox (run_id, channel, payload)
-    SELECT done.run_id, n.key, n.value FROM done, jsonb_each(%(notifications)s::jsonb) AS n
-    ON CONFLICT (run_id, channel) DO NOTHING
+    INSERT INTO {schema}.notification_outbox (run_id, channel, payload, revision)
+    SELECT done.run_id, n.key, n.value, done.revision
+    FROM done, jsonb_each(%(notifications)s::jsonb) AS n
+    WHERE done.revision = 0 OR n.key IN (
+        SELECT unnest(r.channels) FROM {schema}.run_revisions AS r
+        WHERE r.run_id = done.run_id AND r.revision = done.revision)
+    ON CONFLICT (run_id, channel, revision) DO NOTHING
 )
 SELECT output FROM done"""
 )
@@ -166,7 +174,7 @@ LIST_OUTBOX: LiteralString = (
     + """ FROM {schema}.notification_outbox
 WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s)
   AND (NOT %(pending_only)s OR delivered_at IS NULL)
-ORDER BY created_at, run_id, channel
+ORDER BY created_at, run_id, channel, revision
 LIMIT %(limit)s"""
 )
 
@@ -176,16 +184,99 @@ LOCK_UNDELIVERED: LiteralString = (
     "SELECT "
     + OUTBOX_COLUMNS
     + """ FROM {schema}.notification_outbox
-WHERE run_id = %(run_id)s AND channel = %(channel)s AND delivered_at IS NULL
+WHERE run_id = %(run_id)s AND channel = %(channel)s AND revision = %(revision)s
+  AND delivered_at IS NULL
 FOR UPDATE SKIP LOCKED"""
 )
 
 MARK_DELIVERED: LiteralString = """
 UPDATE {schema}.notification_outbox
 SET delivered_at = now(), delivery_attempts = delivery_attempts + 1, last_error = NULL
-WHERE run_id = %(run_id)s AND channel = %(channel)s AND delivered_at IS NULL"""
+WHERE run_id = %(run_id)s AND channel = %(channel)s AND revision = %(revision)s
+  AND delivered_at IS NULL"""
 
 MARK_DELIVERY_FAILED: LiteralString = """
 UPDATE {schema}.notification_outbox
 SET delivery_attempts = delivery_attempts + 1, last_error = %(error)s
-WHERE run_id = %(run_id)s AND channel = %(channel)s AND delivered_at IS NULL"""
+WHERE run_id = %(run_id)s AND channel = %(channel)s AND revision = %(revision)s
+  AND delivered_at IS NULL"""
+
+# Operators list runs by job, subject, status and window; every filter is optional.
+LIST_RUNS: LiteralString = (
+    "SELECT "
+    + RUN_COLUMNS
+    + """ FROM {schema}.runs
+WHERE (%(job_name)s::text IS NULL OR job_name = %(job_name)s)
+  AND (%(subject_id)s::text IS NULL OR subject_id = %(subject_id)s)
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(since)s::timestamptz IS NULL OR scheduled_at >= %(since)s)
+  AND (%(until)s::timestamptz IS NULL OR scheduled_at < %(until)s)
+ORDER BY scheduled_at DESC, job_name, subject_id
+LIMIT %(limit)s"""
+)
+
+LIST_REVISIONS: LiteralString = (
+    "SELECT "
+    + REVISION_COLUMNS
+    + " FROM {schema}.run_revisions WHERE run_id = %(run_id)s ORDER BY revision"
+)
+
+# The only way a completed run is recomputed: the accepted result moves to run_revisions with the
+# reason, and the run becomes claimable again under the next revision number.
+REVISE: LiteralString = (
+    """
+WITH current AS (
+    SELECT run_id, revision, output, completed_at, lease_epoch FROM {schema}.runs
+    WHERE run_id = %(run_id)s AND status = 'completed'
+    FOR UPDATE
+), kept AS (
+    INSERT INTO {schema}.run_revisions (run_id, revision, reason, channels, previous_output,
+        previous_completed_at, previous_epoch, recollect, requested_by)
+    SELECT run_id, revision + 1, %(reason)s, %(channels)s, output, completed_at, lease_epoch,
+        %(recollect)s, %(requested_by)s
+    FROM current
+    RETURNING run_id AS revised_run_id, revision AS new_revision
+)
+UPDATE {schema}.runs
+SET status = 'pending', output = NULL, completed_at = NULL, last_error = NULL,
+    revision = new_revision, updated_at = now(),
+    raw_input = CASE WHEN %(recollect)s THEN NULL ELSE raw_input END
+FROM kept
+WHERE run_id = revised_run_id
+RETURNING """
+    + RUN_COLUMNS
+)
+
+# Health: what an operator should look at.
+EXPIRED_LEASES: LiteralString = (
+    "SELECT "
+    + RUN_COLUMNS
+    + """ FROM {schema}.runs
+WHERE status = 'running' AND lock_expires_at < now()
+ORDER BY lock_expires_at"""
+)
+
+STALE_OUTBOX: LiteralString = (
+    "SELECT "
+    + OUTBOX_COLUMNS
+    + """ FROM {schema}.notification_outbox
+WHERE delivered_at IS NULL AND created_at < now() - make_interval(secs => %(older_than_seconds)s)
+ORDER BY created_at"""
+)
+
+FAILED_PAST_RETRIES: LiteralString = (
+    "SELECT "
+    + RUN_COLUMNS
+    + """ FROM {schema}.runs
+WHERE status = 'failed' AND attempts >= %(max_attempts)s
+ORDER BY updated_at"""
+)
+
+# Logical runs claimed by more than one Dagster run (informational: retries, re-executions).
+MULTI_RUN_ATTEMPTS: LiteralString = """
+SELECT a.run_id, count(DISTINCT a.dagster_run_id) AS dagster_runs, count(*) AS claims
+FROM {schema}.run_attempts AS a
+WHERE a.dagster_run_id IS NOT NULL
+GROUP BY a.run_id
+HAVING count(DISTINCT a.dagster_run_id) > 1
+ORDER BY a.run_id"""

@@ -74,6 +74,7 @@ class RunRecord:
     created_at: datetime
     updated_at: datetime
     completed_at: datetime | None
+    revision: int = 0
 
 
 @dataclass(frozen=True)
@@ -105,11 +106,16 @@ class OutboxRecord:
     delivered_at: datetime | None
     delivery_attempts: int
     last_error: str | None
+    revision: int = 0
 
     @property
     def idempotency_key(self) -> str:
-        """The key receivers deduplicate on: a re-sent notification carries the same one."""
-        return f"{self.run_id}:{self.channel}"
+        """The key receivers deduplicate on: a re-sent notification carries the same one.
+
+        ``<run_id>:<channel>``; a revised result's notification adds ``:r<revision>``.
+        """
+        base = f"{self.run_id}:{self.channel}"
+        return base if self.revision == 0 else f"{base}:r{self.revision}"
 
 
 @dataclass(frozen=True)
@@ -126,3 +132,19 @@ class DeliveryReport:
 
     delivered: list[OutboxRecord]
     failed: list[tuple[OutboxRecord, str]]
+
+
+@dataclass(frozen=True)
+class RevisionRecord:
+    """One row of ``run_revisions``: an accepted result replaced on an operator's request."""
+
+    run_id: str
+    revision: int
+    reason: str
+    channels: list[str]
+    previous_output: dict[str, Any]
+    previous_completed_at: datetime
+    previous_epoch: int
+    recollect: bool
+    requested_by: str | None
+    requested_at: datetime

@@ -7,47 +7,22 @@ from idempotent_jobs import InvalidInputError, LedgerError, RunLedger, SchemaNot
 from idempotent_jobs.schema import shipped_migrations
 
 EXPECTED_COLUMNS = {
-    "runs": [
-        "run_id",
-        "job_name",
-        "subject_id",
-        "scheduled_at",
-        "version",
-        "status",
-        "raw_input",
-        "output",
-        "lock_owner",
-        "lock_expires_at",
-        "lease_epoch",
-        "attempts",
-        "last_error",
-        "created_at",
-        "updated_at",
-        "completed_at",
-    ],
-    "run_attempts": [
-        "run_id",
-        "lease_epoch",
-        "worker_id",
-        "dagster_run_id",
-        "step_key",
-        "started_at",
-        "ended_at",
-        "outcome",
-        "error",
-        "model_name",
-        "input_tokens",
-        "output_tokens",
-    ],
-    "notification_outbox": [
-        "run_id",
-        "channel",
-        "payload",
-        "created_at",
-        "delivered_at",
-        "delivery_attempts",
-        "last_error",
-    ],
+    "runs": (
+        "run_id job_name subject_id scheduled_at version status raw_input output lock_owner "
+        "lock_expires_at lease_epoch attempts last_error created_at updated_at completed_at "
+        "revision"
+    ).split(),
+    "run_attempts": (
+        "run_id lease_epoch worker_id dagster_run_id step_key started_at ended_at outcome error "
+        "model_name input_tokens output_tokens"
+    ).split(),
+    "notification_outbox": (
+        "run_id channel payload created_at delivered_at delivery_attempts last_error revision"
+    ).split(),
+    "run_revisions": (
+        "run_id revision reason channels previous_output previous_completed_at previous_epoch "
+        "recollect requested_by requested_at"
+    ).split(),
 }
 
 
@@ -160,7 +135,7 @@ def test_a_newer_schema_than_the_code_is_refused(database: str) -> None:
 
 def test_a_custom_schema_is_independent(database: str) -> None:
     other = RunLedger(database_url=database, schema_name="tenant_b_ledger")
-    assert other.migrate() == ["0001_initial"]
+    assert other.migrate() == [f"{m.version:04d}_{m.name}" for m in shipped_migrations()]
     found = columns(database, "tenant_b_ledger")
     assert {t: found[t] for t in EXPECTED_COLUMNS} == EXPECTED_COLUMNS
 

@@ -1,0 +1,38 @@
+"""Run the Dagster partition of a ledger run in this process (``revise --now``)."""
+
+from zoneinfo import ZoneInfo
+
+import dagster as dg
+
+from idempotent_jobs.errors import LedgerError
+from idempotent_jobs.job_spec import IdempotentJobSpec
+from idempotent_jobs.records import RunRecord
+
+
+def spec_for(record: RunRecord) -> IdempotentJobSpec:
+    from idempotent_jobs.jobs import JOB_SPECS
+
+    for spec in JOB_SPECS:
+        if (spec.identity_job_name, spec.version) == (record.job_name, record.version):
+            return spec
+    raise LedgerError(
+        f"no job of this code location has identity {record.job_name}/{record.version}"
+    )
+
+
+def partition_key_for(spec: IdempotentJobSpec, record: RunRecord) -> str:
+    zone = ZoneInfo(spec.window.timezone or "UTC")
+    window_key = record.scheduled_at.astimezone(zone).strftime(spec.window.fmt)
+    return f"{record.subject_id}|{window_key}"
+
+
+def rerun_partition(record: RunRecord) -> dg.ExecuteInProcessResult:
+    """Execute the job's partition for ``record`` once, in process; raise if the run fails."""
+    from idempotent_jobs.definitions import defs
+
+    spec = spec_for(record)
+    key = partition_key_for(spec, record)
+    if spec.identity_for(key).run_id != record.run_id:
+        raise LedgerError(f"partition {key} does not map back to run {record.run_id}")
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    return defs.resolve_job_def(spec.name).execute_in_process(partition_key=key, run_config=quiet)
