@@ -1,0 +1,219 @@
+"""The operator CLI against a real ledger holding runs in every state."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from idempotent_jobs import RunLedger
+from idempotent_jobs.cli import main
+from idempotent_jobs.jobs import COMPETITOR_SUMMARY
+from idempotent_jobs.rerun import rerun_partition
+from idempotent_jobs_tests.helpers import expire_lease, identity
+
+
+@pytest.fixture
+def cli_env(database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("IDEMPOTENT_JOBS_DATABASE_URL", database)
+    monkeypatch.setenv("IDEMPOTENT_JOBS_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)  # the default file channel writes under .idempotent_jobs/
+    return tmp_path
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_:  # argparse refuses bad arguments this way
+        code = int(exit_.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def as_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
+    code, out = run(capsys, *argv, "--json")
+    assert code in (0, 1), out
+    return json.loads(out)
+
+
+@pytest.fixture
+def planted(ledger: RunLedger, db: psycopg.Connection) -> dict[str, str]:
+    """One run per state; returns {state: run_id}."""
+    runs = {
+        "pending": identity("pending-co", 1),
+        "running": identity("running-co", 2),
+        "expired": identity("expired-co", 3),
+        "completed": identity("completed-co", 4),
+        "failed": identity("failed-co", 5),
+    }
+    for ident in runs.values():
+        ledger.register(ident)
+    assert ledger.claim(runs["running"].run_id, "live-worker", 600) is not None
+    assert ledger.claim(runs["expired"].run_id, "dead-worker", 600) is not None
+    expire_lease(db, runs["expired"].run_id)
+    lease = ledger.claim(runs["completed"].run_id, "w", 60, dagster_run_id="dagster-1")
+    assert lease is not None
+    ledger.complete(lease, {"summary": "done"}, {"report_file": {"n": 1}, "fax": {"n": 2}})
+    db.execute(
+        "UPDATE idempotent_jobs.notification_outbox SET created_at = now() - interval '1 hour'"
+    )
+    for attempt in range(3):
+        failing = ledger.claim(runs["failed"].run_id, f"w{attempt}", 60)
+        assert failing is not None
+        ledger.fail(failing, f"TimeoutError: attempt {attempt}")
+    return {state: ident.run_id for state, ident in runs.items()}
+
+
+def test_runs_list_as_table_and_json_with_filters(
+    cli_env: Path, planted: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = run(capsys, "runs", "list")
+    assert code == 0
+    header, *rows = out.strip().splitlines()
+    assert header.split()[:6] == ["RUN", "JOB", "SUBJECT", "WINDOW", "VERSION", "STATUS"]
+    assert len(rows) == 5 and any("dead-worker" in r for r in rows)
+
+    listed = as_json(capsys, "runs", "list")
+    statuses = {r["run_id"]: r["status"] for r in listed}
+    assert statuses == {
+        planted["pending"]: "pending",
+        planted["running"]: "running",
+        planted["expired"]: "running",
+        planted["completed"]: "completed",
+        planted["failed"]: "failed",
+    }
+    assert [r["run_id"] for r in as_json(capsys, "runs", "list", "--status", "failed")] == [
+        planted["failed"]
+    ]
+    assert [
+        r["subject_id"] for r in as_json(capsys, "runs", "list", "--subject", "pending-co")
+    ] == ["pending-co"]
+    window = as_json(
+        capsys, "runs", "list", "--since", "2026-08-07T02:00Z", "--until", "2026-08-07T04:00Z"
+    )
+    assert sorted(r["subject_id"] for r in window) == ["expired-co", "running-co"]
+    assert as_json(capsys, "runs", "list", "--job", "another-job") == []
+    code, out = run(capsys, "runs", "list", "--since", "2026-08-07")
+    assert code == 2 and "needs a timezone" in out
+
+
+def test_runs_show_tells_the_whole_story(
+    cli_env: Path, planted: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    failed = planted["failed"]
+    code, out = run(capsys, "runs", "show", failed[:10])
+    assert code == 0
+    assert failed in out and "attempts:" in out and "TimeoutError: attempt 2" in out
+    shown = as_json(capsys, "runs", "show", failed)
+    assert shown["run"]["status"] == "failed" and shown["run"]["attempts"] == 3
+    assert [a["outcome"] for a in shown["attempts"]] == ["failed"] * 3
+    assert [a["worker_id"] for a in shown["attempts"]] == ["w0", "w1", "w2"]
+    completed = as_json(capsys, "runs", "show", planted["completed"])
+    assert completed["attempts"][0]["dagster_run_id"] == "dagster-1"
+    assert sorted(o["channel"] for o in completed["outbox"]) == ["fax", "report_file"]
+    code, out = run(capsys, "runs", "show", "ffff")
+    assert code == 2 and "matches 0 runs" in out
+
+
+def test_outbox_list_and_deliver(
+    cli_env: Path, planted: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    pending = as_json(capsys, "outbox", "list", "--pending")
+    assert sorted(o["channel"] for o in pending) == ["fax", "report_file"]
+    code, out = run(capsys, "outbox", "deliver")
+    assert code == 1, "the unknown channel fails"
+    assert "delivered" in out and "no notification channel resource named 'fax'" in out
+    delivered = (cli_env / ".idempotent_jobs" / "notifications.jsonl").read_text().splitlines()
+    assert [json.loads(line)["key"] for line in delivered] == [
+        f"{planted['completed']}:report_file"
+    ]
+    left = as_json(capsys, "outbox", "list", "--pending", "--run", planted["completed"][:12])
+    assert [(o["channel"], o["delivery_attempts"]) for o in left] == [("fax", 1)]
+
+
+def test_doctor_flags_each_problem_and_passes_a_clean_ledger(
+    cli_env: Path,
+    planted: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+    db: psycopg.Connection,
+) -> None:
+    report = as_json(capsys, "doctor")
+    kinds = {(f["kind"], f["run_id"]) for f in report["findings"]}
+    assert kinds == {
+        ("expired_lease", planted["expired"]),
+        ("undelivered_outbox", planted["completed"]),
+        ("failed_past_retries", planted["failed"]),
+    }
+    assert main(["doctor"]) == 1
+    db.execute("TRUNCATE idempotent_jobs.runs CASCADE")
+    capsys.readouterr()
+    code, out = run(capsys, "doctor")
+    assert code == 0 and "0 problem(s)" in out
+
+
+def test_doctor_reports_an_unreachable_database(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(
+        "IDEMPOTENT_JOBS_DATABASE_URL", "postgresql://u:pw-secret@127.0.0.1:9/x?connect_timeout=1"
+    )
+    code, out = run(capsys, "doctor")
+    assert code == 1 and "problem: ledger database" in out and "pw-secret" not in out
+
+
+def test_revise_keeps_history_and_notifies_only_named_channels(
+    cli_env: Path, ledger: RunLedger, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = "workspace-acme|2026-08-07"
+    ident = COMPETITOR_SUMMARY.identity_for(key)
+    ledger.register(ident)
+    first = rerun_partition(ledger.get(ident.run_id))  # type: ignore[arg-type]
+    assert first.success
+    original = ledger.get(ident.run_id)
+    assert original is not None and original.status == "completed"
+    assert [o.idempotency_key for o in ledger.outbox(ident.run_id)] == [
+        f"{ident.run_id}:report_file"
+    ]
+
+    code, out = run(
+        capsys,
+        "revise",
+        ident.run_id[:16],
+        "--reason",
+        "prompt fixed",
+        "--channel",
+        "report_file",
+        "--requested-by",
+        "ops@acme",
+        "--now",
+    )
+    assert code == 0, out
+    revised = ledger.get(ident.run_id)
+    assert revised is not None and (revised.status, revised.revision) == ("completed", 1)
+    [history] = ledger.revisions(ident.run_id)
+    assert (history.reason, history.channels, history.requested_by) == (
+        "prompt fixed",
+        ["report_file"],
+        "ops@acme",
+    )
+    assert history.previous_output == original.output
+    assert history.previous_completed_at == original.completed_at
+    keys = sorted(o.idempotency_key for o in ledger.outbox(ident.run_id))
+    assert keys == [f"{ident.run_id}:report_file", f"{ident.run_id}:report_file:r1"]
+    assert all(o.delivered_at for o in ledger.outbox(ident.run_id))
+
+    # A silent revision (no channel): recomputed, kept in history, nothing sent.
+    assert main(["revise", ident.run_id, "--reason", "model upgrade", "--now"]) == 0
+    assert len(ledger.revisions(ident.run_id)) == 2
+    assert len(ledger.outbox(ident.run_id)) == 2
+    assert [a.outcome for a in ledger.attempts(ident.run_id)] == ["completed"] * 3
+
+
+def test_revise_refuses_what_is_not_completed(
+    cli_env: Path, planted: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = run(capsys, "revise", planted["running"], "--reason", "why not")
+    assert code == 2 and "only a completed run can be revised" in out
+    code, out = run(capsys, "revise", planted["completed"], "--reason", "   ")
+    assert code == 2 and "reason: must say why" in out

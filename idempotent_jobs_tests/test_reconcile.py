@@ -1,0 +1,72 @@
+"""Reconciliation finds each planted inconsistency between the ledger and Dagster, and nothing
+in a clean pair."""
+
+import dagster as dg
+import psycopg
+
+from idempotent_jobs import RunLedger
+from idempotent_jobs.health import dagster_findings, ledger_findings
+from idempotent_jobs.reconciliation_job import build_reconciliation_job
+from idempotent_jobs_tests.dagster_defs import SUMMARY_SPEC
+from idempotent_jobs_tests.dagster_harness import (
+    DagsterTestEnv,
+    dagster_instance,
+    launch_partition,
+    workspace,
+)
+from idempotent_jobs_tests.helpers import expire_lease, identity
+
+TWICE = "workspace-acme|2026-08-05"
+REOPENED = "workspace-globex|2026-08-05"
+
+
+def findings(ledger: RunLedger, instance: dg.DagsterInstance) -> set[tuple[str, str | None]]:
+    found = dagster_findings(ledger, instance, [SUMMARY_SPEC]) + ledger_findings(
+        ledger, outbox_older_than_seconds=600, max_attempts=3
+    )
+    return {(f.kind, f.run_id) for f in found}
+
+
+def test_reconcile_finds_each_planted_inconsistency(
+    dagster_env: DagsterTestEnv, ledger: RunLedger, db: psycopg.Connection
+) -> None:
+    with dagster_instance(dagster_env) as instance, workspace(instance) as context:
+        launch_partition(context, "competitor_summary", TWICE)
+        launch_partition(context, "competitor_summary", REOPENED)
+        assert findings(ledger, instance) == set(), "a clean ledger and Dagster agree"
+        job, _ = build_reconciliation_job([SUMMARY_SPEC])
+        clean = job.execute_in_process(instance=instance, resources={"ledger": ledger})
+        assert clean.success
+
+        launch_partition(context, "competitor_summary", TWICE)  # informational duplicate
+        reopened = SUMMARY_SPEC.identity_for(REOPENED).run_id
+        ledger.revise(reopened, "planted: Dagster says success, the ledger has no result")
+        stuck = identity("stuck-co")
+        ledger.register(stuck)
+        assert ledger.claim(stuck.run_id, "vanished-worker", 600) is not None
+        expire_lease(db, stuck.run_id)
+        db.execute(
+            "UPDATE idempotent_jobs.notification_outbox SET delivered_at = NULL,"
+            " created_at = now() - interval '1 hour' WHERE run_id = %s",
+            (SUMMARY_SPEC.identity_for(TWICE).run_id,),
+        )
+        found = dagster_findings(ledger, instance, [SUMMARY_SPEC])
+        several = [f for f in found if f.kind == "several_dagster_runs"]
+        assert len(several) == 1 and several[0].severity == "info"
+        assert several[0].partition == TWICE and len(several[0].dagster_run_ids) == 2
+        assert findings(ledger, instance) == {
+            ("several_dagster_runs", SUMMARY_SPEC.identity_for(TWICE).run_id),
+            ("success_without_result", reopened),
+            ("expired_lease", stuck.run_id),
+            ("undelivered_outbox", SUMMARY_SPEC.identity_for(TWICE).run_id),
+        }
+
+        result = job.execute_in_process(
+            instance=instance, resources={"ledger": ledger}, raise_on_error=False
+        )
+        assert not result.success, "problems make the reconciliation run fail (red in the UI)"
+        failure = result.failure_data_for_node("reconcile_ledger")
+        assert failure is not None
+        metadata = failure.user_failure_data.metadata  # type: ignore[union-attr]
+        assert metadata["problems"].value == 3 and metadata["informational"].value == 1
+        assert "success_without_result" in str(metadata["findings"].value)
