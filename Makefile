@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint clean
+.PHONY: install demo dev test lint chromium bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,8 +17,17 @@ install: $(STAMP)
 demo: install
 	$(BIN)/idempotent-jobs demo
 
-test: install lint
+# The Dagster UI and daemon on http://127.0.0.1:3000, wired to the ledger. Ctrl-C stops it.
+dev: install
+	$(BIN)/idempotent-jobs dev
+
+test: install lint chromium
 	$(BIN)/python -m pytest
+
+# The browser test drives Debian's Chromium (Playwright's own browser download is not used).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
 
 lint: install
 	$(BIN)/ruff check idempotent_jobs idempotent_jobs_tests

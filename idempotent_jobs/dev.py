@@ -28,6 +28,10 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_dev(host: str = "127.0.0.1", port: int = 3000) -> int:
     """Start PostgreSQL if needed, prepare DAGSTER_HOME, migrate, run ``dagster dev``.
 
@@ -46,8 +50,11 @@ def run_dev(host: str = "127.0.0.1", port: int = 3000) -> int:
     print(f"ledger: {'migrated ' + ', '.join(applied) if applied else 'schema up to date'}")
     print(f"DAGSTER_HOME={home}")
     print(f"Dagster UI: http://{host}:{port}", flush=True)
+    # Whatever started us (a shell's background job ignores SIGINT), Ctrl-C and SIGTERM stop
+    # us, and dagster dev gets a default SIGINT it can act on.
+    signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
-    process = subprocess.Popen(command, cwd=workspace.parent)
+    process = subprocess.Popen(command, cwd=home, preexec_fn=_default_sigint)
     try:
         return process.wait()
     except KeyboardInterrupt:
