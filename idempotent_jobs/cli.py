@@ -13,7 +13,11 @@ from idempotent_jobs.ledger import RunLedger
 
 
 def _ledger(args: argparse.Namespace) -> RunLedger:
-    return RunLedger(database_url=ensure_database_url(), schema_name=args.schema)
+    return RunLedger(
+        database_url=ensure_database_url(),
+        schema_name=args.schema,
+        connect_timeout_seconds=args.connect_timeout,
+    )
 
 
 def _when(text: str) -> datetime:
@@ -303,8 +307,9 @@ def _revise(args: argparse.Namespace) -> int:
 
             rerun_partition(record)
             record = ledger.get(run_id) or record
+    done = "recomputed" if args.now else "reopened"
     human = (
-        f"run {record.run_id} reopened as revision {record.revision}: status={record.status}"
+        f"run {record.run_id} {done} as revision {record.revision}: status={record.status}"
         f"\nnotify on completion: {', '.join(args.channel) or 'no channel'}"
     )
     if not args.now:
@@ -323,6 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
         "IDEMPOTENT_JOBS_DATABASE_URL, or an embedded PostgreSQL when it is unset.",
     )
     parser.add_argument("--schema", default="idempotent_jobs", help="ledger schema name")
+    parser.add_argument(
+        "--connect-timeout", type=float, default=10.0, help="seconds to wait for the database"
+    )
     json_flag = argparse.ArgumentParser(add_help=False)
     json_flag.add_argument("--json", action="store_true", help="machine-readable output")
     health = argparse.ArgumentParser(add_help=False)

@@ -5,7 +5,6 @@ from typing import Any
 
 import dagster as dg
 
-from idempotent_jobs.database import project_home
 from idempotent_jobs.definitions import defs
 from idempotent_jobs.jobs import COMPETITOR_SUMMARY
 from idempotent_jobs.ledger import RunLedger
@@ -32,8 +31,9 @@ def _persist_result(result: dg.ExecuteInProcessResult) -> str:
 def run_dagster_demo(ledger: RunLedger, print_line: Callable[[str], Any] = print) -> None:
     """Execute each demo partition twice in process; print what the ledger holds for each."""
     job = defs.resolve_job_def(COMPETITOR_SUMMARY.name)
-    notifications = project_home() / "notifications.jsonl"
-    resources = {"report_file": JsonLinesChannel(path=str(notifications))}
+    channel = JsonLinesChannel()
+    notifications = channel.target()
+    resources = {"report_file": channel}
     print_line(f"Dagster job {job.name}: each partition executed twice (in process)")
     for key in DEMO_PARTITIONS:
         results = [

@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from idempotent_jobs.database import DATABASE_URL_ENV, project_home
+from idempotent_jobs.database import DATABASE_URL_ENV
 from idempotent_jobs.job_factory import build_idempotent_job
 from idempotent_jobs.jobs import JOB_SPECS
 from idempotent_jobs.ledger import RunLedger
@@ -23,6 +23,6 @@ defs = dg.Definitions(
         "ledger": RunLedger(database_url=dg.EnvVar(DATABASE_URL_ENV)),
         "model": LocalExtractiveSummarizer(),
         "collector": SampleDocumentsCollector(),
-        "report_file": JsonLinesChannel(path=str(project_home() / "notifications.jsonl")),
+        "report_file": JsonLinesChannel(),
     },
 )

@@ -9,6 +9,7 @@ import psycopg
 
 from idempotent_jobs.database import start_embedded_postgres, stop_embedded_postgres
 from idempotent_jobs.demo import DEMO_IDENTITY
+from idempotent_jobs.schema import shipped_migrations
 
 
 def test_embedded_postgres_starts_reuses_and_keeps_data(tmp_path: Path) -> None:
@@ -48,7 +49,8 @@ def run_cli(
 def test_migrate_then_demo_twice(fresh_database: str, tmp_path: Path) -> None:
     first = run_cli("migrate", database=fresh_database)
     assert first.returncode == 0, first.stderr
-    assert first.stdout.strip() == "applied: 0001_initial"
+    shipped = ", ".join(f"{m.version:04d}_{m.name}" for m in shipped_migrations())
+    assert first.stdout.strip() == f"applied: {shipped}"
     assert run_cli("migrate", database=fresh_database).stdout.strip() == "schema is up to date"
 
     demo = run_cli("demo", database=fresh_database, home=tmp_path)

@@ -18,7 +18,6 @@ from idempotent_jobs_tests.helpers import expire_lease, identity
 def cli_env(database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("IDEMPOTENT_JOBS_DATABASE_URL", database)
     monkeypatch.setenv("IDEMPOTENT_JOBS_HOME", str(tmp_path / "home"))
-    monkeypatch.chdir(tmp_path)  # the default file channel writes under .idempotent_jobs/
     return tmp_path
 
 
@@ -124,7 +123,7 @@ def test_outbox_list_and_deliver(
     code, out = run(capsys, "outbox", "deliver")
     assert code == 1, "the unknown channel fails"
     assert "delivered" in out and "no notification channel resource named 'fax'" in out
-    delivered = (cli_env / ".idempotent_jobs" / "notifications.jsonl").read_text().splitlines()
+    delivered = (cli_env / "home" / "notifications.jsonl").read_text().splitlines()
     assert [json.loads(line)["key"] for line in delivered] == [
         f"{planted['completed']}:report_file"
     ]
@@ -158,7 +157,7 @@ def test_doctor_reports_an_unreachable_database(
     monkeypatch.setenv(
         "IDEMPOTENT_JOBS_DATABASE_URL", "postgresql://u:pw-secret@127.0.0.1:9/x?connect_timeout=1"
     )
-    code, out = run(capsys, "doctor")
+    code, out = run(capsys, "--connect-timeout", "1", "doctor")
     assert code == 1 and "problem: ledger database" in out and "pw-secret" not in out
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
+from idempotent_jobs.database import project_home
 from idempotent_jobs.records import OutboxRecord
 
 
@@ -27,10 +28,16 @@ class JsonLinesChannel(NotificationChannel):
     re-sent after a crash between send and mark is written once.
     """
 
-    path: str = Field(default=".idempotent_jobs/notifications.jsonl")
+    path: str = Field(
+        default="",
+        description="File to append to; default $IDEMPOTENT_JOBS_HOME/notifications.jsonl",
+    )
+
+    def target(self) -> Path:
+        return Path(self.path) if self.path else project_home() / "notifications.jsonl"
 
     def send(self, row: OutboxRecord) -> None:
-        target = Path(self.path)
+        target = self.target()
         target.parent.mkdir(parents=True, exist_ok=True)
         with target.open("a+", encoding="utf-8") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
