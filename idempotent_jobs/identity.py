@@ -24,8 +24,10 @@ def clean_identity_text(name: str, value: object) -> str:
         raise InvalidInputError(name, "must not be empty")
     if "|" in text:
         raise InvalidInputError(name, "must not contain '|' (it separates the identity fields)")
-    if any(unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") for ch in text):
-        raise InvalidInputError(name, "must not contain control or format characters")
+    if any(unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp") for ch in text):
+        raise InvalidInputError(
+            name, "must not contain control, format or lone surrogate characters"
+        )
     if len(text) > MAX_FIELD_LENGTH:
         raise InvalidInputError(name, f"must be at most {MAX_FIELD_LENGTH} characters")
     return text

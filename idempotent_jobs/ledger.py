@@ -29,6 +29,7 @@ from idempotent_jobs.errors import (
     InvalidInputError,
     LeaseLostError,
     LedgerConnectionError,
+    LedgerError,
     RunNotFoundError,
     SchemaNotMigratedError,
 )
@@ -185,6 +186,8 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
                 applied = apply_migrations(conn, self.schema_name)
         except psycopg.OperationalError as exc:
             raise LedgerConnectionError(f"could not migrate the ledger: {exc}") from None
+        except psycopg.Error as exc:
+            raise LedgerError(f"could not migrate the ledger: {exc}") from None
         return [f"{m.version:04d}_{m.name}" for m in applied]
 
     # -- statements --------------------------------------------------------------------------

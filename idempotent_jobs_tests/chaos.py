@@ -1,0 +1,282 @@
+"""Chaos trials: real worker processes, a real PostgreSQL owned by the runner, real faults.
+
+    python -m idempotent_jobs_tests.chaos --trials 1000          # all kinds, in turn
+    python -m idempotent_jobs_tests.chaos --trials 200 --kinds stop,drop --seed 7
+
+Kinds: ``kill`` (SIGKILL at a random point of the protocol, then a recovery worker), ``stop``
+(SIGSTOP the lease holder past its lease, another worker takes over, SIGCONT: the old one
+writes nothing), ``drop`` (the connection is cut after the final commit reached the server),
+``restart`` (PostgreSQL restarted while runs are in their model call). After each trial the
+invariants are checked from the database and the receiver. Prints ``N passed, M failed``.
+"""
+
+import argparse
+import multiprocessing
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+
+from idempotent_jobs import RunLedger
+from idempotent_jobs.database import start_embedded_postgres, stop_embedded_postgres
+from idempotent_jobs_tests.chaos_parts import (
+    CRASH_POINTS,
+    CommitProxy,
+    Receiver,
+    Verdict,
+    check_invariants,
+    read_results,
+    run_worker,
+    trial_identity,
+)
+
+KINDS = ("kill", "stop", "drop", "restart")
+
+
+def RELAY() -> str:  # noqa: N802 - the proxy's default action, named like the constant it is
+    return "relay"
+
+
+RESTART_BATCH = 4
+
+
+class Chaos:
+    def __init__(self, workdir: Path, lease_seconds: float, seed: int) -> None:
+        self.workdir = workdir
+        self.lease = lease_seconds
+        self.rng = random.Random(seed)
+        self.pgdata = workdir / "pgdata"
+        self.url = start_embedded_postgres(self.pgdata)
+        RunLedger(database_url=self.url).migrate()
+        params = psycopg.conninfo.conninfo_to_dict(self.url)
+        self.socket_path = f"{params['host']}/.s.PGSQL.{params.get('port') or 5432}"
+        self.receiver = Receiver()
+        self.proxy = CommitProxy(self.socket_path, RELAY)
+        self.proxy_url = make_conninfo(
+            "", host="127.0.0.1", port=self.proxy.port, user="postgres", dbname="postgres"
+        )
+        self.ctx = multiprocessing.get_context("forkserver")
+        self.ctx.set_forkserver_preload(["idempotent_jobs", "idempotent_jobs_tests.chaos_parts"])
+
+    def close(self) -> None:
+        self.proxy.close()
+        self.receiver.close()
+        stop_embedded_postgres(self.pgdata)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def spec(self, trial: int, **extra: Any) -> dict[str, Any]:
+        return {
+            "trial": trial,
+            "database_url": self.url,
+            "lease_seconds": self.lease,
+            "receiver_url": self.receiver.url,
+            "results": str(self.workdir / f"results-{trial}.jsonl"),
+            **extra,
+        }
+
+    def start(self, spec: dict[str, Any]) -> Any:
+        process = self.ctx.Process(target=run_worker, args=(spec,))
+        process.start()
+        return process
+
+    def recover(self, trial: int) -> None:
+        """A healthy worker on the same logical run, as a scheduler's retry would start."""
+        process = self.start(self.spec(trial, wait_seconds=self.lease * 6))
+        process.join(timeout=120)
+
+    def conn(self) -> psycopg.Connection:
+        return psycopg.connect(self.url, autocommit=True)
+
+    def wait_for(self, condition: Any, what: str, seconds: float = 60) -> None:
+        deadline = time.monotonic() + seconds
+        while not condition():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out waiting for {what}")
+            time.sleep(0.01)
+
+    def verdict(self, trial: int, kind: str) -> Verdict:
+        with self.conn() as conn:
+            return check_invariants(
+                conn, trial, kind, self.receiver, self.workdir / f"results-{trial}.jsonl"
+            )
+
+    # -- trials -------------------------------------------------------------------------------
+
+    def kill(self, trial: int) -> Verdict:
+        point = self.rng.choice(CRASH_POINTS)
+        crash = "" if point == "commit_sent" else point
+        victim: list[Any] = []
+
+        def kill_before_answer() -> str:
+            self.wait_for(lambda: bool(victim), "the worker handle")
+            os.kill(victim[0].pid, signal.SIGKILL)  # the commit is in; its answer is never read
+            return "drop"
+
+        if point == "commit_sent":
+            self.proxy.on_commit_answer = kill_before_answer
+        process = self.start(self.spec(trial, crash=crash, database_url=self.proxy_url))
+        victim.append(process)
+        process.join(timeout=60)
+        self.proxy.on_commit_answer = RELAY
+        problems = []
+        if process.exitcode != -signal.SIGKILL:
+            problems.append(f"worker did not die at {point} (exit {process.exitcode})")
+        self.recover(trial)
+        verdict = self.verdict(trial, f"kill:{point}")
+        verdict.problems += problems
+        return verdict
+
+    def stop(self, trial: int) -> Verdict:
+        marker = str(self.workdir / f"pause-{trial}")
+        process = self.start(self.spec(trial, pause_marker=marker))
+        self.wait_for(lambda: Path(marker).exists(), "the model call")
+        os.kill(process.pid, signal.SIGSTOP)
+        run_id = trial_identity(trial).run_id
+        with self.conn() as conn:
+            self.wait_for(
+                lambda: (
+                    conn.execute(
+                        "SELECT lock_expires_at < now() FROM idempotent_jobs.runs"
+                        " WHERE run_id = %s",
+                        (run_id,),
+                    ).fetchone()
+                    == (True,)
+                ),
+                "the paused holder's lease to expire",
+            )
+        self.recover(trial)
+        Path(marker + ".go").touch()
+        os.kill(process.pid, signal.SIGCONT)
+        process.join(timeout=60)
+        verdict = self.verdict(trial, "stop")
+        stale = [
+            r for r in read_results(Path(self.spec(trial)["results"])) if r["pid"] == process.pid
+        ]
+        if any(r.get("executed") for r in stale):
+            verdict.problems.append("the paused worker's result was accepted")
+            verdict.duplicates += 1
+        with self.conn() as conn:
+            outcome = conn.execute(
+                "SELECT outcome FROM idempotent_jobs.run_attempts WHERE run_id = %s"
+                " AND lease_epoch = 1",
+                (run_id,),
+            ).fetchone()
+        if outcome != ("lease_lost",):
+            verdict.problems.append(f"the paused worker's attempt ended {outcome}")
+        return verdict
+
+    def drop(self, trial: int) -> Verdict:
+        dropped: list[bool] = []
+
+        def drop_once() -> str:
+            if dropped:
+                return "relay"
+            dropped.append(True)
+            return "drop"
+
+        self.proxy.on_commit_answer = drop_once
+        process = self.start(self.spec(trial, database_url=self.proxy_url))
+        process.join(timeout=60)
+        self.proxy.on_commit_answer = RELAY
+        verdict = self.verdict(trial, "drop")
+        outcomes = [
+            r for r in read_results(Path(self.spec(trial)["results"])) if r["event"] == "outcome"
+        ]
+        if not dropped:
+            verdict.problems.append("the commit's connection was never dropped")
+        if len(outcomes) != 1 or not outcomes[0]["executed"]:
+            verdict.problems.append(
+                f"the retried commit did not resolve to one outcome: {outcomes}"
+            )
+        return verdict
+
+    def restart(self, trial: int) -> Verdict:
+        trials = [trial * 1000 + i for i in range(RESTART_BATCH)]
+        markers = [str(self.workdir / f"pause-{t}") for t in trials]
+        processes = [
+            self.start(self.spec(t, pause_marker=m)) for t, m in zip(trials, markers, strict=True)
+        ]
+        self.wait_for(lambda: all(Path(m).exists() for m in markers), "runs in flight")
+        stop_embedded_postgres(self.pgdata)
+        start_embedded_postgres(self.pgdata)
+        for marker in markers:
+            Path(marker + ".go").touch()
+        for process in processes:
+            process.join(timeout=120)
+        verdict = Verdict(trial, "restart")
+        for t in trials:
+            with self.conn() as conn:
+                status = conn.execute(
+                    "SELECT status FROM idempotent_jobs.runs WHERE run_id = %s",
+                    (trial_identity(t).run_id,),
+                ).fetchone()
+            if status != ("completed",):
+                self.recover(t)
+            part = self.verdict(t, "restart")
+            verdict.problems += [f"run {t}: {p}" for p in part.problems]
+            verdict.duplicates += part.duplicates
+            verdict.lost += part.lost
+        return verdict
+
+
+def run(trials: int, kinds: list[str], seed: int, lease_seconds: float) -> list[Verdict]:
+    verdicts: list[Verdict] = []
+    with tempfile.TemporaryDirectory(prefix="ij-chaos-") as tmp:
+        chaos = Chaos(Path(tmp), lease_seconds, seed)
+        try:
+            for number in range(1, trials + 1):
+                kind = kinds[(number - 1) % len(kinds)]
+                try:
+                    verdict = getattr(chaos, kind)(number)
+                except Exception as exc:  # a trial that cannot finish is a failed trial
+                    verdict = Verdict(number, kind, [f"{type(exc).__name__}: {exc}"])
+                verdicts.append(verdict)
+                if verdict.problems:
+                    print(f"trial {number} ({verdict.kind}) FAILED: {verdict.problems}", flush=True)
+        finally:
+            chaos.close()
+    return verdicts
+
+
+def summary(verdicts: list[Verdict]) -> str:
+    failed = [v for v in verdicts if v.problems]
+    kinds = Counter(v.kind.split(":")[0] for v in verdicts)
+    points = Counter(v.kind.split(":")[1] for v in verdicts if ":" in v.kind)
+    lines = [
+        "trials by kind: " + ", ".join(f"{k}={n}" for k, n in sorted(kinds.items())),
+        "kill points: " + ", ".join(f"{k}={n}" for k, n in sorted(points.items())),
+        f"duplicates={sum(v.duplicates for v in verdicts)} lost={sum(v.lost for v in verdicts)}",
+        f"{len(verdicts) - len(failed)} passed, {len(failed)} failed",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m idempotent_jobs_tests.chaos")
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--kinds", default=",".join(KINDS))
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--lease", type=float, default=0.6, help="lease seconds in the trials")
+    args = parser.parse_args(argv)
+    kinds = [k for k in args.kinds.split(",") if k]
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        parser.error(f"unknown kinds: {sorted(unknown)}")
+    started = time.monotonic()
+    verdicts = run(args.trials, kinds, args.seed, args.lease)
+    print(summary(verdicts))
+    print(f"({time.monotonic() - started:.0f} s)", file=sys.stderr)
+    return 1 if any(v.problems for v in verdicts) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

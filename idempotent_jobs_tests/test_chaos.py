@@ -1,0 +1,45 @@
+"""Chaos trials in the suite (a few of each kind); thousands on demand:
+``python -m idempotent_jobs_tests.chaos --trials 1000``."""
+
+from collections import Counter
+
+import psycopg
+
+from idempotent_jobs import RunLedger
+from idempotent_jobs_tests import chaos
+from idempotent_jobs_tests.chaos_parts import Receiver, check_invariants, trial_identity
+
+
+def test_chaos_trials_of_every_kind_keep_the_promise() -> None:
+    verdicts = chaos.run(trials=12, kinds=list(chaos.KINDS), seed=11, lease_seconds=0.6)
+    assert Counter(v.kind.split(":")[0] for v in verdicts) == {k: 3 for k in chaos.KINDS}
+    assert [v.problems for v in verdicts if v.problems] == []
+    assert chaos.summary(verdicts).splitlines()[-1] == "12 passed, 0 failed"
+
+
+def test_the_invariant_checker_catches_violations(
+    ledger: RunLedger, db: psycopg.Connection, tmp_path: object
+) -> None:
+    receiver = Receiver()
+    results = tmp_path / "results.jsonl"  # type: ignore[operator]
+    try:
+        stuck = trial_identity(1)
+        ledger.register(stuck)
+        assert ledger.claim(stuck.run_id, "gone", 30) is not None
+        lost = check_invariants(db, 1, "planted", receiver, results)
+        assert lost.lost == 1 and "run left running without a reason" in lost.problems
+
+        twice = trial_identity(2)
+        ledger.register(twice)
+        lease = ledger.claim(twice.run_id, "w", 30)
+        assert lease is not None
+        ledger.complete(lease, {"summary": "kept"}, {"hook": {"n": 1}})
+        receiver.effects[f"{twice.run_id}:hook"] = 2
+        results.write_text(  # type: ignore[attr-defined]
+            '{"pid": 1, "event": "outcome", "executed": true, "output": {"summary": "other"}}\n'
+        )
+        duplicated = check_invariants(db, 2, "planted", receiver, results)
+        assert duplicated.duplicates == 2
+        assert "the accepted output was overwritten" in duplicated.problems
+    finally:
+        receiver.close()
