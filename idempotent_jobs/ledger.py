@@ -18,7 +18,7 @@ from typing import Any, LiteralString, TypeVar
 import dagster as dg
 import psycopg
 from psycopg import sql
-from psycopg.rows import RowFactory, class_row, tuple_row
+from psycopg.rows import RowFactory, class_row, dict_row, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 from pydantic import Field, PrivateAttr
 
@@ -78,6 +78,15 @@ def _notifications_json(notifications: Mapping[str, Any] | None) -> str:
             raise InvalidInputError("notifications", f"channel name {channel!r} is not valid")
         dump_json_object(payload, f"notifications[{channel!r}]")
     return dump_json_object(notifications, "notifications")
+
+
+def _check_identity(record: RunRecord, identity: RunIdentity) -> None:
+    stored = (record.job_name, record.subject_id, record.scheduled_at, record.version)
+    wanted = (identity.job_name, identity.subject_id, identity.scheduled_at, identity.version)
+    if stored != wanted:
+        raise IdentityConflictError(
+            f"run {identity.run_id} is stored with different identity fields"
+        )
 
 
 def _fence(lease: Lease) -> dict[str, Any]:
@@ -261,13 +270,54 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
             # the retry takes the DO UPDATE path; a real conflict raises again.
             rows = self._fetch(queries.REGISTER, params, class_row(RunRecord))
         record = rows[0]
-        stored = (record.job_name, record.subject_id, record.scheduled_at, record.version)
-        wanted = (identity.job_name, identity.subject_id, identity.scheduled_at, identity.version)
-        if stored != wanted:
-            raise IdentityConflictError(
-                f"run {identity.run_id} is stored with different identity fields"
-            )
+        _check_identity(record, identity)
         return record
+
+    def begin(
+        self,
+        identity: RunIdentity,
+        worker_id: str,
+        lease_seconds: float,
+        *,
+        dagster_run_id: str | None = None,
+        step_key: str | None = None,
+    ) -> tuple[RunRecord, Lease | None]:
+        """:meth:`register` and :meth:`claim` in one round trip (one statement).
+
+        Returns the record and the new lease, or the record and ``None`` when the run is
+        completed or another worker holds it. Raises :class:`IdentityConflictError` like
+        :meth:`register`.
+        """
+        lease_seconds = _check_lease_seconds(lease_seconds)
+        params = {
+            "run_id": identity.run_id,
+            "job_name": identity.job_name,
+            "subject_id": identity.subject_id,
+            "scheduled_at": identity.scheduled_at,
+            "version": identity.version,
+            "worker_id": _check_worker_id(worker_id),
+            "lease_seconds": lease_seconds,
+            "dagster_run_id": dagster_run_id,
+            "step_key": step_key,
+        }
+        try:
+            rows = self._fetch(queries.BEGIN, params, dict_row)
+        except IdentityConflictError:  # racing first inserts: see register()
+            rows = self._fetch(queries.BEGIN, params, dict_row)
+        claimed = rows[0].pop("claimed")
+        record = RunRecord(**rows[0])
+        _check_identity(record, identity)
+        if not claimed:
+            return record, None
+        lease = Lease(
+            record.run_id,
+            worker_id,
+            record.lease_epoch,
+            record.lock_expires_at,
+            lease_seconds,
+            record.raw_input,
+        )
+        return record, lease
 
     def claim(
         self,

@@ -116,16 +116,24 @@ def build_ops(
     ) -> Ticket:
         """Register the run, take its lease and checkpoint the collected input (once)."""
         identity = identity_of(context)
-        record = ledger.register(identity)
+        record, lease = ledger.begin(
+            identity,
+            _worker_id(context),
+            spec.lease_seconds,
+            dagster_run_id=context.run_id,
+            step_key=context.op.name,
+        )
         if record.status == "completed":
             _report(context, ledger, record.run_id, "reused")
             return _completed_ticket(record.run_id)
-        lease = claim(context, ledger, record.run_id, None)
-        if isinstance(lease, RunRecord):
-            if lease.status != "completed":
-                raise _busy(lease)
-            _report(context, ledger, record.run_id, "reused")
-            return _completed_ticket(record.run_id)
+        if lease is None:  # another worker holds it: wait for it to finish or expire
+            got = claim(context, ledger, record.run_id, None)
+            if isinstance(got, RunRecord):
+                if got.status != "completed":
+                    raise _busy(got)
+                _report(context, ledger, record.run_id, "reused")
+                return _completed_ticket(record.run_id)
+            lease = got
         reused_input = lease.stored_raw_input is not None
         if not reused_input:
             try:

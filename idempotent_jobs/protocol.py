@@ -95,21 +95,27 @@ def run_idempotent(
       exception propagates.
     """
     worker_id = worker_id or default_worker_id()
-    record = ledger.register(identity)
+    record, lease = ledger.begin(
+        identity, worker_id, lease_seconds, dagster_run_id=dagster_run_id, step_key=step_key
+    )
     if record.status == "completed":
         return RunOutcome(record.run_id, "completed", record.output, False, worker_id)
-    lease = acquire(
-        ledger,
-        record.run_id,
-        worker_id,
-        lease_seconds,
-        wait_seconds=wait_seconds,
-        dagster_run_id=dagster_run_id,
-        step_key=step_key,
-    )
-    if isinstance(lease, RunRecord):
-        output = lease.output if lease.status == "completed" else None
-        return RunOutcome(lease.run_id, lease.status, output, False, worker_id)
+    if lease is None and wait_seconds <= 0:
+        return RunOutcome(record.run_id, record.status, None, False, worker_id)
+    if lease is None:
+        got = acquire(
+            ledger,
+            record.run_id,
+            worker_id,
+            lease_seconds,
+            wait_seconds=wait_seconds,
+            dagster_run_id=dagster_run_id,
+            step_key=step_key,
+        )
+        if isinstance(got, RunRecord):
+            output = got.output if got.status == "completed" else None
+            return RunOutcome(got.run_id, got.status, output, False, worker_id)
+        lease = got
 
     usage: ModelUsage | None = None
     try:

@@ -62,6 +62,62 @@ WITH claimed AS (
 SELECT lease_epoch, lock_expires_at, raw_input FROM claimed
 """
 
+# Register and claim in one statement, one round trip in every case: a new run is inserted already
+# claimed (epoch 1); an existing one is claimed under the same rule as CLAIM (and only if its
+# identity fields match), otherwise left as it is (updated_at aside, as REGISTER does). `claimed`
+# is true when this statement took the lease: then the expiry is exactly this statement's
+# now() + duration, which no earlier statement can have set.
+_CLAIMABLE: LiteralString = """(r.status <> 'completed'
+        AND (r.lock_owner IS NULL OR r.lock_expires_at < now()
+             OR r.lock_owner = EXCLUDED.lock_owner)
+        AND (r.job_name, r.subject_id, r.scheduled_at, r.version)
+            = (EXCLUDED.job_name, EXCLUDED.subject_id, EXCLUDED.scheduled_at, EXCLUDED.version))"""
+
+BEGIN: LiteralString = (
+    """
+WITH up AS (
+    INSERT INTO {schema}.runs AS r (run_id, job_name, subject_id, scheduled_at, version, status,
+        lock_owner, lock_expires_at, lease_epoch, attempts)
+    VALUES (%(run_id)s, %(job_name)s, %(subject_id)s, %(scheduled_at)s, %(version)s, 'running',
+        %(worker_id)s, now() + make_interval(secs => %(lease_seconds)s), 1, 1)
+    ON CONFLICT (run_id) DO UPDATE
+    SET status = CASE WHEN """
+    + _CLAIMABLE
+    + """ THEN 'running' ELSE r.status END,
+        lock_owner = CASE WHEN """
+    + _CLAIMABLE
+    + """ THEN EXCLUDED.lock_owner ELSE r.lock_owner END,
+        lock_expires_at = CASE WHEN """
+    + _CLAIMABLE
+    + """ THEN EXCLUDED.lock_expires_at ELSE r.lock_expires_at END,
+        lease_epoch = r.lease_epoch + CASE WHEN """
+    + _CLAIMABLE
+    + """ THEN 1 ELSE 0 END,
+        attempts = r.attempts + CASE WHEN """
+    + _CLAIMABLE
+    + """ THEN 1 ELSE 0 END,
+        updated_at = now()
+    RETURNING """
+    + RUN_COLUMNS
+    + """,
+        (lock_owner IS NOT DISTINCT FROM %(worker_id)s
+         AND lock_expires_at = now() + make_interval(secs => %(lease_seconds)s)) AS claimed
+), closed AS (
+    UPDATE {schema}.run_attempts AS a
+    SET outcome = CASE WHEN a.worker_id = %(worker_id)s THEN 'superseded' ELSE 'lease_lost' END,
+        ended_at = now()
+    FROM up
+    WHERE up.claimed AND a.run_id = up.run_id AND a.outcome IS NULL
+), opened AS (
+    INSERT INTO {schema}.run_attempts (run_id, lease_epoch, worker_id, dagster_run_id, step_key)
+    SELECT run_id, lease_epoch, %(worker_id)s, %(dagster_run_id)s, %(step_key)s
+    FROM up WHERE up.claimed
+)
+SELECT """
+    + RUN_COLUMNS
+    + ", claimed FROM up"
+)
+
 _FENCE: LiteralString = """run_id = %(run_id)s AND lock_owner = %(worker_id)s
       AND lease_epoch = %(epoch)s AND status = 'running'"""
 

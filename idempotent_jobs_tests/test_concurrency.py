@@ -116,12 +116,16 @@ def test_first_registrations_racing_on_one_identity_all_succeed(
     ledgers = [RunLedger(database_url=database, pool_max_size=1) for _ in range(racers)]
     barrier = threading.Barrier(racers)
     errors: list[BaseException] = []
+    leases: list[tuple[int, int]] = []
 
     def race(ledger: RunLedger) -> None:
         for hour in range(rounds):
             barrier.wait()
             try:
                 ledger.register(identity(subject="racing", hour=hour))
+                _, lease = ledger.begin(identity(subject="begin", hour=hour), f"w{id(ledger)}", 60)
+                if lease is not None:
+                    leases.append((hour, lease.epoch))
             except BaseException as exc:  # collected: the assertion below names it
                 errors.append(exc)
 
@@ -134,4 +138,5 @@ def test_first_registrations_racing_on_one_identity_all_succeed(
         ledger.close()
     assert errors == []
     row = db.execute("SELECT count(*) FROM idempotent_jobs.runs").fetchone()
-    assert row == (rounds,)
+    assert row == (2 * rounds,)
+    assert sorted(leases) == [(hour, 1) for hour in range(rounds)], "one begin wins each run"

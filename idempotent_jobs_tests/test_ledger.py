@@ -461,3 +461,54 @@ def test_secrets_stay_out_of_errors_and_repr() -> None:
         ledger.open()
     assert "s3cr3t" not in str(info.value)
     assert "s3cr3t" not in json.dumps(str(info.value.__cause__))
+
+
+def test_begin_registers_and_claims_in_one_statement(
+    ledger: RunLedger, db: psycopg.Connection
+) -> None:
+    ident = identity()
+    record, lease = ledger.begin(ident, "w1", 30, dagster_run_id="dr", step_key="collect")
+    assert lease is not None and (lease.epoch, lease.worker_id) == (1, "w1")
+    assert (record.status, record.lock_owner, record.lease_epoch, record.attempts) == (
+        "running",
+        "w1",
+        1,
+        1,
+    )
+    [attempt] = ledger.attempts(ident.run_id)
+    assert (attempt.lease_epoch, attempt.dagster_run_id, attempt.step_key) == (1, "dr", "collect")
+
+    held, none = ledger.begin(ident, "w2", 30)
+    assert none is None and (held.status, held.lock_owner, held.lease_epoch) == ("running", "w1", 1)
+    assert len(ledger.attempts(ident.run_id)) == 1
+
+    expire_lease(db, ident.run_id)
+    taken, lease2 = ledger.begin(ident, "w2", 30)
+    assert lease2 is not None and lease2.epoch == 2 and taken.attempts == 2
+    assert [a.outcome for a in ledger.attempts(ident.run_id)] == ["lease_lost", None]
+    with pytest.raises(LeaseLostError):
+        ledger.save_raw_input(lease, {"stale": True})
+
+    ledger.complete(lease2, {"summary": "s"})
+    done, none = ledger.begin(ident, "w3", 30)
+    assert none is None and (done.status, done.output, done.lease_epoch) == (
+        "completed",
+        {"summary": "s"},
+        2,
+    )
+
+
+def test_begin_refuses_a_mismatched_identity(ledger: RunLedger, db: psycopg.Connection) -> None:
+    ident = identity()
+    db.execute(
+        "INSERT INTO idempotent_jobs.runs (run_id, job_name, subject_id, scheduled_at, version)"
+        " VALUES (%s, 'other-job', %s, %s, %s)",
+        (ident.run_id, ident.subject_id, ident.scheduled_at, ident.version),
+    )
+    with pytest.raises(IdentityConflictError):
+        ledger.begin(ident, "w1", 30)
+    row = db.execute(
+        "SELECT status, lock_owner, lease_epoch FROM idempotent_jobs.runs WHERE run_id = %s",
+        (ident.run_id,),
+    ).fetchone()
+    assert row == ("pending", None, 0), "a mismatched row is never claimed"
