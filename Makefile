@@ -29,6 +29,10 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
 
+# Ratios of what the ledger costs against baselines measured in the same run.
+bench: install
+	$(BIN)/python benchmarks/bench_ledger.py
+
 lint: install
 	$(BIN)/ruff check idempotent_jobs idempotent_jobs_tests
 	$(BIN)/mypy

@@ -128,7 +128,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
     )
 
     _pool: ConnectionPool | None = PrivateAttr(default=None)
-    _sql: dict[str, sql.Composed] = PrivateAttr(default_factory=dict)
+    _sql: dict[str, LiteralString] = PrivateAttr(default_factory=dict)
     _open_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -201,12 +201,19 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
 
     # -- statements --------------------------------------------------------------------------
 
-    def _query(self, template: LiteralString) -> sql.Composed:
-        composed = self._sql.get(template)
-        if composed is None:
-            composed = sql.SQL(template).format(schema=sql.Identifier(self.schema_name))
-            self._sql[template] = composed
-        return composed
+    def _query(self, template: LiteralString) -> LiteralString:
+        """The statement with the quoted schema name, rendered once per ledger.
+
+        A plain string (not a ``Composed``) lets psycopg reuse its parsed and prepared form
+        instead of composing the statement again on every call.
+        """
+        query = self._sql.get(template)
+        if query is None:
+            rendered = sql.SQL(template).format(schema=sql.Identifier(self.schema_name))
+            # Constants plus a validated, quoted identifier: a literal in all but type.
+            query = rendered.as_string(None)
+            self._sql[template] = query
+        return query
 
     def _pool_or_open(self) -> ConnectionPool:
         if self._pool is None:

@@ -1,0 +1,323 @@
+"""What the ledger costs, as ratios against baselines measured in the same run, same database.
+
+    make bench            # or: .venv/bin/python benchmarks/bench_ledger.py [--quick]
+
+Uses IDEMPOTENT_JOBS_DATABASE_URL's server (else the embedded one), in a database of its own
+that it drops afterwards. Every figure is printed next to its baseline and the target.
+"""
+
+import argparse
+import multiprocessing
+import os
+import signal
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any, LiteralString
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from idempotent_jobs import RunIdentity, RunLedger, run_idempotent
+from idempotent_jobs.database import database_url
+
+ROWS: list[tuple[str, str, str, str]] = []
+
+
+def row(name: str, value: str, baseline: str, verdict: str) -> None:
+    ROWS.append((name, value, baseline, verdict))
+    print(f"{name:<52} {value:>22}   {baseline:<34} {verdict}", flush=True)
+
+
+def ident(tag: str, n: int) -> RunIdentity:
+    start = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(hours=n)
+    return RunIdentity("bench", tag, start, "v1")
+
+
+COUNTS = {"statements": 0.0, "seconds": 0.0}
+
+
+class CountingLedger(RunLedger):
+    """Counts statements (each is one round trip, and one commit in autocommit) and their time,
+    in the module-level ``COUNTS`` (Dagster copies resources, so not on the instance)."""
+
+    def _fetch(self, template: LiteralString, params: Any, row_factory: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return super()._fetch(template, params, row_factory)
+        finally:
+            COUNTS["statements"] += 1
+            COUNTS["seconds"] += time.perf_counter() - started
+
+    @property
+    def stats(self) -> dict[str, float]:
+        return COUNTS
+
+
+@contextmanager
+def bench_database() -> Iterator[str]:
+    server = os.environ.get("IDEMPOTENT_JOBS_DATABASE_URL") or database_url()
+    name = f"ij_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = make_conninfo(server, dbname=name)
+    try:
+        RunLedger(database_url=url).migrate()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE bench_rows (id int PRIMARY KEY, n bigint NOT NULL)")
+            conn.execute("INSERT INTO bench_rows SELECT g, 0 FROM generate_series(0, 99999) g")
+        yield url
+    finally:
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def noop_collect(identity: RunIdentity) -> dict[str, Any]:
+    return {"documents": ["d"]}
+
+
+def noop_model(raw: dict[str, Any]) -> dict[str, Any]:
+    return {"summary": "s"}
+
+
+def notify(output: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {"hook": {"summary": output["summary"]}}
+
+
+# -- 1 + 2: round trips, commits and latency per run ------------------------------------------
+
+
+def per_run(url: str, runs: int) -> None:
+    ledger = CountingLedger(database_url=url)
+    with ledger, psycopg.connect(url, autocommit=True) as conn:
+        run_idempotent(ledger, ident("warm", 0), collect=noop_collect, transform=noop_model)
+        ledger.stats.update(statements=0, seconds=0.0)
+        times = []
+        for n in range(runs):
+            before = ledger.stats["seconds"]
+            run_idempotent(
+                ledger,
+                ident("latency", n),
+                collect=noop_collect,
+                transform=noop_model,
+                notifications=notify,
+            )
+            times.append(ledger.stats["seconds"] - before)
+        per = ledger.stats["statements"] / runs
+        row(
+            "round trips per logical run (happy path)",
+            f"{per:.1f}",
+            "target <= 4",
+            "ok" if per <= 4 else "MISSED",
+        )
+        row(
+            "commits per logical run (autocommit statements)",
+            f"{per:.1f}",
+            "target <= 2",
+            "ok" if per <= 2 else "MISSED (the checkpoint must commit before the model call)",
+        )
+        update = []
+        for n in range(runs):
+            started = time.perf_counter()
+            conn.execute("UPDATE bench_rows SET n = n + 1 WHERE id = %s", (n,))
+            update.append(time.perf_counter() - started)
+        for q, name, target in ((0.5, "p50", "target <= 3x"), (0.99, "p99", "no target")):
+            ratio = pct(times, q) / pct(update, q)
+            verdict = "-" if name == "p99" else ("ok" if ratio <= 3 else "MISSED")
+            row(
+                f"ledger time per run vs one UPDATE ({name})",
+                f"{pct(times, q) * 1e3:.2f} ms = {ratio:.2f}x",
+                f"UPDATE {pct(update, q) * 1e3:.2f} ms; {target}",
+                verdict,
+            )
+
+
+# -- 3: claims/s under 16 racing processes vs plain UPDATEs/s ---------------------------------
+
+
+def _claim_worker(url: str, offset: int, hot: bool, seconds: float, out: Any) -> None:
+    ledger = RunLedger(database_url=url, pool_min_size=1, pool_max_size=1)
+    done = 0
+    with ledger:
+        deadline = time.monotonic() + seconds
+        n = 0
+        while time.monotonic() < deadline:
+            run_id = ident("hot", offset % 16).run_id if hot else ident(f"d{offset}", n).run_id
+            ledger.claim(run_id, f"w{offset}", 0.001)
+            done += 1
+            n += 1
+    out.put(done)
+
+
+def _update_worker(url: str, offset: int, hot: bool, seconds: float, out: Any) -> None:
+    done = 0
+    with psycopg.connect(url, autocommit=True) as conn:
+        deadline = time.monotonic() + seconds
+        n = 0
+        while time.monotonic() < deadline:
+            key = offset % 16 if hot else offset * 5000 + n
+            conn.execute("UPDATE bench_rows SET n = n + 1 WHERE id = %s", (key,))
+            done += 1
+            n += 1
+    out.put(done)
+
+
+def _rate(target: Callable[..., None], url: str, hot: bool, seconds: float) -> float:
+    ctx = multiprocessing.get_context("forkserver")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(url, i, hot, seconds, out)) for i in range(16)]
+    for p in procs:
+        p.start()
+    total = sum(out.get(timeout=seconds + 120) for _ in procs)
+    for p in procs:
+        p.join()
+    return total / seconds
+
+
+def contention(url: str, seconds: float) -> None:
+    ledger = RunLedger(database_url=url)
+    with ledger:
+        for i in range(16):
+            ledger.register(ident("hot", i))
+            for n in range(int(seconds * 2000)):
+                ledger.register(ident(f"d{i}", n))
+    for hot, label, target in ((False, "distinct rows", 0.6), (True, "16 hot rows", 0.4)):
+        claims = _rate(_claim_worker, url, hot, seconds)
+        updates = _rate(_update_worker, url, hot, seconds)
+        ratio = claims / updates
+        row(
+            f"claims/s, 16 processes, {label}",
+            f"{claims:,.0f}/s = {ratio:.0%}",
+            f"UPDATE {updates:,.0f}/s; target >= {target:.0%}",
+            "ok" if ratio >= target else "MISSED",
+        )
+
+
+# -- 4: merged/pipelined vs sequential ---------------------------------------------------------
+
+
+def merged_vs_sequential(url: str, runs: int) -> None:
+    ledger = RunLedger(database_url=url)
+    with ledger:
+        started = time.perf_counter()
+        for n in range(runs):  # the four separate statements, one autocommit each
+            i = ident("sequential", n)
+            ledger.register(i)
+            lease = ledger.claim(i.run_id, "w", 60)
+            assert lease is not None
+            ledger.save_raw_input(lease, {"documents": ["d"]})
+            ledger.complete(lease, {"summary": "s"}, notify({"summary": "s"}))
+        sequential = runs / (time.perf_counter() - started)
+        started = time.perf_counter()
+        for n in range(runs):
+            run_idempotent(
+                ledger,
+                ident("merged", n),
+                collect=noop_collect,
+                transform=noop_model,
+                notifications=notify,
+            )
+        merged = runs / (time.perf_counter() - started)
+    ratio = merged / sequential
+    row(
+        "runs/s, merged statements (begin) vs sequential",
+        f"{merged:,.0f}/s = {ratio:.2f}x",
+        f"sequential {sequential:,.0f}/s; target >= 2x",
+        "ok" if ratio >= 2 else "MISSED",
+    )
+
+
+# -- 5: the ledger inside a Dagster run --------------------------------------------------------
+
+
+def dagster_fraction(url: str, runs: int) -> None:
+    os.environ["IDEMPOTENT_JOBS_DATABASE_URL"] = url
+    from idempotent_jobs.definitions import defs
+
+    job = defs.resolve_job_def("competitor_summary")
+    quiet = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
+    fractions = []
+    for n in range(runs):
+        ledger = CountingLedger(database_url=url)
+        COUNTS.update(statements=0, seconds=0.0)
+        key = f"workspace-acme|{(datetime(2026, 8, 1) + timedelta(days=n)):%Y-%m-%d}"
+        started = time.perf_counter()
+        job.execute_in_process(partition_key=key, resources={"ledger": ledger}, run_config=quiet)
+        total = time.perf_counter() - started
+        fractions.append(ledger.stats["seconds"] / total)
+    median = statistics.median(fractions)
+    row(
+        "ledger time / execute_in_process (one partition)",
+        f"{median:.1%}",
+        "target <= 2%",
+        "ok" if median <= 0.02 else "MISSED",
+    )
+
+
+# -- 6: reclaim after kill -9 ------------------------------------------------------------------
+
+
+def _hold(url: str, run_id: str, lease: float, ready: Any) -> None:
+    ledger = RunLedger(database_url=url)
+    with ledger:
+        assert ledger.claim(run_id, "doomed", lease) is not None
+        ready.set()
+        time.sleep(3600)
+
+
+def reclaim_after_kill(url: str, lease: float) -> None:
+    ctx = multiprocessing.get_context("forkserver")
+    ledger = RunLedger(database_url=url)
+    with ledger:
+        run_id = ledger.register(ident("reclaim", 0)).run_id
+        ready = ctx.Event()
+        holder = ctx.Process(target=_hold, args=(url, run_id, lease, ready))
+        holder.start()
+        ready.wait(60)
+        os.kill(holder.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        killed = time.perf_counter()
+        holder.join()
+        while ledger.claim(run_id, "survivor", 60) is None:
+            time.sleep(0.01)
+        waited = time.perf_counter() - killed
+    row(
+        "kill -9 of the holder -> reclaimed",
+        f"{waited:.2f} s = {waited / lease:.2f}x lease",
+        f"lease {lease:.1f} s; target <= lease + 1 s",
+        "ok" if waited <= lease + 1 else "MISSED",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
+    args = parser.parse_args(argv)
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["idempotent_jobs"])
+    runs = 50 if args.quick else 400
+    print(f"{'measure':<52} {'value':>22}   {'baseline / target':<34} verdict")
+    with bench_database() as url:
+        per_run(url, runs)
+        contention(url, 1.0 if args.quick else 3.0)
+        merged_vs_sequential(url, runs)
+        dagster_fraction(url, 3 if args.quick else 10)
+        reclaim_after_kill(url, 2.0)
+    missed = [r for r in ROWS if r[3].startswith("MISSED")]
+    met = [r for r in ROWS if r[3] == "ok"]
+    print(f"{len(met)} targets met, {len(missed)} missed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
