@@ -53,17 +53,11 @@ def run_worker(spec: dict[str, Any]) -> None:
     logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
 
     class ChaosLedger(RunLedger):
-        def register(self, identity: Any) -> Any:
-            record = super().register(identity)
-            if crash == "after_register":
-                die()
-            return record
-
-        def claim(self, *args: Any, **kwargs: Any) -> Any:
-            lease = super().claim(*args, **kwargs)
+        def begin(self, *args: Any, **kwargs: Any) -> Any:
+            record, lease = super().begin(*args, **kwargs)  # register + claim, one statement
             if crash == "after_claim" and lease is not None:
                 die()
-            return lease
+            return record, lease
 
         def complete(self, *args: Any, **kwargs: Any) -> Any:
             done = super().complete(*args, **kwargs)
@@ -99,6 +93,9 @@ def run_worker(spec: dict[str, Any]) -> None:
         connect_timeout_seconds=10,
     )
     identity = trial_identity(spec["trial"])
+    if crash == "after_register":  # registered, never claimed (a scheduler that died there)
+        ledger.register(identity)
+        die()
     try:
         outcome = run_idempotent(
             ledger,
