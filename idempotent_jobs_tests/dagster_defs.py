@@ -3,7 +3,7 @@
 The model and collector write one line per call under ``$IJ_TEST_DIR``, so calls are counted
 across processes and Dagster runs; files there script failures and slowness:
 ``fail_next`` (the next model call raises TimeoutError, once), ``slow`` (the model writes
-``started`` and waits for ``go``).
+``started`` and waits for ``go``), ``delay`` (every call takes that many seconds).
 """
 
 import os
@@ -56,6 +56,9 @@ class RecordingModel(SummaryModel):
         if fail.exists():
             fail.unlink()
             raise TimeoutError(f"scripted model timeout on call {number}")
+        delay = folder / "delay"
+        if delay.exists():  # a slow model: concurrent deployments overlap on every partition
+            time.sleep(float(delay.read_text()))
         if (folder / "slow").exists():
             (folder / "started").touch()
             deadline = time.monotonic() + 60

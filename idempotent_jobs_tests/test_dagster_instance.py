@@ -102,3 +102,27 @@ def test_a_run_retry_after_transform_crashes_completes_once(
     assert record is not None and record.status == "completed"
     assert (dagster_env.collect_calls(), dagster_env.model_calls()) == (1, 2)
     assert len(ledger.outbox(ident.run_id)) == 1 and len(dagster_env.delivered()) == 1
+
+
+def test_the_multiprocess_executor_hands_the_lease_over_between_processes(
+    dagster_env: DagsterTestEnv, ledger: RunLedger
+) -> None:
+    """Dagster's default executor runs each op in its own process: one claim, one epoch."""
+    with dagster_instance(dagster_env) as instance, workspace(instance) as context:
+        run_id = launch_partition(context, "summary_without_op_retries", PARTITION)
+        assert status(instance, run_id) == dg.DagsterRunStatus.SUCCESS
+        starts = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.STEP_START)
+        pids = {
+            r.event_log_entry.step_key: r.event_log_entry.dagster_event.pid  # type: ignore[union-attr]
+            for r in starts.records
+        }
+        epochs = {
+            step: step_metadata(instance, run_id, step).get("lease_epoch")
+            for step in ("collect", "transform", "persist")
+        }
+    assert len({pids[s] for s in ("collect", "transform", "persist")}) == 3, pids
+    assert epochs == {"collect": 1, "transform": 1, "persist": 1}
+    ident = NO_RETRY_SPEC.identity_for(PARTITION)
+    [attempt] = ledger.attempts(ident.run_id)
+    assert (attempt.lease_epoch, attempt.outcome, attempt.step_key) == (1, "completed", "collect")
+    assert dagster_env.model_calls() == 1 and len(dagster_env.delivered()) == 1

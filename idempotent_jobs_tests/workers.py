@@ -99,3 +99,51 @@ def execute_partition(
             metadata = event.event_specific_data.metadata  # type: ignore[union-attr]
             persisted = {k: v.value for k, v in metadata.items()}
     out.put({"pid": os.getpid(), "success": result.success, "persist": persisted})
+
+
+def run_deployment(
+    name: str,
+    tmp: str,
+    env: dict[str, str],
+    tick_iso: str,
+    barrier: multiprocessing.synchronize.Barrier,
+    out: "multiprocessing.Queue[dict[str, Any]]",
+) -> None:
+    """One Dagster deployment: its own DAGSTER_HOME and storage, the shared ledger. Evaluate the
+    schedule's tick and launch what it requests (through the UI's mutation)."""
+    os.environ.update(env)
+    from datetime import datetime
+    from pathlib import Path
+
+    import dagster as dg
+
+    from idempotent_jobs_tests.dagster_defs import defs
+    from idempotent_jobs_tests.dagster_harness import (
+        DagsterTestEnv,
+        dagster_instance,
+        launch_partition,
+        step_metadata,
+        workspace,
+    )
+
+    deployment = DagsterTestEnv(env["IDEMPOTENT_JOBS_DATABASE_URL"], Path(tmp) / name)
+    deployment.tmp_path.mkdir(parents=True, exist_ok=True)
+    schedule = defs.resolve_schedule_def("competitor_summary_schedule")
+    with dagster_instance(deployment) as instance, workspace(instance) as context:
+        tick = schedule.evaluate_tick(
+            dg.build_schedule_context(
+                instance=instance, scheduled_execution_time=datetime.fromisoformat(tick_iso)
+            )
+        )
+        requests = list(tick.run_requests or [])
+        barrier.wait()  # both deployments launch the same tick at once
+        runs = {}
+        for request in requests:
+            run_id = launch_partition(context, "competitor_summary", str(request.partition_key))
+            run = instance.get_run_by_id(run_id)
+            runs[str(request.partition_key)] = {
+                "status": run.status.value if run else "missing",
+                "result": step_metadata(instance, run_id, "persist").get("result"),
+                "run_key": request.run_key,
+            }
+        out.put({"deployment": name, "runs": runs, "dagster_runs": len(instance.get_runs())})
