@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+from dagster_celery import celery_executor
 
 from idempotent_jobs.database import DATABASE_URL_ENV
 from idempotent_jobs.identity import RunIdentity
@@ -94,11 +95,22 @@ def _spec(name: str, identity_job_name: str, retries: int) -> IdempotentJobSpec:
 
 SUMMARY_SPEC = _spec("competitor_summary", "competitor-summary", retries=2)
 NO_RETRY_SPEC = _spec("summary_without_op_retries", "summary-without-op-retries", retries=0)
+CELERY_SPEC = _spec("celery_summary", "celery-summary", retries=0)
+
+# Steps as Celery tasks on real workers; the broker comes from the environment of the test.
+CELERY_EXECUTOR = celery_executor.configured(
+    {
+        "broker": {"env": "IJ_TEST_CELERY_BROKER"},
+        "backend": {"env": "IJ_TEST_CELERY_BACKEND"},
+        "include": ["idempotent_jobs_tests.dagster_defs"],
+    }
+)
 # competitor_summary runs its ops in one process (fast); the other uses Dagster's default
 # multiprocess executor, so its ops hand the lease over between processes.
 built = [
     build_idempotent_job(SUMMARY_SPEC, executor_def=dg.in_process_executor),
     build_idempotent_job(NO_RETRY_SPEC),
+    build_idempotent_job(CELERY_SPEC, executor_def=CELERY_EXECUTOR),
 ]
 
 defs = dg.Definitions(
