@@ -323,6 +323,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
             record.lock_expires_at,
             lease_seconds,
             record.raw_input,
+            record.attempts,
         )
         return record, lease
 
@@ -349,8 +350,8 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         )
         if not rows:
             return None
-        epoch, expires_at, raw_input = rows[0]
-        return Lease(run_id, worker_id, epoch, expires_at, lease_seconds, raw_input)
+        epoch, expires_at, raw_input, attempts = rows[0]
+        return Lease(run_id, worker_id, epoch, expires_at, lease_seconds, raw_input, attempts)
 
     def renew(self, lease: Lease) -> Lease:
         """Extend the lease by its duration from now (database clock); raise if it was lost.
@@ -361,8 +362,8 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         rows = self._rows(queries.RENEW, {**_fence(lease), "lease_seconds": lease.lease_seconds})
         if not rows:
             raise LeaseLostError()
-        expires_at, raw_input = rows[0]
-        return replace(lease, expires_at=expires_at, stored_raw_input=raw_input)
+        expires_at, raw_input, attempts = rows[0]
+        return replace(lease, expires_at=expires_at, stored_raw_input=raw_input, attempts=attempts)
 
     def save_raw_input(self, lease: Lease, raw_input: dict[str, Any]) -> dict[str, Any]:
         """Checkpoint the collected input; the first stored value wins and is returned."""

@@ -32,8 +32,18 @@ def _worker_id(context: dg.OpExecutionContext) -> str:
     )
 
 
-def _completed_ticket(run_id: str) -> Ticket:
-    return {"run_id": run_id, "completed": True, "lease": None, "dagster_run_id": None}
+def _completed_ticket(record: RunRecord | Ticket) -> Ticket:
+    """The ticket of a run already completed: later ops only report it."""
+    if isinstance(record, RunRecord):
+        record = {"run_id": record.run_id, "epoch": record.lease_epoch, "attempts": record.attempts}
+    return {
+        "run_id": record["run_id"],
+        "completed": True,
+        "lease": None,
+        "dagster_run_id": None,
+        "epoch": record["epoch"],
+        "attempts": record["attempts"],
+    }
 
 
 def _lease_ticket(context: dg.OpExecutionContext, lease: Lease, **extra: Any) -> Ticket:
@@ -42,6 +52,8 @@ def _lease_ticket(context: dg.OpExecutionContext, lease: Lease, **extra: Any) ->
         "completed": False,
         "lease": lease.ticket(),
         "dagster_run_id": context.run_id,
+        "epoch": lease.epoch,
+        "attempts": lease.attempts,
         **extra,
     }
 
@@ -55,27 +67,25 @@ def _handed_lease(context: dg.OpExecutionContext, ticket: Ticket) -> Lease | Non
 
 def _report(
     context: dg.OpExecutionContext,
-    ledger: RunLedger,
-    run_id: str,
+    ticket: Ticket,
     result: str,
-    epoch: int | None = None,
     usage: ModelUsage | None = None,
-) -> None:
-    """Output metadata: answers "did this Dagster run do the work?" on the run page."""
-    record = ledger.get(run_id)
+) -> Ticket:
+    """Output metadata (from what the step already knows: no extra query), so the run page
+    answers "did this Dagster run do the work?". Returns ``ticket`` for chaining."""
     metadata: dict[str, Any] = {
-        "ledger_run_id": run_id,
+        "ledger_run_id": ticket["run_id"],
         "result": result,
-        "status": record.status if record else "missing",
-        "attempts": record.attempts if record else 0,
-        "lease_epoch": epoch if epoch is not None else (record.lease_epoch if record else 0),
+        "lease_epoch": ticket["epoch"],
+        "attempts": ticket["attempts"],
     }
     if usage is not None:
         metadata["model"] = usage.model_name or ""
         metadata["input_tokens"] = usage.input_tokens or 0
         metadata["output_tokens"] = usage.output_tokens or 0
     context.add_output_metadata(metadata)
-    context.log.info(f"ledger run {run_id}: {result}")
+    context.log.info(f"ledger run {ticket['run_id']}: {result}")
+    return ticket
 
 
 def _busy(record: RunRecord) -> LeaseBusyError:
@@ -124,15 +134,13 @@ def build_ops(
             step_key=context.op.name,
         )
         if record.status == "completed":
-            _report(context, ledger, record.run_id, "reused")
-            return _completed_ticket(record.run_id)
+            return _report(context, _completed_ticket(record), "reused")
         if lease is None:  # another worker holds it: wait for it to finish or expire
             got = claim(context, ledger, record.run_id, None)
             if isinstance(got, RunRecord):
                 if got.status != "completed":
                     raise _busy(got)
-                _report(context, ledger, record.run_id, "reused")
-                return _completed_ticket(record.run_id)
+                return _report(context, _completed_ticket(got), "reused")
             lease = got
         reused_input = lease.stored_raw_input is not None
         if not reused_input:
@@ -143,8 +151,7 @@ def build_ops(
                 raise
             ledger.save_raw_input(lease, raw_input)
         result = "reused input" if reused_input else "collected"
-        _report(context, ledger, lease.run_id, result, lease.epoch)
-        return _lease_ticket(context, lease)
+        return _report(context, _lease_ticket(context, lease), result)
 
     @dg.op(
         name=f"{spec.name}_transform",
@@ -158,14 +165,12 @@ def build_ops(
         """Call the model on the checkpointed input (read from the ledger) under a live lease."""
         run_id = collected["run_id"]
         if collected["completed"]:
-            _report(context, ledger, run_id, "reused")
-            return _completed_ticket(run_id)
+            return _report(context, _completed_ticket(collected), "reused")
         lease = claim(context, ledger, run_id, _handed_lease(context, collected))
         if isinstance(lease, RunRecord):
             if lease.status != "completed":
                 raise _busy(lease)
-            _report(context, ledger, run_id, "reused")
-            return _completed_ticket(run_id)
+            return _report(context, _completed_ticket(lease), "reused")
         raw_input = lease.stored_raw_input
         if raw_input is None:
             raise LedgerError(f"run {run_id} has no raw-input checkpoint; re-run collect")
@@ -178,30 +183,27 @@ def build_ops(
                 record_failure(ledger, lease, exc, None)
                 raise
         heartbeat.raise_if_lost()
-        _report(context, ledger, run_id, "model called", lease.epoch, answer.usage)
-        return _lease_ticket(
+        ticket = _lease_ticket(
             context, heartbeat.lease, output=answer.output, usage=asdict(answer.usage)
         )
+        return _report(context, ticket, "model called", answer.usage)
 
     @dg.op(name=f"{spec.name}_persist", out=dg.Out(Ticket), tags={"kind": "ledger"})
     def persist(context: dg.OpExecutionContext, transformed: Ticket, ledger: RunLedger) -> Ticket:
         """Commit the answer, its usage and the outbox rows in one transaction."""
         run_id = transformed["run_id"]
         if transformed["completed"]:
-            _report(context, ledger, run_id, "reused")
-            return _completed_ticket(run_id)
+            return _report(context, _completed_ticket(transformed), "reused")
         identity = identity_of(context)
         output = transformed["output"]
         usage = ModelUsage(**transformed["usage"])
         notifications = spec.notifications(identity, output)
         completion: Completion | None = None
         handed = _handed_lease(context, transformed)
+        ticket = transformed
         if handed is not None:
             try:
-                completion, epoch = (
-                    ledger.complete(handed, output, notifications, usage),
-                    handed.epoch,
-                )
+                completion = ledger.complete(handed, output, notifications, usage)
             except LeaseLostError:
                 completion = None
         if completion is None:
@@ -211,13 +213,12 @@ def build_ops(
             if isinstance(lease, RunRecord):
                 if lease.status != "completed":
                     raise _busy(lease)
-                _report(context, ledger, run_id, "reused")
-                return _completed_ticket(run_id)
+                return _report(context, _completed_ticket(lease), "reused")
             completion = ledger.complete(lease, output, notifications, usage)
-            epoch = lease.epoch
+            ticket = _lease_ticket(context, lease)
         result = "new" if completion.accepted else "reused"
-        _report(context, ledger, run_id, result, epoch, usage if completion.accepted else None)
-        return {**_completed_ticket(run_id), "result": result}
+        done = {**_completed_ticket(ticket), "result": result}
+        return _report(context, done, result, usage if completion.accepted else None)
 
     @dg.op(
         name=f"{spec.name}_deliver",

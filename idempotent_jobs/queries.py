@@ -48,7 +48,7 @@ WITH claimed AS (
     WHERE run_id = %(run_id)s
       AND status <> 'completed'
       AND (lock_owner IS NULL OR lock_expires_at < now() OR lock_owner = %(worker_id)s)
-    RETURNING run_id, lease_epoch, lock_expires_at, raw_input
+    RETURNING run_id, lease_epoch, lock_expires_at, raw_input, attempts
 ), closed AS (
     UPDATE {schema}.run_attempts AS a
     SET outcome = CASE WHEN a.worker_id = %(worker_id)s THEN 'superseded' ELSE 'lease_lost' END,
@@ -59,7 +59,7 @@ WITH claimed AS (
     INSERT INTO {schema}.run_attempts (run_id, lease_epoch, worker_id, dagster_run_id, step_key)
     SELECT run_id, lease_epoch, %(worker_id)s, %(dagster_run_id)s, %(step_key)s FROM claimed
 )
-SELECT lease_epoch, lock_expires_at, raw_input FROM claimed
+SELECT lease_epoch, lock_expires_at, raw_input, attempts FROM claimed
 """
 
 # Register and claim in one statement, one round trip in every case: a new run is inserted already
@@ -131,7 +131,7 @@ SET lock_expires_at = now() + make_interval(secs => %(lease_seconds)s)
 WHERE """
     + _FENCE
     + """
-RETURNING lock_expires_at, raw_input"""
+RETURNING lock_expires_at, raw_input, attempts"""
 )
 
 # Checkpoint of the collected input: the first stored value wins and is returned.

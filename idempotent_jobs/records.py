@@ -16,6 +16,7 @@ class Lease:
     lease was taken over can never write again, even if it still believes it holds the lease.
     ``stored_raw_input`` is the checkpoint found at claim time (``None`` if not collected yet).
     ``expires_at`` is ``None`` for a lease rebuilt from a hand-over ticket until it is renewed.
+    ``attempts`` is the run's claim count as of this claim or renewal (for reporting).
     """
 
     run_id: str
@@ -24,6 +25,7 @@ class Lease:
     expires_at: datetime | None
     lease_seconds: float
     stored_raw_input: dict[str, Any] | None = None
+    attempts: int = 0
 
     def ticket(self) -> dict[str, Any]:
         """The JSON-able part another step (or process) needs to take the lease over."""
