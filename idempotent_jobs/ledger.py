@@ -80,6 +80,16 @@ def _notifications_json(notifications: Mapping[str, Any] | None) -> str:
     return dump_json_object(notifications, "notifications")
 
 
+def _identity_params(identity: RunIdentity) -> dict[str, Any]:
+    return {
+        "run_id": identity.run_id,
+        "job_name": identity.job_name,
+        "subject_id": identity.subject_id,
+        "scheduled_at": identity.scheduled_at,
+        "version": identity.version,
+    }
+
+
 def _check_identity(record: RunRecord, identity: RunIdentity) -> None:
     stored = (record.job_name, record.subject_id, record.scheduled_at, record.version)
     wanted = (identity.job_name, identity.subject_id, identity.scheduled_at, identity.version)
@@ -262,13 +272,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
 
     def register(self, identity: RunIdentity) -> RunRecord:
         """Create the run's row if it is new; return the stored record either way."""
-        params = {
-            "run_id": identity.run_id,
-            "job_name": identity.job_name,
-            "subject_id": identity.subject_id,
-            "scheduled_at": identity.scheduled_at,
-            "version": identity.version,
-        }
+        params = _identity_params(identity)
         try:
             rows = self._fetch(queries.REGISTER, params, class_row(RunRecord))
         except IdentityConflictError:
@@ -297,11 +301,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         """
         lease_seconds = _check_lease_seconds(lease_seconds)
         params = {
-            "run_id": identity.run_id,
-            "job_name": identity.job_name,
-            "subject_id": identity.subject_id,
-            "scheduled_at": identity.scheduled_at,
-            "version": identity.version,
+            **_identity_params(identity),
             "worker_id": _check_worker_id(worker_id),
             "lease_seconds": lease_seconds,
             "dagster_run_id": dagster_run_id,
