@@ -102,18 +102,9 @@ def _runs_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resolve_run_id(ledger: RunLedger, prefix: str) -> str:
-    if len(prefix) == 64:
-        return prefix
-    matches = [r.run_id for r in ledger.list_runs(limit=100_000) if r.run_id.startswith(prefix)]
-    if len(matches) != 1:
-        raise LedgerError(f"run id prefix {prefix!r} matches {len(matches)} runs")
-    return matches[0]
-
-
 def _runs_show(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
-        run_id = _resolve_run_id(ledger, args.run_id)
+        run_id = ledger.resolve_run_id(args.run_id)
         record = ledger.get(run_id)
         if record is None:
             print(f"idempotent-jobs: no run {run_id}", file=sys.stderr)
@@ -197,7 +188,7 @@ def _runs_show(args: argparse.Namespace) -> int:
 
 def _outbox_list(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
-        run_id = _resolve_run_id(ledger, args.run) if args.run else None
+        run_id = ledger.resolve_run_id(args.run) if args.run else None
         rows = ledger.outbox(run_id, pending_only=args.pending, limit=args.limit)
     human = table(
         ["key", "queued", "delivered", "tries", "last error", "payload"],
@@ -221,7 +212,7 @@ def _outbox_deliver(args: argparse.Namespace) -> int:
     from idempotent_jobs.channels_config import configured_channels
 
     with _ledger(args) as ledger, configured_channels() as channels:
-        run_id = _resolve_run_id(ledger, args.run) if args.run else None
+        run_id = ledger.resolve_run_id(args.run) if args.run else None
 
         def send(row: Any) -> None:
             channel = channels.get(row.channel)
@@ -294,7 +285,7 @@ def _reconcile(args: argparse.Namespace) -> int:
 
 def _revise(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
-        run_id = _resolve_run_id(ledger, args.run_id)
+        run_id = ledger.resolve_run_id(args.run_id)
         record = ledger.revise(
             run_id,
             args.reason,

@@ -473,6 +473,17 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         }
         return self._fetch(queries.LIST_RUNS, params, class_row(RunRecord))
 
+    def resolve_run_id(self, prefix: str) -> str:
+        """The one run id starting with ``prefix`` (hex); raise if none or several match."""
+        prefix = prefix.strip().lower()
+        if not prefix or any(c not in "0123456789abcdef" for c in prefix) or len(prefix) > 64:
+            raise InvalidInputError("run_id", f"{prefix!r} is not a run id or a hex prefix of one")
+        matches = [r[0] for r in self._rows(queries.RUN_IDS_BY_PREFIX, {"prefix": prefix})]
+        if len(matches) != 1:
+            many = "several runs" if matches else "no run"
+            raise RunNotFoundError(f"run id prefix {prefix!r} matches {many}")
+        return str(matches[0])
+
     def revisions(self, run_id: str) -> list[RevisionRecord]:
         """The accepted results a run had before each explicit revision, oldest first."""
         return self._fetch(queries.LIST_REVISIONS, {"run_id": run_id}, class_row(RevisionRecord))

@@ -336,3 +336,7 @@ WHERE a.dagster_run_id IS NOT NULL
 GROUP BY a.run_id
 HAVING count(DISTINCT a.dagster_run_id) > 1
 ORDER BY a.run_id"""
+
+# Operators may name a run by a prefix of its id; two rows back mean "ambiguous".
+RUN_IDS_BY_PREFIX: LiteralString = """
+SELECT run_id FROM {schema}.runs WHERE run_id LIKE %(prefix)s || '%%' ORDER BY run_id LIMIT 2"""

@@ -112,7 +112,9 @@ def test_runs_show_tells_the_whole_story(
     assert completed["attempts"][0]["dagster_run_id"] == "dagster-1"
     assert sorted(o["channel"] for o in completed["outbox"]) == ["fax", "report_file"]
     code, out = run(capsys, "runs", "show", "ffff")
-    assert code == 2 and "matches 0 runs" in out
+    assert code == 2 and "matches no run" in out
+    code, out = run(capsys, "runs", "show", "not-hex")
+    assert code == 2 and "run_id: 'not-hex' is not a run id" in out
 
 
 def test_outbox_list_and_deliver(
