@@ -3,8 +3,7 @@
 from collections.abc import Callable
 from typing import Any
 
-import dagster as dg
-
+from idempotent_jobs.dagster_results import output_metadata
 from idempotent_jobs.definitions import defs
 from idempotent_jobs.jobs import COMPETITOR_SUMMARY
 from idempotent_jobs.ledger import RunLedger
@@ -20,14 +19,6 @@ DEMO_PARTITIONS = [
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
-def _persist_result(result: dg.ExecuteInProcessResult) -> str:
-    for event in result.all_node_events:
-        if event.event_type == dg.DagsterEventType.STEP_OUTPUT and event.node_name == "persist":
-            metadata = event.event_specific_data.metadata  # type: ignore[union-attr]
-            return str(metadata["result"].value)
-    return "no result"
-
-
 def run_dagster_demo(ledger: RunLedger, print_line: Callable[[str], Any] = print) -> None:
     """Execute each demo partition twice in process; print what the ledger holds for each."""
     job = defs.resolve_job_def(COMPETITOR_SUMMARY.name)
@@ -37,11 +28,11 @@ def run_dagster_demo(ledger: RunLedger, print_line: Callable[[str], Any] = print
     print_line(f"Dagster job {job.name}: each partition executed twice (in process)")
     for key in DEMO_PARTITIONS:
         results = [
-            _persist_result(
+            output_metadata(
                 job.execute_in_process(
                     partition_key=key, resources=resources, run_config=QUIET, raise_on_error=True
                 )
-            )
+            )["persist"]["result"]
             for _ in range(2)
         ]
         run_id = COMPETITOR_SUMMARY.identity_for(key).run_id

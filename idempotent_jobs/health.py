@@ -80,6 +80,10 @@ def dagster_findings(
     ledger holds no accepted result for their partition (problem)."""
     findings: list[Finding] = []
     for spec in specs:
+        # One read of the job's ledger runs, not one per partition.
+        records = {
+            r.run_id: r for r in ledger.list_runs(job_name=spec.identity_job_name, limit=None)
+        }
         for partition, runs in sorted(_partition_runs(instance, spec.name).items()):
             try:
                 run_id = spec.identity_for(partition).run_id
@@ -99,7 +103,7 @@ def dagster_findings(
                     )
                 )
             succeeded = sorted(r.run_id for r in runs if r.status == dg.DagsterRunStatus.SUCCESS)
-            record = ledger.get(run_id) if succeeded else None
+            record = records.get(run_id)
             if succeeded and (record is None or record.status != "completed"):
                 state = record.status if record else "missing"
                 findings.append(

@@ -71,11 +71,15 @@ def _check_lease_seconds(lease_seconds: float) -> float:
     return float(lease_seconds)
 
 
+def _check_channel(field: str, channel: object) -> None:
+    if not isinstance(channel, str) or not channel.strip() or not channel.isprintable():
+        raise InvalidInputError(field, f"channel name {channel!r} is not valid")
+
+
 def _notifications_json(notifications: Mapping[str, Any] | None) -> str:
     notifications = dict(notifications or {})
     for channel, payload in notifications.items():
-        if not isinstance(channel, str) or not channel.strip() or not channel.isprintable():
-            raise InvalidInputError("notifications", f"channel name {channel!r} is not valid")
+        _check_channel("notifications", channel)
         dump_json_object(payload, f"notifications[{channel!r}]")
     return dump_json_object(notifications, "notifications")
 
@@ -460,9 +464,10 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         status: RunStatus | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
-        limit: int = 100,
+        limit: int | None = 100,
     ) -> list[RunRecord]:
-        """Runs, newest window first; ``since``/``until`` bound the window start (until excl.)."""
+        """Runs, newest window first (``limit=None``: all); ``since``/``until`` bound the
+        window start, ``until`` exclusive."""
         params = {
             "job_name": job_name,
             "subject_id": subject_id,
@@ -506,8 +511,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         if not isinstance(reason, str) or not reason.strip():
             raise InvalidInputError("reason", "must say why the result is recomputed")
         for channel in channels:
-            if not isinstance(channel, str) or not channel.strip() or not channel.isprintable():
-                raise InvalidInputError("channels", f"channel name {channel!r} is not valid")
+            _check_channel("channels", channel)
         params = {
             "run_id": run_id,
             "reason": reason.strip()[:MAX_ERROR_CHARS],
@@ -538,10 +542,6 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         """Failed runs that have used ``max_attempts`` claims or more."""
         params = {"max_attempts": max_attempts}
         return self._fetch(queries.FAILED_PAST_RETRIES, params, class_row(RunRecord))
-
-    def runs_claimed_by_several_dagster_runs(self) -> list[tuple[str, int, int]]:
-        """(run id, distinct Dagster runs, claims) for logical runs claimed from several runs."""
-        return [(r[0], int(r[1]), int(r[2])) for r in self._rows(queries.MULTI_RUN_ATTEMPTS, {})]
 
     # -- delivery ----------------------------------------------------------------------------
 

@@ -12,13 +12,13 @@ from typing import Any
 
 import dagster as dg
 
-from idempotent_jobs.errors import LeaseBusyError, LeaseLostError, LedgerError, OutputRejectedError
+from idempotent_jobs.errors import LeaseBusyError, LeaseLostError, LedgerError
 from idempotent_jobs.heartbeat import LeaseHeartbeat
 from idempotent_jobs.identity import RunIdentity
 from idempotent_jobs.job_spec import IdempotentJobSpec
 from idempotent_jobs.leases import take_over
 from idempotent_jobs.ledger import RunLedger
-from idempotent_jobs.protocol import record_failure
+from idempotent_jobs.protocol import check_output, record_failure
 from idempotent_jobs.records import Completion, Lease, ModelUsage, RunRecord
 from idempotent_jobs.resources import DocumentCollector, NotificationChannel, SummaryModel
 
@@ -177,8 +177,7 @@ def build_ops(
         with LeaseHeartbeat(ledger, lease, spec.lease_seconds / 3) as heartbeat:
             try:
                 answer = model.summarize(spec.prompt, raw_input)
-                if spec.validate(answer.output) is False:
-                    raise OutputRejectedError()
+                check_output(answer.output, spec.validate)
             except Exception as exc:
                 record_failure(ledger, lease, exc, None)
                 raise

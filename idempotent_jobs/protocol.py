@@ -62,7 +62,8 @@ def _unpack(answer: JSONDict | ModelAnswer) -> tuple[JSONDict, ModelUsage | None
     return answer, None
 
 
-def _check_output(output: JSONDict, validate: Callable[[JSONDict], object] | None) -> None:
+def check_output(output: JSONDict, validate: Callable[[JSONDict], object] | None) -> None:
+    """Raise if ``validate`` raises or returns ``False`` (:class:`OutputRejectedError`)."""
     if validate is not None and validate(output) is False:
         raise OutputRejectedError()
 
@@ -125,7 +126,7 @@ def run_idempotent(
         with LeaseHeartbeat(ledger, lease, heartbeat_seconds or lease_seconds / 3) as heartbeat:
             output, usage = _unpack(transform(raw_input))
         heartbeat.raise_if_lost()
-        _check_output(output, validate)
+        check_output(output, validate)
         messages = notifications(output) if notifications is not None else None
         completion = ledger.complete(lease, output, messages, usage)
     except LeaseLostError:

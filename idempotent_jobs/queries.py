@@ -328,15 +328,6 @@ WHERE status = 'failed' AND attempts >= %(max_attempts)s
 ORDER BY updated_at"""
 )
 
-# Logical runs claimed by more than one Dagster run (informational: retries, re-executions).
-MULTI_RUN_ATTEMPTS: LiteralString = """
-SELECT a.run_id, count(DISTINCT a.dagster_run_id) AS dagster_runs, count(*) AS claims
-FROM {schema}.run_attempts AS a
-WHERE a.dagster_run_id IS NOT NULL
-GROUP BY a.run_id
-HAVING count(DISTINCT a.dagster_run_id) > 1
-ORDER BY a.run_id"""
-
 # Operators may name a run by a prefix of its id; two rows back mean "ambiguous".
 RUN_IDS_BY_PREFIX: LiteralString = """
 SELECT run_id FROM {schema}.runs WHERE run_id LIKE %(prefix)s || '%%' ORDER BY run_id LIMIT 2"""

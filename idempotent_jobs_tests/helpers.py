@@ -5,7 +5,7 @@ from typing import Any
 
 import psycopg
 
-from idempotent_jobs import RunIdentity
+from idempotent_jobs import Lease, RunIdentity, RunLedger
 
 
 def identity(subject: str = "workspace-acme", hour: int = 9) -> RunIdentity:
@@ -43,3 +43,11 @@ class Collector:
 
 def email(output: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {"email": {"body": output["summary"]}}
+
+
+def claimed(ledger: RunLedger, ident: RunIdentity, worker: str = "w", lease: float = 30) -> Lease:
+    """Register the run and take its lease (which must succeed)."""
+    ledger.register(ident)
+    taken = ledger.claim(ident.run_id, worker, lease)
+    assert taken is not None, f"{worker} could not claim {ident.run_id}"
+    return taken

@@ -8,6 +8,7 @@ import psycopg
 from idempotent_jobs import RunLedger
 from idempotent_jobs_tests import chaos
 from idempotent_jobs_tests.chaos_parts import Receiver, check_invariants, trial_identity
+from idempotent_jobs_tests.helpers import claimed
 
 
 def test_chaos_trials_of_every_kind_keep_the_promise() -> None:
@@ -30,9 +31,7 @@ def test_the_invariant_checker_catches_violations(
         assert lost.lost == 1 and "run left running without a reason" in lost.problems
 
         twice = trial_identity(2)
-        ledger.register(twice)
-        lease = ledger.claim(twice.run_id, "w", 30)
-        assert lease is not None
+        lease = claimed(ledger, twice, "w", 30)
         ledger.complete(lease, {"summary": "kept"}, {"hook": {"n": 1}})
         receiver.effects[f"{twice.run_id}:hook"] = 2
         results.write_text(  # type: ignore[attr-defined]

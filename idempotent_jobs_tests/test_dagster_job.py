@@ -1,23 +1,14 @@
 """The Dagster job executed in process against a real ledger: twice, with op retries."""
 
-import dagster as dg
 import psycopg
 
 from idempotent_jobs import RunLedger
+from idempotent_jobs.dagster_results import output_metadata
 from idempotent_jobs_tests.dagster_defs import NO_RETRY_SPEC, SUMMARY_SPEC, defs
 from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
 from idempotent_jobs_tests.helpers import count
 
 PARTITION = "workspace-acme|2026-08-07"
-
-
-def outputs(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, object]]:
-    found = {}
-    for event in result.all_node_events:
-        if event.event_type == dg.DagsterEventType.STEP_OUTPUT:
-            data = event.event_specific_data
-            found[event.node_name] = {k: v.value for k, v in data.metadata.items()}  # type: ignore[union-attr]
-    return found
 
 
 def test_one_partition_executed_twice_does_the_work_once(
@@ -37,7 +28,7 @@ def test_one_partition_executed_twice_does_the_work_once(
     assert dagster_env.model_calls() == 1 and dagster_env.collect_calls() == 1
     assert [d["key"] for d in dagster_env.delivered()] == [f"{ident.run_id}:report_file"]
 
-    done, again = outputs(first), outputs(second)
+    done, again = output_metadata(first), output_metadata(second)
     assert done["persist"]["result"] == "new"
     assert (done["persist"]["ledger_run_id"], done["persist"]["lease_epoch"]) == (ident.run_id, 1)
     assert (done["persist"]["model"], done["persist"]["input_tokens"]) == ("recording-model", 101)
@@ -80,5 +71,5 @@ def test_without_op_retries_the_failure_is_recorded_and_the_next_run_completes(
     assert retried.success
     assert dagster_env.collect_calls() == 1, "the stored raw input is reused"
     assert dagster_env.model_calls() == 2
-    assert outputs(retried)["collect"]["result"] == "reused input"
+    assert output_metadata(retried)["collect"]["result"] == "reused input"
     assert len(dagster_env.delivered()) == 1

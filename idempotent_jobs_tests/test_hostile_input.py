@@ -29,7 +29,7 @@ from idempotent_jobs.identity import MAX_FIELD_LENGTH
 from idempotent_jobs.jobs import COMPETITOR_SUMMARY
 from idempotent_jobs.json_values import MAX_JSON_BYTES
 from idempotent_jobs.resources import WebhookChannel
-from idempotent_jobs_tests.helpers import Collector, identity
+from idempotent_jobs_tests.helpers import Collector, claimed, identity
 
 NINE = datetime(2026, 8, 7, 9, tzinfo=UTC)
 DB_EXAMPLES = settings(
@@ -118,9 +118,7 @@ def test_an_output_is_stored_exactly_or_refused_and_nothing_changes(
     ident = identity(subject=f"h-{hashlib.sha1(repr(output).encode()).hexdigest()[:16]}")
     if (record := ledger.get(ident.run_id)) is not None and record.status == "completed":
         return  # hypothesis may repeat an example
-    ledger.register(ident)
-    lease = ledger.claim(ident.run_id, "w", 30)
-    assert lease is not None
+    lease = claimed(ledger, ident, "w", 30)
     before = ledger.get(ident.run_id)
     try:
         done = ledger.complete(lease, output)
@@ -149,9 +147,7 @@ def _equal_json(stored: Any, given_value: Any) -> bool:
 
 def test_huge_and_deep_values(ledger: RunLedger) -> None:
     ident = identity()
-    ledger.register(ident)
-    lease = ledger.claim(ident.run_id, "w", 60)
-    assert lease is not None
+    lease = claimed(ledger, ident, "w", 60)
     with pytest.raises(InvalidInputError, match="larger than"):
         ledger.save_raw_input(lease, {"blob": "x" * (MAX_JSON_BYTES + 1)})
     nested: Any = "leaf"
@@ -231,9 +227,7 @@ def closing_server() -> tuple[str, threading.Event]:
 
 
 def test_a_webhook_closing_the_socket_is_a_recorded_failure(ledger: RunLedger) -> None:
-    ledger.register(identity())
-    lease = ledger.claim(identity().run_id, "w", 30)
-    assert lease is not None
+    lease = claimed(ledger, identity(), "w", 30)
     ledger.complete(lease, {"summary": "s"}, {"hook": {"summary": "s"}})
     url, stop = closing_server()
     try:

@@ -16,7 +16,7 @@ from idempotent_jobs import (
     ModelUsage,
     RunLedger,
 )
-from idempotent_jobs_tests.helpers import count, expire_lease, identity
+from idempotent_jobs_tests.helpers import claimed, count, expire_lease, identity
 
 
 def db_now(db: psycopg.Connection):  # type: ignore[no-untyped-def]
@@ -38,9 +38,7 @@ def test_register_is_idempotent(ledger: RunLedger, db: psycopg.Connection) -> No
 
 def test_register_never_moves_a_completed_run_back(ledger: RunLedger) -> None:
     ident = identity()
-    ledger.register(ident)
-    lease = ledger.claim(ident.run_id, "w1", 30)
-    assert lease is not None
+    lease = claimed(ledger, ident, "w1", 30)
     ledger.complete(lease, {"summary": "kept"})
     again = ledger.register(ident)
     assert (again.status, again.output) == ("completed", {"summary": "kept"})
@@ -93,9 +91,7 @@ def test_an_expired_lease_is_reclaimed_with_the_next_epoch(
     ledger: RunLedger, db: psycopg.Connection
 ) -> None:
     ident = identity()
-    ledger.register(ident)
-    old = ledger.claim(ident.run_id, "w1", 30)
-    assert old is not None
+    old = claimed(ledger, ident, "w1", 30)
     expire_lease(db, ident.run_id)
     new = ledger.claim(ident.run_id, "w2", 30)
     assert new is not None and new.epoch == old.epoch + 1
@@ -119,9 +115,7 @@ def test_the_owner_reclaiming_supersedes_its_own_attempt(ledger: RunLedger) -> N
 
 def test_lease_expiry_follows_the_database_clock(ledger: RunLedger, db: psycopg.Connection) -> None:
     ident = identity()
-    ledger.register(ident)
-    held = ledger.claim(ident.run_id, "w1", 0.5)
-    assert held is not None
+    held = claimed(ledger, ident, "w1", 0.5)
     attempts = 0
     while (taken := ledger.claim(ident.run_id, "w2", 30)) is None:
         attempts += 1
@@ -137,9 +131,7 @@ def test_lease_expiry_follows_the_database_clock(ledger: RunLedger, db: psycopg.
 
 def test_renew_extends_by_the_database_clock(ledger: RunLedger, db: psycopg.Connection) -> None:
     ident = identity()
-    ledger.register(ident)
-    lease = ledger.claim(ident.run_id, "w1", 5)
-    assert lease is not None
+    lease = claimed(ledger, ident, "w1", 5)
     renewed = ledger.renew(lease)
     assert renewed.expires_at >= lease.expires_at
     assert renewed.epoch == lease.epoch
@@ -150,9 +142,7 @@ def test_renew_extends_by_the_database_clock(ledger: RunLedger, db: psycopg.Conn
 
 def test_raw_input_checkpoint_keeps_the_first_value(ledger: RunLedger) -> None:
     ident = identity()
-    ledger.register(ident)
-    lease = ledger.claim(ident.run_id, "w1", 30)
-    assert lease is not None
+    lease = claimed(ledger, ident, "w1", 30)
     assert ledger.save_raw_input(lease, {"docs": ["first"]}) == {"docs": ["first"]}
     assert ledger.save_raw_input(lease, {"docs": ["second"]}) == {"docs": ["first"]}
     ledger.release(lease)
@@ -164,9 +154,7 @@ def test_complete_commits_output_attempt_and_outbox_together(
     ledger: RunLedger, db: psycopg.Connection
 ) -> None:
     ident = identity()
-    ledger.register(ident)
-    lease = ledger.claim(ident.run_id, "w1", 30)
-    assert lease is not None
+    lease = claimed(ledger, ident, "w1", 30)
     done = ledger.complete(
         lease,
         {"summary": "s"},
@@ -198,9 +186,7 @@ def test_complete_retried_after_it_landed_resolves_to_the_same_outcome(
 ) -> None:
     """The caller lost the answer of its commit and retries it with the same lease."""
     ident = identity()
-    ledger.register(ident)
-    lease = ledger.claim(ident.run_id, "w1", 30)
-    assert lease is not None
+    lease = claimed(ledger, ident, "w1", 30)
     first = ledger.complete(lease, {"summary": "one"}, {"email": {"n": 1}})
     retry = ledger.complete(lease, {"summary": "two"}, {"email": {"n": 2}})
     assert retry.accepted and retry.output == first.output == {"summary": "one"}
@@ -208,15 +194,9 @@ def test_complete_retried_after_it_landed_resolves_to_the_same_outcome(
     assert ledger.outbox(ident.run_id)[0].payload == {"n": 1}
 
 
-def snapshot(ledger: RunLedger, run_id: str) -> tuple[object, ...]:
-    return ledger.get(run_id), ledger.attempts(run_id)[:1], ledger.outbox(run_id)
-
-
 def test_a_stale_worker_can_write_nothing(ledger: RunLedger, db: psycopg.Connection) -> None:
     ident = identity()
-    ledger.register(ident)
-    stale = ledger.claim(ident.run_id, "paused-worker", 30)
-    assert stale is not None
+    stale = claimed(ledger, ident, "paused-worker", 30)
     expire_lease(db, ident.run_id)
     fresh = ledger.claim(ident.run_id, "new-worker", 30)
     assert fresh is not None
@@ -248,9 +228,7 @@ def test_a_failed_run_is_retried_without_duplicate_outbox_rows(
     ledger: RunLedger, db: psycopg.Connection
 ) -> None:
     ident = identity()
-    ledger.register(ident)
-    first = ledger.claim(ident.run_id, "w1", 30)
-    assert first is not None
+    first = claimed(ledger, ident, "w1", 30)
     ledger.save_raw_input(first, {"docs": ["d"]})
     ledger.fail(first, "TimeoutError: model timed out", ModelUsage("m", 10, 0))
     ledger.fail(first, "TimeoutError: model timed out")  # a retried fail that already landed
@@ -274,9 +252,7 @@ def test_a_failed_run_is_retried_without_duplicate_outbox_rows(
 
 def test_release_frees_the_run_for_another_worker(ledger: RunLedger) -> None:
     ident = identity()
-    ledger.register(ident)
-    lease = ledger.claim(ident.run_id, "w1", 300)
-    assert lease is not None
+    lease = claimed(ledger, ident, "w1", 300)
     ledger.release(lease)
     ledger.release(lease)  # a retried release that already landed
     record = ledger.get(ident.run_id)
@@ -301,9 +277,7 @@ def test_unstorable_output_is_refused_and_nothing_changes(
     ledger: RunLedger, output: object, field: str, reason: str
 ) -> None:
     ident = identity()
-    ledger.register(ident)
-    lease = ledger.claim(ident.run_id, "w1", 30)
-    assert lease is not None
+    lease = claimed(ledger, ident, "w1", 30)
     before = ledger.get(ident.run_id)
     with pytest.raises(InvalidInputError) as info:
         ledger.complete(lease, output)  # type: ignore[arg-type]
@@ -319,9 +293,7 @@ def test_deeply_nested_output_is_refused(ledger: RunLedger) -> None:
         node["x"] = {}
         node = node["x"]  # type: ignore[assignment]
     ident = identity()
-    ledger.register(ident)
-    lease = ledger.claim(ident.run_id, "w1", 30)
-    assert lease is not None
+    lease = claimed(ledger, ident, "w1", 30)
     with pytest.raises(InvalidInputError, match="output: is nested too deeply"):
         ledger.complete(lease, deep)
 
@@ -359,9 +331,7 @@ def test_a_connection_dropped_during_commit_resolves_to_one_outcome(
 ) -> None:
     """The backend running the commit is terminated; the ledger's retry gives one result."""
     ident = identity()
-    ledger.register(ident)
-    lease = ledger.claim(ident.run_id, "w1", 30)
-    assert lease is not None
+    lease = claimed(ledger, ident, "w1", 30)
     results: list[object] = []
 
     with psycopg.connect(database) as blocker:
@@ -401,9 +371,7 @@ def test_a_connection_dropped_during_commit_resolves_to_one_outcome(
 def test_outbox_delivery_sends_each_row_once(ledger: RunLedger) -> None:
     runs = [identity(hour=h) for h in range(4)]
     for ident in runs:
-        ledger.register(ident)
-        lease = ledger.claim(ident.run_id, "w", 30)
-        assert lease is not None
+        lease = claimed(ledger, ident, "w", 30)
         ledger.complete(lease, {"summary": ident.run_id}, {"email": {"n": 1}, "hook": {"n": 2}})
     sent: list[str] = []
     lock = threading.Lock()
@@ -430,9 +398,7 @@ def test_outbox_delivery_sends_each_row_once(ledger: RunLedger) -> None:
 
 def test_a_failed_delivery_is_recorded_and_retried(ledger: RunLedger) -> None:
     ident = identity()
-    ledger.register(ident)
-    lease = ledger.claim(ident.run_id, "w", 30)
-    assert lease is not None
+    lease = claimed(ledger, ident, "w", 30)
     ledger.complete(lease, {"summary": "s"}, {"hook": {"n": 1}})
 
     def refuse(row: object) -> None:

@@ -20,7 +20,7 @@ from idempotent_jobs.resources import (
     SampleDocumentsCollector,
     WebhookChannel,
 )
-from idempotent_jobs_tests.helpers import identity
+from idempotent_jobs_tests.helpers import claimed, identity
 
 Handler = Callable[[BaseHTTPRequestHandler, bytes], tuple[int, dict[str, Any] | str]]
 
@@ -133,9 +133,7 @@ def test_webhook_sends_the_idempotency_key() -> None:
 
 def test_webhook_errors_are_recorded_and_the_retry_reuses_the_key(ledger: RunLedger) -> None:
     answers = iter([500, 200])
-    ledger.register(identity())
-    lease = ledger.claim(identity().run_id, "w", 30)
-    assert lease is not None
+    lease = claimed(ledger, identity(), "w", 30)
     ledger.complete(lease, {"summary": "s"}, {"hook": {"summary": "s"}})
     with http_server(lambda h, b: (next(answers), "")) as (url, seen):
         channel = WebhookChannel(url=f"{url}/hook")

@@ -86,18 +86,13 @@ def execute_partition(
 ) -> None:
     """Run one partition of the test code location in this process (a separate Dagster run)."""
     os.environ.update(env)
-    import dagster as dg
-
+    from idempotent_jobs.dagster_results import output_metadata
     from idempotent_jobs_tests.dagster_defs import defs
 
     result = defs.resolve_job_def(job_name).execute_in_process(
         partition_key=partition_key, raise_on_error=False
     )
-    persisted = {}
-    for event in result.all_node_events:
-        if event.event_type == dg.DagsterEventType.STEP_OUTPUT and event.node_name == "persist":
-            metadata = event.event_specific_data.metadata  # type: ignore[union-attr]
-            persisted = {k: v.value for k, v in metadata.items()}
+    persisted = output_metadata(result).get("persist", {})
     out.put({"pid": os.getpid(), "success": result.success, "persist": persisted})
 
 
