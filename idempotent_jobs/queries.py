@@ -33,89 +33,145 @@ RETURNING """
     + RUN_COLUMNS
 )
 
-# Atomic claim: succeeds only if the run is not completed and its lease is free, expired by the
-# database clock, or already this worker's. Bumps the fencing epoch, closes the attempt it
-# supersedes and opens this one, all in one statement.
-CLAIM: LiteralString = """
-WITH claimed AS (
-    UPDATE {schema}.runs
-    SET status = 'running',
+# Lease-only writes (claim, checkpoint, renew, release) commit without waiting for the WAL flush
+# unless the ledger asks for durable lease commits (`%(lease_commit)s` NULL keeps the session's
+# setting). Such a commit is visible to every session at once; only a server crash in the next few
+# hundred milliseconds can lose it, and then the fence refuses the lost lease's later writes. The
+# accepted result, its outbox rows and failures always wait for the flush, and their flush makes
+# every earlier lease write durable too (WAL is written in order).
+_LEASE_COMMIT: LiteralString = (
+    "set_config('synchronous_commit', "
+    "COALESCE(%(lease_commit)s::text, current_setting('synchronous_commit')), true)"
+)
+
+# A lease is free to take when the run is not completed and nobody holds an unexpired lease on it
+# (by the database clock), or the holder is this very worker.
+_CLAIMABLE: LiteralString = """r.status <> 'completed'
+      AND (r.lock_owner IS NULL OR r.lock_expires_at < now() OR r.lock_owner = %(worker_id)s)"""
+
+# What a successful claim sets: owner, expiry by the database clock, the next fencing epoch, the
+# details of the attempt it opens.
+_TAKE_LEASE: LiteralString = """status = 'running',
         lock_owner = %(worker_id)s,
         lock_expires_at = now() + make_interval(secs => %(lease_seconds)s),
-        lease_epoch = lease_epoch + 1,
-        attempts = attempts + 1,
-        updated_at = now()
-    WHERE run_id = %(run_id)s
-      AND status <> 'completed'
-      AND (lock_owner IS NULL OR lock_expires_at < now() OR lock_owner = %(worker_id)s)
-    RETURNING run_id, lease_epoch, lock_expires_at, raw_input, attempts
-), closed AS (
-    UPDATE {schema}.run_attempts AS a
-    SET outcome = CASE WHEN a.worker_id = %(worker_id)s THEN 'superseded' ELSE 'lease_lost' END,
-        ended_at = now()
-    FROM claimed
-    WHERE a.run_id = claimed.run_id AND a.outcome IS NULL
-), opened AS (
-    INSERT INTO {schema}.run_attempts (run_id, lease_epoch, worker_id, dagster_run_id, step_key)
-    SELECT run_id, lease_epoch, %(worker_id)s, %(dagster_run_id)s, %(step_key)s FROM claimed
+        lease_epoch = r.lease_epoch + 1,
+        attempts = r.attempts + 1,
+        updated_at = now(),
+        lease_started_at = now(),
+        lease_dagster_run_id = %(dagster_run_id)s,
+        lease_step_key = %(step_key)s"""
+
+# The run as it was before this statement, locked, so that the claim knows whether it supersedes
+# an open attempt (a vanished or paused holder, or this worker's own earlier claim).
+_PREVIOUS: LiteralString = (
+    """prev AS (
+    SELECT """
+    + RUN_COLUMNS
+    + """, lease_started_at, lease_dagster_run_id, lease_step_key,
+        """
+    + _LEASE_COMMIT
+    + """
+    FROM {schema}.runs AS r WHERE r.run_id = %(run_id)s"""
 )
-SELECT lease_epoch, lock_expires_at, raw_input, attempts FROM claimed
-"""
+
+_CLAIMED_RETURNING: LiteralString = (
+    "RETURNING "
+    + """r.run_id, r.job_name, r.subject_id, r.scheduled_at, r.version, r.status,
+        r.raw_input, r.output, r.lock_owner, r.lock_expires_at, r.lease_epoch, r.attempts,
+        r.last_error, r.created_at, r.updated_at, r.completed_at, r.revision"""
+    + """,
+        prev.status AS prev_status, prev.lock_owner AS prev_owner,
+        prev.lease_epoch AS prev_epoch, prev.lease_started_at AS prev_started_at,
+        prev.lease_dagster_run_id AS prev_dagster_run_id, prev.lease_step_key AS prev_step_key,
+        """
+    + _LEASE_COMMIT
+)
+
+# The superseded claim's attempt row, written by the claim that ends it.
+_LOST_ATTEMPT: LiteralString = """lost AS (
+    INSERT INTO {schema}.run_attempts (run_id, lease_epoch, worker_id, dagster_run_id, step_key,
+        started_at, ended_at, outcome)
+    SELECT run_id, prev_epoch, prev_owner, prev_dagster_run_id, prev_step_key,
+        COALESCE(prev_started_at, now()), now(),
+        CASE WHEN prev_owner = %(worker_id)s THEN 'superseded' ELSE 'lease_lost' END
+    FROM claimed
+    WHERE prev_status = 'running'
+    ON CONFLICT (run_id, lease_epoch) DO NOTHING
+)"""
+
+# Atomic claim: succeeds only if the lease is free (see _CLAIMABLE). Bumps the fencing epoch and
+# records the attempt it supersedes, in one statement that writes one run row (and that attempt).
+CLAIM: LiteralString = (
+    "WITH "
+    + _PREVIOUS
+    + " AND "
+    + _CLAIMABLE  # a run held by another is not even locked: polling it writes nothing
+    + """
+    FOR UPDATE
+), claimed AS (
+    UPDATE {schema}.runs AS r
+    SET """
+    + _TAKE_LEASE
+    + """
+    FROM prev
+    WHERE r.run_id = prev.run_id AND """
+    + _CLAIMABLE
+    + "\n    "
+    + _CLAIMED_RETURNING
+    + "\n), "
+    + _LOST_ATTEMPT
+    + """
+SELECT lease_epoch, lock_expires_at, raw_input, attempts FROM claimed"""
+)
 
 # Register and claim in one statement, one round trip in every case: a new run is inserted already
-# claimed (epoch 1); an existing one is claimed under the same rule as CLAIM (and only if its
-# identity fields match), otherwise left as it is (updated_at aside, as REGISTER does). `claimed`
-# is true when this statement took the lease: then the expiry is exactly this statement's
-# now() + duration, which no earlier statement can have set.
-_CLAIMABLE: LiteralString = """(r.status <> 'completed'
-        AND (r.lock_owner IS NULL OR r.lock_expires_at < now()
-             OR r.lock_owner = EXCLUDED.lock_owner)
-        AND (r.job_name, r.subject_id, r.scheduled_at, r.version)
-            = (EXCLUDED.job_name, EXCLUDED.subject_id, EXCLUDED.scheduled_at, EXCLUDED.version))"""
-
+# claimed (epoch 1); an existing one is
+# claimed under the same rule as CLAIM (and only if its identity fields match), otherwise left as
+# it is, unwritten. `claimed` says whether this statement took the lease. No row back means a
+# first registration raced this one and is now committed: run the statement again.
 BEGIN: LiteralString = (
-    """
-WITH up AS (
+    """WITH inserted AS (
     INSERT INTO {schema}.runs AS r (run_id, job_name, subject_id, scheduled_at, version, status,
-        lock_owner, lock_expires_at, lease_epoch, attempts)
+        lock_owner, lock_expires_at, lease_epoch, attempts, lease_started_at,
+        lease_dagster_run_id, lease_step_key)
     VALUES (%(run_id)s, %(job_name)s, %(subject_id)s, %(scheduled_at)s, %(version)s, 'running',
-        %(worker_id)s, now() + make_interval(secs => %(lease_seconds)s), 1, 1)
-    ON CONFLICT (run_id) DO UPDATE
-    SET status = CASE WHEN """
-    + _CLAIMABLE
-    + """ THEN 'running' ELSE r.status END,
-        lock_owner = CASE WHEN """
-    + _CLAIMABLE
-    + """ THEN EXCLUDED.lock_owner ELSE r.lock_owner END,
-        lock_expires_at = CASE WHEN """
-    + _CLAIMABLE
-    + """ THEN EXCLUDED.lock_expires_at ELSE r.lock_expires_at END,
-        lease_epoch = r.lease_epoch + CASE WHEN """
-    + _CLAIMABLE
-    + """ THEN 1 ELSE 0 END,
-        attempts = r.attempts + CASE WHEN """
-    + _CLAIMABLE
-    + """ THEN 1 ELSE 0 END,
-        updated_at = now()
+        %(worker_id)s, now() + make_interval(secs => %(lease_seconds)s), 1, 1, now(),
+        %(dagster_run_id)s, %(step_key)s)
+    ON CONFLICT (run_id) DO NOTHING
     RETURNING """
     + RUN_COLUMNS
-    + """,
-        (lock_owner IS NOT DISTINCT FROM %(worker_id)s
-         AND lock_expires_at = now() + make_interval(secs => %(lease_seconds)s)) AS claimed
-), closed AS (
-    UPDATE {schema}.run_attempts AS a
-    SET outcome = CASE WHEN a.worker_id = %(worker_id)s THEN 'superseded' ELSE 'lease_lost' END,
-        ended_at = now()
-    FROM up
-    WHERE up.claimed AND a.run_id = up.run_id AND a.outcome IS NULL
-), opened AS (
-    INSERT INTO {schema}.run_attempts (run_id, lease_epoch, worker_id, dagster_run_id, step_key)
-    SELECT run_id, lease_epoch, %(worker_id)s, %(dagster_run_id)s, %(step_key)s
-    FROM up WHERE up.claimed
-)
+    + ", "
+    + _LEASE_COMMIT
+    + """
+), """
+    + _PREVIOUS
+    + """
+    FOR UPDATE
+), claimed AS (
+    UPDATE {schema}.runs AS r
+    SET """
+    + _TAKE_LEASE
+    + """
+    FROM prev
+    WHERE r.run_id = prev.run_id AND """
+    + _CLAIMABLE
+    + """
+      AND (r.job_name, r.subject_id, r.scheduled_at, r.version)
+          = (%(job_name)s, %(subject_id)s, %(scheduled_at)s::timestamptz, %(version)s)
+    """
+    + _CLAIMED_RETURNING
+    + "\n), "
+    + _LOST_ATTEMPT
+    + """
 SELECT """
     + RUN_COLUMNS
-    + ", claimed FROM up"
+    + """, true AS claimed FROM inserted
+UNION ALL SELECT """
+    + RUN_COLUMNS
+    + """, true FROM claimed
+UNION ALL SELECT """
+    + RUN_COLUMNS
+    + """, false FROM prev WHERE NOT EXISTS (SELECT FROM claimed)"""
 )
 
 _FENCE: LiteralString = """run_id = %(run_id)s AND lock_owner = %(worker_id)s
@@ -131,7 +187,8 @@ SET lock_expires_at = now() + make_interval(secs => %(lease_seconds)s)
 WHERE """
     + _FENCE
     + """
-RETURNING lock_expires_at, raw_input, attempts"""
+RETURNING lock_expires_at, raw_input, attempts, """
+    + _LEASE_COMMIT
 )
 
 # Checkpoint of the collected input: the first stored value wins and is returned.
@@ -142,8 +199,14 @@ SET raw_input = COALESCE(raw_input, %(raw_input)s::jsonb), updated_at = now()
 WHERE """
     + _FENCE
     + """
-RETURNING raw_input"""
+RETURNING raw_input, """
+    + _LEASE_COMMIT
 )
+
+# The ended attempt's row, from the open claim's details on the run (`ended` names the CTE).
+_ENDED_ATTEMPT: LiteralString = """INSERT INTO {schema}.run_attempts (run_id, lease_epoch,
+        worker_id, dagster_run_id, step_key, started_at, ended_at, outcome, error, model_name,
+        input_tokens, output_tokens)"""
 
 # The final commit, one statement so one transaction: accepted output, the attempt's outcome and
 # usage, and the outbox rows (one per channel and revision, never twice). A revised run notifies
@@ -157,13 +220,16 @@ WITH done AS (
     WHERE """
     + _FENCE
     + """
-    RETURNING run_id, lease_epoch, output, revision
+    RETURNING run_id, lease_epoch, output, revision, lease_started_at, lease_dagster_run_id,
+        lease_step_key
 ), attempt AS (
-    UPDATE {schema}.run_attempts AS a
-    SET outcome = 'completed', ended_at = now(), model_name = %(model_name)s,
-        input_tokens = %(input_tokens)s, output_tokens = %(output_tokens)s
+    """
+    + _ENDED_ATTEMPT
+    + """
+    SELECT run_id, lease_epoch, %(worker_id)s, lease_dagster_run_id, lease_step_key,
+        COALESCE(lease_started_at, now()), now(), 'completed', NULL, %(model_name)s,
+        %(input_tokens)s, %(output_tokens)s
     FROM done
-    WHERE a.run_id = done.run_id AND a.lease_epoch = done.lease_epoch
 ), outbox AS (
     INSERT INTO {schema}.notification_outbox (run_id, channel, payload, revision)
     SELECT done.run_id, n.key, n.value, done.revision
@@ -186,13 +252,15 @@ WITH failed AS (
     WHERE """
     + _FENCE
     + """
-    RETURNING run_id, lease_epoch
+    RETURNING run_id, lease_epoch, lease_started_at, lease_dagster_run_id, lease_step_key
 ), attempt AS (
-    UPDATE {schema}.run_attempts AS a
-    SET outcome = 'failed', ended_at = now(), error = %(error)s, model_name = %(model_name)s,
-        input_tokens = %(input_tokens)s, output_tokens = %(output_tokens)s
+    """
+    + _ENDED_ATTEMPT
+    + """
+    SELECT run_id, lease_epoch, %(worker_id)s, lease_dagster_run_id, lease_step_key,
+        COALESCE(lease_started_at, now()), now(), 'failed', %(error)s, %(model_name)s,
+        %(input_tokens)s, %(output_tokens)s
     FROM failed
-    WHERE a.run_id = failed.run_id AND a.lease_epoch = failed.lease_epoch
 )
 SELECT run_id FROM failed"""
 )
@@ -206,12 +274,16 @@ WITH released AS (
     WHERE """
     + _FENCE
     + """
-    RETURNING run_id, lease_epoch
+    RETURNING run_id, lease_epoch, lease_started_at, lease_dagster_run_id, lease_step_key, """
+    + _LEASE_COMMIT
+    + """
 ), attempt AS (
-    UPDATE {schema}.run_attempts AS a
-    SET outcome = 'superseded', ended_at = now()
+    """
+    + _ENDED_ATTEMPT
+    + """
+    SELECT run_id, lease_epoch, %(worker_id)s, lease_dagster_run_id, lease_step_key,
+        COALESCE(lease_started_at, now()), now(), 'superseded', NULL, NULL, NULL, NULL
     FROM released
-    WHERE a.run_id = released.run_id AND a.lease_epoch = released.lease_epoch
 )
 SELECT run_id FROM released"""
 )
@@ -221,7 +293,7 @@ GET_RUN: LiteralString = "SELECT " + RUN_COLUMNS + " FROM {schema}.runs WHERE ru
 LIST_ATTEMPTS: LiteralString = (
     "SELECT "
     + ATTEMPT_COLUMNS
-    + " FROM {schema}.run_attempts WHERE run_id = %(run_id)s ORDER BY lease_epoch"
+    + " FROM {schema}.attempts WHERE run_id = %(run_id)s ORDER BY lease_epoch"
 )
 
 LIST_OUTBOX: LiteralString = (

@@ -100,7 +100,7 @@ def test_a_worker_killed_holding_a_lease_blocks_others_until_expiry(
         tries += 1
         assert tries < 100_000, "the dead worker's lease never expired"
     row = db.execute(
-        "SELECT started_at FROM idempotent_jobs.run_attempts WHERE run_id = %s AND lease_epoch = 2",
+        "SELECT started_at FROM idempotent_jobs.attempts WHERE run_id = %s AND lease_epoch = 2",
         (ident.run_id,),
     ).fetchone()
     assert row is not None and row[0] >= expires_at

@@ -122,7 +122,7 @@ def test_lease_expiry_follows_the_database_clock(ledger: RunLedger, db: psycopg.
         assert attempts < 10_000, "the lease never expired"
     # The second claim succeeded only once the database clock passed the first expiry.
     row = db.execute(
-        "SELECT started_at FROM idempotent_jobs.run_attempts WHERE run_id = %s AND lease_epoch = 2",
+        "SELECT started_at FROM idempotent_jobs.attempts WHERE run_id = %s AND lease_epoch = 2",
         (ident.run_id,),
     ).fetchone()
     assert row is not None and row[0] >= held.expires_at

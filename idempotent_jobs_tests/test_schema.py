@@ -10,7 +10,12 @@ EXPECTED_COLUMNS = {
     "runs": (
         "run_id job_name subject_id scheduled_at version status raw_input output lock_owner "
         "lock_expires_at lease_epoch attempts last_error created_at updated_at completed_at "
-        "revision"
+        "revision lease_started_at lease_dagster_run_id lease_step_key"
+    ).split(),
+    # A view: the ended attempts plus the open one, whose details live on the run.
+    "attempts": (
+        "run_id lease_epoch worker_id dagster_run_id step_key started_at ended_at outcome error "
+        "model_name input_tokens output_tokens"
     ).split(),
     "run_attempts": (
         "run_id lease_epoch worker_id dagster_run_id step_key started_at ended_at outcome error "
@@ -145,3 +150,52 @@ def test_bad_schema_names_are_refused(name: str) -> None:
     with pytest.raises(InvalidInputError) as info:
         RunLedger(database_url="postgresql://unused", schema_name=name).migrate()
     assert info.value.field == "schema_name"
+
+
+def test_the_lean_claims_migration_moves_open_attempts_onto_their_runs(
+    fresh_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0003 keeps history: an open attempt written by the older code is still listed, and the
+    next claim closes it as before."""
+    import idempotent_jobs.schema as schema
+
+    shipped = shipped_migrations()
+    monkeypatch.setattr(schema, "shipped_migrations", lambda: shipped[:2])
+    RunLedger(database_url=fresh_database).migrate()
+    run_id, abandoned = "a" * 64, "b" * 64
+    with psycopg.connect(fresh_database, autocommit=True) as conn:
+        for rid, status in ((run_id, "running"), (abandoned, "failed")):
+            conn.execute(
+                "INSERT INTO idempotent_jobs.runs (run_id, job_name, subject_id, scheduled_at,"
+                " version, status, lock_owner, lock_expires_at, lease_epoch, attempts)"
+                " VALUES (%s, 'j', %s, now(), 'v', %s, %s, %s, 1, 1)",
+                (
+                    rid,
+                    rid[:1],
+                    status,
+                    "old" if status == "running" else None,
+                    "2026-01-01T00:00:00Z" if status == "running" else None,
+                ),
+            )
+            conn.execute(
+                "INSERT INTO idempotent_jobs.run_attempts (run_id, lease_epoch, worker_id,"
+                " dagster_run_id, step_key, started_at) VALUES (%s, 1, 'old', 'd1', 'collect',"
+                " '2026-01-01T00:00:00Z')",
+                (rid,),
+            )
+    monkeypatch.setattr(schema, "shipped_migrations", lambda: shipped)
+    assert RunLedger(database_url=fresh_database).migrate()[0] == "0003_lean_claims"
+    with RunLedger(database_url=fresh_database) as ledger:
+        [open_attempt] = ledger.attempts(run_id)
+        assert (open_attempt.worker_id, open_attempt.dagster_run_id, open_attempt.step_key) == (
+            "old",
+            "d1",
+            "collect",
+        )
+        assert open_attempt.outcome is None and open_attempt.started_at.year == 2026
+        assert [a.outcome for a in ledger.attempts(abandoned)] == ["lease_lost"]
+        assert ledger.claim(run_id, "new", 30) is not None
+        assert [(a.worker_id, a.outcome) for a in ledger.attempts(run_id)] == [
+            ("old", "lease_lost"),
+            ("new", None),
+        ]
