@@ -42,21 +42,57 @@ def ident(tag: str, n: int) -> RunIdentity:
 COUNTS = {"statements": 0.0, "seconds": 0.0}
 
 
+def _counted(started: float, statements: int) -> None:
+    COUNTS["statements"] += statements
+    COUNTS["seconds"] += time.perf_counter() - started
+
+
 class CountingLedger(RunLedger):
-    """Counts statements (each is one round trip, and one commit in autocommit) and their time,
-    in the module-level ``COUNTS`` (Dagster copies resources, so not on the instance)."""
+    """Counts statements (each is one round trip) and the time of everything the ledger does:
+    opening and closing its pool, every statement, every delivery transaction. Kept in the
+    module-level ``COUNTS`` (Dagster copies resources, so not on the instance)."""
 
     def _fetch(self, template: LiteralString, params: Any, row_factory: Any) -> Any:
         started = time.perf_counter()
         try:
             return super()._fetch(template, params, row_factory)
         finally:
-            COUNTS["statements"] += 1
-            COUNTS["seconds"] += time.perf_counter() - started
+            _counted(started, 1)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[psycopg.Connection]:
+        # A delivery transaction, including the channel's send (a local file write here).
+        started = time.perf_counter()
+        with super()._transaction() as conn:
+            yield conn
+        _counted(started, 0)
+
+    def open(self) -> None:
+        started = time.perf_counter()
+        super().open()
+        _counted(started, 0)
+
+    def close(self) -> None:
+        started = time.perf_counter()
+        super().close()
+        _counted(started, 0)
 
     @property
     def stats(self) -> dict[str, float]:
         return COUNTS
+
+
+_NEXT_XID = "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
+_WAL_SYNCS = "SELECT wal_sync FROM pg_stat_wal"
+
+
+def server_counters(conn: psycopg.Connection) -> tuple[int, int]:
+    """Transaction ids handed out so far (one per transaction that writes: a commit record) and
+    WAL syncs so far (a commit that waits for its flush causes one; the WAL writer adds a few)."""
+    xid = conn.execute(_NEXT_XID).fetchone()
+    syncs = conn.execute(_WAL_SYNCS).fetchone()
+    assert xid is not None and syncs is not None
+    return int(xid[0]), int(syncs[0])
 
 
 @contextmanager
@@ -105,6 +141,7 @@ def per_run(url: str, runs: int) -> None:
         run_idempotent(ledger, ident("warm", 0), collect=noop_collect, transform=noop_model)
         ledger.stats.update(statements=0, seconds=0.0)
         times = []
+        xids, syncs = server_counters(conn)
         for n in range(runs):
             before = ledger.stats["seconds"]
             run_idempotent(
@@ -115,6 +152,7 @@ def per_run(url: str, runs: int) -> None:
                 notifications=notify,
             )
             times.append(ledger.stats["seconds"] - before)
+        xids_after, syncs_after = server_counters(conn)
         per = ledger.stats["statements"] / runs
         row(
             "round trips per logical run (happy path)",
@@ -122,11 +160,20 @@ def per_run(url: str, runs: int) -> None:
             "target <= 4",
             "ok" if per <= 4 else "MISSED",
         )
+        # The two counter reads above take one transaction id each way; the rest are the runs'.
+        commits = (xids_after - xids) / runs
         row(
-            "commits per logical run (autocommit statements)",
-            f"{per:.1f}",
+            "commits per logical run (write transactions)",
+            f"{commits:.1f}",
             "target <= 2",
-            "ok" if per <= 2 else "MISSED (the checkpoint must commit before the model call)",
+            "ok" if commits <= 2.05 else "MISSED (claim before collect, checkpoint before model)",
+        )
+        flushes = (syncs_after - syncs) / runs
+        row(
+            "  of which wait for the WAL flush (WAL syncs)",
+            f"{flushes:.2f}",
+            "no target (was 3.0)",
+            "-",
         )
         update = []
         for n in range(runs):
@@ -209,17 +256,19 @@ def contention(url: str, seconds: float) -> None:
 
 
 def merged_vs_sequential(url: str, runs: int) -> None:
+    # The baseline: the four steps as separate statements, each a durable autocommit.
+    with RunLedger(database_url=url, durable_lease_commits=True) as durable:
+        started = time.perf_counter()
+        for n in range(runs):
+            i = ident("sequential", n)
+            durable.register(i)
+            lease = durable.claim(i.run_id, "w", 60)
+            assert lease is not None
+            durable.save_raw_input(lease, {"documents": ["d"]})
+            durable.complete(lease, {"summary": "s"}, notify({"summary": "s"}))
+        sequential = runs / (time.perf_counter() - started)
     ledger = RunLedger(database_url=url)
     with ledger:
-        started = time.perf_counter()
-        for n in range(runs):  # the four separate statements, one autocommit each
-            i = ident("sequential", n)
-            ledger.register(i)
-            lease = ledger.claim(i.run_id, "w", 60)
-            assert lease is not None
-            ledger.save_raw_input(lease, {"documents": ["d"]})
-            ledger.complete(lease, {"summary": "s"}, notify({"summary": "s"}))
-        sequential = runs / (time.perf_counter() - started)
         started = time.perf_counter()
         for n in range(runs):
             run_idempotent(
@@ -232,9 +281,9 @@ def merged_vs_sequential(url: str, runs: int) -> None:
         merged = runs / (time.perf_counter() - started)
     ratio = merged / sequential
     row(
-        "runs/s, merged statements (begin) vs sequential",
+        "runs/s, merged + lease commits unflushed vs sequential",
         f"{merged:,.0f}/s = {ratio:.2f}x",
-        f"sequential {sequential:,.0f}/s; target >= 2x",
+        f"4 durable autocommits {sequential:,.0f}/s; target >= 2x",
         "ok" if ratio >= 2 else "MISSED",
     )
 

@@ -172,7 +172,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
                 conninfo=libpq_conninfo(self.database_url),
                 min_size=self.pool_min_size,
                 max_size=max(self.pool_max_size, self.pool_min_size),
-                kwargs={"autocommit": True},
+                kwargs={"autocommit": True, "prepare_threshold": 0},
                 timeout=self.connect_timeout_seconds,
                 name="idempotent_jobs.ledger",
                 open=False,
@@ -250,7 +250,10 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         params: Mapping[str, Any],
         row_factory: RowFactory[Row],
     ) -> list[Row]:
-        """Run one statement, retrying on a broken connection; return its rows."""
+        """Run one statement, retrying on a broken connection; return its rows.
+
+        Every runtime statement returns rows (a SELECT, or a write with RETURNING).
+        """
         pool = self._pool_or_open()
         query = self._query(template)
         for attempt in range(self.connection_retries + 1):
@@ -258,7 +261,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
             try:
                 with pool.connection() as conn, conn.cursor(row_factory=row_factory) as cur:
                     cur.execute(query, params)
-                    return cur.fetchall() if cur.description else []
+                    return cur.fetchall()
             except psycopg.errors.UniqueViolation as exc:
                 if exc.diag.constraint_name == "runs_identity_key":
                     raise IdentityConflictError(
@@ -609,9 +612,11 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
 
     @contextmanager
     def _transaction(self) -> Iterator[psycopg.Connection]:
+        """A transaction in pipeline mode: BEGIN travels with the first statement, COMMIT with
+        the last, so a lock-send-mark delivery costs two round trips instead of four."""
         pool = self._pool_or_open()
         try:
-            with pool.connection() as conn, conn.transaction():
+            with pool.connection() as conn, conn.pipeline(), conn.transaction():
                 yield conn
         except psycopg.OperationalError as exc:
             raise LedgerConnectionError(f"ledger transaction failed: {exc}") from exc

@@ -114,7 +114,7 @@ CLAIM: LiteralString = (
     + _TAKE_LEASE
     + """
     FROM prev
-    WHERE r.run_id = prev.run_id AND """
+    WHERE r.run_id = %(run_id)s AND r.run_id = prev.run_id AND """
     + _CLAIMABLE
     + "\n    "
     + _CLAIMED_RETURNING
@@ -153,10 +153,10 @@ BEGIN: LiteralString = (
     + _TAKE_LEASE
     + """
     FROM prev
-    WHERE r.run_id = prev.run_id AND """
+    WHERE r.run_id = %(run_id)s AND r.run_id = prev.run_id AND """
     + _CLAIMABLE
     + """
-      AND (r.job_name, r.subject_id, r.scheduled_at, r.version)
+      AND (prev.job_name, prev.subject_id, prev.scheduled_at, prev.version)
           = (%(job_name)s, %(subject_id)s, %(scheduled_at)s::timestamptz, %(version)s)
     """
     + _CLAIMED_RETURNING
