@@ -285,7 +285,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         return self._fetch(template, params, tuple_row)
 
     def _lease_write(self, params: dict[str, Any]) -> dict[str, Any]:
-        """``params`` of a lease-only write, with its commit mode (see ``queries._LEASE_COMMIT``)."""
+        """``params`` of a lease-only write plus its commit mode (see queries._LEASE_COMMIT)."""
         params["lease_commit"] = None if self.durable_lease_commits else "off"
         return params
 
@@ -398,7 +398,8 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
     def save_raw_input(self, lease: Lease, raw_input: dict[str, Any]) -> dict[str, Any]:
         """Checkpoint the collected input; the first stored value wins and is returned."""
         text = dump_json_object(raw_input, "raw_input")
-        rows = self._rows(queries.SAVE_RAW_INPUT, self._lease_write({**_fence(lease), "raw_input": text}))
+        params = self._lease_write({**_fence(lease), "raw_input": text})
+        rows = self._rows(queries.SAVE_RAW_INPUT, params)
         if not rows:
             raise LeaseLostError()
         stored: dict[str, Any] = rows[0][0]

@@ -478,3 +478,86 @@ def test_begin_refuses_a_mismatched_identity(ledger: RunLedger, db: psycopg.Conn
         (ident.run_id,),
     ).fetchone()
     assert row == ("pending", None, 0), "a mismatched row is never claimed"
+
+
+def _xmax(db: psycopg.Connection, run_id: str) -> str:
+    row = db.execute(
+        "SELECT xmax::text FROM idempotent_jobs.runs WHERE run_id = %s", (run_id,)
+    ).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def test_a_claim_writes_one_row_and_the_attempt_when_it_ends(
+    ledger: RunLedger, db: psycopg.Connection
+) -> None:
+    ident = identity()
+    ledger.register(ident)
+    lease = ledger.claim(ident.run_id, "w1", 30, dagster_run_id="d-1", step_key="collect")
+    assert lease is not None
+    # While the claim is open its details live on the run; no attempt row is written yet.
+    assert count(db, "run_attempts", ident.run_id) == 0
+    [open_attempt] = ledger.attempts(ident.run_id)
+    assert (open_attempt.dagster_run_id, open_attempt.step_key, open_attempt.outcome) == (
+        "d-1",
+        "collect",
+        None,
+    )
+    ledger.complete(lease, {"summary": "s"}, usage=ModelUsage("m", 3, 4))
+    [ended] = ledger.attempts(ident.run_id)
+    assert (ended.dagster_run_id, ended.step_key, ended.outcome) == ("d-1", "collect", "completed")
+    assert ended.started_at == open_attempt.started_at and ended.ended_at is not None
+    assert (ended.model_name, ended.input_tokens, ended.output_tokens) == ("m", 3, 4)
+    assert count(db, "run_attempts", ident.run_id) == 1
+
+
+def test_the_claim_that_supersedes_a_vanished_holder_records_its_attempt(
+    ledger: RunLedger, db: psycopg.Connection
+) -> None:
+    ident = identity()
+    ledger.register(ident)
+    gone = ledger.claim(ident.run_id, "gone", 30, dagster_run_id="d-1", step_key="transform")
+    assert gone is not None
+    expire_lease(db, ident.run_id)
+    assert ledger.claim(ident.run_id, "w2", 30, dagster_run_id="d-2") is not None
+    lost, current = ledger.attempts(ident.run_id)
+    assert (lost.worker_id, lost.dagster_run_id, lost.step_key, lost.outcome) == (
+        "gone",
+        "d-1",
+        "transform",
+        "lease_lost",
+    )
+    assert lost.ended_at is not None and lost.ended_at >= lost.started_at
+    assert (current.worker_id, current.dagster_run_id, current.outcome) == ("w2", "d-2", None)
+
+
+def test_polling_a_held_run_writes_nothing(ledger: RunLedger, db: psycopg.Connection) -> None:
+    ident = identity()
+    claimed(ledger, ident, "holder", 30)
+    before = _xmax(db, ident.run_id)
+    for _ in range(3):
+        assert ledger.claim(ident.run_id, "poller", 30) is None
+    # A claim that cannot succeed does not even lock the row (xmax would name the locker).
+    assert _xmax(db, ident.run_id) == before
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_lease_commit_mode_stays_inside_its_statement(database: str, durable: bool) -> None:
+    """Lease writes may commit without waiting for the flush; the setting never leaks into the
+    pooled connection's session, where the final commit must wait."""
+    with RunLedger(
+        database_url=database, pool_min_size=1, pool_max_size=1, durable_lease_commits=durable
+    ) as ledger:
+        pool = ledger._pool_or_open()
+        with pool.connection() as conn:
+            default = conn.execute("SHOW synchronous_commit").fetchone()
+        ident = identity()
+        record, lease = ledger.begin(ident, "w", 30)
+        assert lease is not None
+        ledger.save_raw_input(lease, {"documents": ["d"]})
+        lease = ledger.renew(lease)
+        with pool.connection() as conn:
+            assert conn.execute("SHOW synchronous_commit").fetchone() == default
+        assert ledger.complete(lease, {"summary": "s"}).accepted
+        stored = ledger.get(ident.run_id)
+        assert stored is not None and stored.raw_input == {"documents": ["d"]}
