@@ -4,7 +4,8 @@ PostgreSQL is the only authority: uniqueness is a constraint, the lease is one a
 expiry is the database clock, and every write after a claim is fenced by owner and epoch (see
 ``queries.py``). Each method is one statement on an autocommit connection, so a method is one round
 trip and one transaction, and safe to retry when the connection drops: a statement that landed
-before the drop is recognised on the retry instead of being applied twice.
+before the drop is recognised on the retry instead of being applied twice. Lease-only writes do not
+wait for the WAL flush unless ``durable_lease_commits`` is set (why that is safe: ``queries.py``).
 """
 
 import threading
@@ -317,7 +318,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         """:meth:`register` and :meth:`claim` in one round trip (one statement).
 
         Returns the record and the new lease, or the record and ``None`` when the run is
-        completed or another worker holds it (then the run is left as it was). Raises
+        completed or another worker holds it (then only its updated_at moves). Raises
         :class:`IdentityConflictError` like :meth:`register`.
         """
         lease_seconds = _check_lease_seconds(lease_seconds)

@@ -49,20 +49,9 @@ _LEASE_COMMIT: LiteralString = (
 _CLAIMABLE: LiteralString = """r.status <> 'completed'
       AND (r.lock_owner IS NULL OR r.lock_expires_at < now() OR r.lock_owner = %(worker_id)s)"""
 
-# What a successful claim sets: owner, expiry by the database clock, the next fencing epoch, the
-# details of the attempt it opens.
-_TAKE_LEASE: LiteralString = """status = 'running',
-        lock_owner = %(worker_id)s,
-        lock_expires_at = now() + make_interval(secs => %(lease_seconds)s),
-        lease_epoch = r.lease_epoch + 1,
-        attempts = r.attempts + 1,
-        updated_at = now(),
-        lease_started_at = now(),
-        lease_dagster_run_id = %(dagster_run_id)s,
-        lease_step_key = %(step_key)s"""
-
-# The run as it was before this statement, locked, so that the claim knows whether it supersedes
-# an open attempt (a vanished or paused holder, or this worker's own earlier claim).
+# The run as it was before this statement, locked (so it is the latest version), with whether
+# this statement may take its lease: the claim knows what it supersedes (a vanished or paused
+# holder, or this worker's own earlier claim) and decides on the row it then updates.
 _PREVIOUS: LiteralString = (
     """prev AS (
     SELECT """
@@ -70,21 +59,43 @@ _PREVIOUS: LiteralString = (
     + """, lease_started_at, lease_dagster_run_id, lease_step_key,
         """
     + _LEASE_COMMIT
-    + """
-    FROM {schema}.runs AS r WHERE r.run_id = %(run_id)s"""
+    + """,
+        """
 )
 
-_CLAIMED_RETURNING: LiteralString = (
-    "RETURNING "
-    + """r.run_id, r.job_name, r.subject_id, r.scheduled_at, r.version, r.status,
+# What the update of a claim sets: when `prev.claimable`, the owner, the expiry by the database
+# clock, the next fencing epoch and the details of the attempt it opens; always updated_at.
+_TAKE_LEASE: LiteralString = """status = CASE WHEN prev.claimable THEN 'running' ELSE r.status END,
+        lock_owner = CASE WHEN prev.claimable THEN %(worker_id)s ELSE r.lock_owner END,
+        lock_expires_at = CASE WHEN prev.claimable
+            THEN now() + make_interval(secs => %(lease_seconds)s) ELSE r.lock_expires_at END,
+        lease_epoch = r.lease_epoch + CASE WHEN prev.claimable THEN 1 ELSE 0 END,
+        attempts = r.attempts + CASE WHEN prev.claimable THEN 1 ELSE 0 END,
+        lease_started_at = CASE WHEN prev.claimable THEN now() ELSE r.lease_started_at END,
+        lease_dagster_run_id = CASE WHEN prev.claimable
+            THEN %(dagster_run_id)s ELSE r.lease_dagster_run_id END,
+        lease_step_key = CASE WHEN prev.claimable THEN %(step_key)s ELSE r.lease_step_key END,
+        updated_at = now()"""
+
+# The update itself, on the locked row; returns the run as updated and what it superseded.
+_CLAIMED: LiteralString = (
+    """claimed AS (
+    UPDATE {schema}.runs AS r
+    SET """
+    + _TAKE_LEASE
+    + """
+    FROM prev
+    WHERE r.run_id = %(run_id)s AND r.run_id = prev.run_id
+    RETURNING r.run_id, r.job_name, r.subject_id, r.scheduled_at, r.version, r.status,
         r.raw_input, r.output, r.lock_owner, r.lock_expires_at, r.lease_epoch, r.attempts,
-        r.last_error, r.created_at, r.updated_at, r.completed_at, r.revision"""
-    + """,
-        prev.status AS prev_status, prev.lock_owner AS prev_owner,
+        r.last_error, r.created_at, r.updated_at, r.completed_at, r.revision,
+        prev.claimable AS claimed, prev.status AS prev_status, prev.lock_owner AS prev_owner,
         prev.lease_epoch AS prev_epoch, prev.lease_started_at AS prev_started_at,
         prev.lease_dagster_run_id AS prev_dagster_run_id, prev.lease_step_key AS prev_step_key,
         """
     + _LEASE_COMMIT
+    + """
+)"""
 )
 
 # The superseded claim's attempt row, written by the claim that ends it.
@@ -95,40 +106,35 @@ _LOST_ATTEMPT: LiteralString = """lost AS (
         COALESCE(prev_started_at, now()), now(),
         CASE WHEN prev_owner = %(worker_id)s THEN 'superseded' ELSE 'lease_lost' END
     FROM claimed
-    WHERE prev_status = 'running'
+    WHERE claimed AND prev_status = 'running'
     ON CONFLICT (run_id, lease_epoch) DO NOTHING
 )"""
 
 # Atomic claim: succeeds only if the lease is free (see _CLAIMABLE). Bumps the fencing epoch and
 # records the attempt it supersedes, in one statement that writes one run row (and that attempt).
+# A run it cannot claim is not even locked: polling a held run writes nothing.
 CLAIM: LiteralString = (
     "WITH "
     + _PREVIOUS
-    + " AND "
-    + _CLAIMABLE  # a run held by another is not even locked: polling it writes nothing
+    + """true AS claimable
+    FROM {schema}.runs AS r
+    WHERE r.run_id = %(run_id)s AND """
+    + _CLAIMABLE
     + """
     FOR UPDATE
-), claimed AS (
-    UPDATE {schema}.runs AS r
-    SET """
-    + _TAKE_LEASE
-    + """
-    FROM prev
-    WHERE r.run_id = %(run_id)s AND r.run_id = prev.run_id AND """
-    + _CLAIMABLE
-    + "\n    "
-    + _CLAIMED_RETURNING
-    + "\n), "
+), """
+    + _CLAIMED
+    + ", "
     + _LOST_ATTEMPT
     + """
 SELECT lease_epoch, lock_expires_at, raw_input, attempts FROM claimed"""
 )
 
 # Register and claim in one statement, one round trip in every case: a new run is inserted already
-# claimed (epoch 1); an existing one is
-# claimed under the same rule as CLAIM (and only if its identity fields match), otherwise left as
-# it is, unwritten. `claimed` says whether this statement took the lease. No row back means a
-# first registration raced this one and is now committed: run the statement again.
+# claimed (epoch 1); an existing one is claimed under the same rule as CLAIM (and only if its
+# identity fields match), and otherwise only its updated_at moves, as REGISTER does. `claimed`
+# says whether this statement took the lease. No row back means a first registration raced this
+# one and is now committed: run the statement again.
 BEGIN: LiteralString = (
     """WITH inserted AS (
     INSERT INTO {schema}.runs AS r (run_id, job_name, subject_id, scheduled_at, version, status,
@@ -145,22 +151,18 @@ BEGIN: LiteralString = (
     + """
 ), """
     + _PREVIOUS
-    + """
-    FOR UPDATE
-), claimed AS (
-    UPDATE {schema}.runs AS r
-    SET """
-    + _TAKE_LEASE
-    + """
-    FROM prev
-    WHERE r.run_id = %(run_id)s AND r.run_id = prev.run_id AND """
+    + "("
     + _CLAIMABLE
     + """
-      AND (prev.job_name, prev.subject_id, prev.scheduled_at, prev.version)
-          = (%(job_name)s, %(subject_id)s, %(scheduled_at)s::timestamptz, %(version)s)
-    """
-    + _CLAIMED_RETURNING
-    + "\n), "
+        AND (r.job_name, r.subject_id, r.scheduled_at, r.version)
+            = (%(job_name)s, %(subject_id)s, %(scheduled_at)s::timestamptz, %(version)s)
+        ) AS claimable
+    FROM {schema}.runs AS r
+    WHERE r.run_id = %(run_id)s
+    FOR UPDATE
+), """
+    + _CLAIMED
+    + ", "
     + _LOST_ATTEMPT
     + """
 SELECT """
@@ -168,10 +170,7 @@ SELECT """
     + """, true AS claimed FROM inserted
 UNION ALL SELECT """
     + RUN_COLUMNS
-    + """, true FROM claimed
-UNION ALL SELECT """
-    + RUN_COLUMNS
-    + """, false FROM prev WHERE NOT EXISTS (SELECT FROM claimed)"""
+    + """, claimed FROM claimed"""
 )
 
 _FENCE: LiteralString = """run_id = %(run_id)s AND lock_owner = %(worker_id)s

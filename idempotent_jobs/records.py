@@ -81,7 +81,11 @@ class RunRecord:
 
 @dataclass(frozen=True)
 class AttemptRecord:
-    """One row of ``run_attempts``: one successful claim and how it ended."""
+    """One row of the ``attempts`` view: one successful claim and how it ended.
+
+    ``outcome`` and ``ended_at`` are ``None`` for the claim still open (its details live on the
+    run until it ends; ended claims are rows of ``run_attempts``).
+    """
 
     run_id: str
     lease_epoch: int
