@@ -229,13 +229,17 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         """The statement with the quoted schema name, rendered once per ledger.
 
         A plain string (not a ``Composed``) lets psycopg reuse its parsed and prepared form
-        instead of composing the statement again on every call.
+        instead of composing the statement again on every call. Indentation is dropped: psycopg
+        caches the conversion of statements up to 4,096 characters only, and the claim's
+        statement is longer than that indented.
         """
         query = self._sql.get(template)
         if query is None:
             rendered = sql.SQL(template).format(schema=sql.Identifier(self.schema_name))
-            # Constants plus a validated, quoted identifier: a literal in all but type.
-            query = rendered.as_string(None)
+            # Constants plus a validated, quoted identifier: a literal in all but type. No
+            # statement has a comment or a string literal spanning lines, so lines can be trimmed.
+            text = rendered.as_string(None)
+            query = "\n".join(line.strip() for line in text.splitlines() if line.strip())
             self._sql[template] = query
         return query
 

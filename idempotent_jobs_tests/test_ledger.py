@@ -561,3 +561,26 @@ def test_lease_commit_mode_stays_inside_its_statement(database: str, durable: bo
         assert ledger.complete(lease, {"summary": "s"}).accepted
         stored = ledger.get(ident.run_id)
         assert stored is not None and stored.raw_input == {"documents": ["d"]}
+
+
+def test_every_statement_fits_psycopgs_query_cache() -> None:
+    """psycopg reuses its conversion of a statement only up to a fixed length; longer ones are
+    converted again on every execute. Rendered with the longest schema name, every runtime
+    statement must fit."""
+    from psycopg import _queries
+
+    from idempotent_jobs import queries
+
+    ledger = RunLedger(database_url="postgresql://unused@127.0.0.1:9/x", schema_name="s" * 63)
+    templates = {
+        name: value
+        for name, value in vars(queries).items()
+        if name.isupper() and not name.startswith("_") and "{schema}" in value
+    }
+    assert "BEGIN" in templates and "COMPLETE" in templates
+    too_long = {
+        name: len(ledger._query(template))
+        for name, template in templates.items()
+        if len(ledger._query(template)) > _queries.MAX_CACHED_STATEMENT_LENGTH
+    }
+    assert too_long == {}
