@@ -50,6 +50,15 @@ def RELAY() -> str:  # noqa: N802 - the proxy's default action, named like the c
 RESTART_BATCH = 4
 
 
+def process_state(pid: int) -> str:
+    """The state letter of ``pid`` in ``/proc`` (``T``: stopped); empty once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
 class Chaos:
     def __init__(self, workdir: Path, lease_seconds: float, seed: int) -> None:
         self.workdir = workdir
@@ -106,6 +115,20 @@ class Chaos:
                 raise TimeoutError(f"timed out waiting for {what}")
             time.sleep(0.01)
 
+    def wait_for_lease_expiry(self, run_id: str) -> None:
+        with self.conn() as conn:
+            self.wait_for(
+                lambda: (
+                    conn.execute(
+                        "SELECT lock_expires_at < now() FROM idempotent_jobs.runs"
+                        " WHERE run_id = %s",
+                        (run_id,),
+                    ).fetchone()
+                    == (True,)
+                ),
+                "the paused holder's lease to expire",
+            )
+
     def verdict(self, trial: int, kind: str) -> Verdict:
         with self.conn() as conn:
             return check_invariants(
@@ -140,22 +163,19 @@ class Chaos:
 
     def stop(self, trial: int) -> Verdict:
         marker = str(self.workdir / f"pause-{trial}")
-        process = self.start(self.spec(trial, pause_marker=marker))
-        self.wait_for(lambda: Path(marker).exists(), "the model call")
-        os.kill(process.pid, signal.SIGSTOP)
         run_id = trial_identity(trial).run_id
-        with self.conn() as conn:
-            self.wait_for(
-                lambda: (
-                    conn.execute(
-                        "SELECT lock_expires_at < now() FROM idempotent_jobs.runs"
-                        " WHERE run_id = %s",
-                        (run_id,),
-                    ).fetchone()
-                    == (True,)
-                ),
-                "the paused holder's lease to expire",
-            )
+        process = self.start(self.spec(trial, pause_marker=marker))
+        try:
+            self.wait_for(lambda: Path(marker).exists(), "the model call")
+            os.kill(process.pid, signal.SIGSTOP)
+            self.wait_for(lambda: process_state(process.pid) == "T", "the holder to stop")
+            self.wait_for_lease_expiry(run_id)
+            if process_state(process.pid) != "T":
+                raise RuntimeError("the paused holder was resumed before its lease expired")
+        except BaseException:
+            process.kill()  # never leave a paused worker behind to renew its lease
+            process.join(timeout=60)
+            raise
         self.recover(trial)
         Path(marker + ".go").touch()
         os.kill(process.pid, signal.SIGCONT)

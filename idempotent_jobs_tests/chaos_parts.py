@@ -63,6 +63,10 @@ def run_worker(spec: dict[str, Any]) -> None:
     from idempotent_jobs import RunLedger, run_idempotent
     from idempotent_jobs.resources import WebhookChannel
 
+    # A session of its own: when a process of the runner's group exits and leaves that group
+    # orphaned, the kernel sends SIGHUP and SIGCONT to every member if one is stopped, which
+    # would wake (or kill) a worker the stop trial paused on purpose.
+    os.setsid()
     crash = spec.get("crash", "")
     results = Path(spec["results"])
     # The pool reports each reconnect attempt during a database restart; the trial checks the
@@ -100,6 +104,8 @@ def run_worker(spec: dict[str, Any]) -> None:
             Path(spec["pause_marker"]).touch()
             go = Path(spec["pause_marker"] + ".go")
             while not go.exists():  # a long model call; the parent SIGSTOPs us meanwhile
+                if not results.parent.exists():  # the runner is gone and took its workdir
+                    die()
                 time.sleep(0.02)
         return {"summary": f"answer from {os.getpid()}"}
 
