@@ -578,9 +578,6 @@ def test_every_statement_fits_psycopgs_query_cache() -> None:
         if name.isupper() and not name.startswith("_") and "{schema}" in value
     }
     assert "BEGIN" in templates and "COMPLETE" in templates
-    too_long = {
-        name: len(ledger._query(template))
-        for name, template in templates.items()
-        if len(ledger._query(template)) > _queries.MAX_CACHED_STATEMENT_LENGTH
-    }
+    lengths = {name: len(ledger._query(template)) for name, template in templates.items()}
+    too_long = {n: k for n, k in lengths.items() if k > _queries.MAX_CACHED_STATEMENT_LENGTH}
     assert too_long == {}
