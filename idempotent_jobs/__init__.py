@@ -8,17 +8,21 @@ from idempotent_jobs.errors import (
     LeaseLostError,
     LedgerConnectionError,
     LedgerError,
+    LedgerPermissionError,
     OutputRejectedError,
     RunNotFoundError,
     SchemaNotMigratedError,
+    StaleCandidateError,
 )
 from idempotent_jobs.identity import RunIdentity, stable_run_id
 from idempotent_jobs.ledger import RunLedger
 from idempotent_jobs.protocol import ModelAnswer, RunOutcome, run_idempotent
 from idempotent_jobs.records import (
     AttemptRecord,
+    Basis,
     Completion,
     DeliveryReport,
+    JobConfig,
     Lease,
     ModelUsage,
     OutboxRecord,
@@ -27,15 +31,18 @@ from idempotent_jobs.records import (
 
 __all__ = [
     "AttemptRecord",
+    "Basis",
     "Completion",
     "DeliveryReport",
     "IdentityConflictError",
     "InvalidInputError",
+    "JobConfig",
     "Lease",
     "LeaseBusyError",
     "LeaseLostError",
     "LedgerConnectionError",
     "LedgerError",
+    "LedgerPermissionError",
     "ModelAnswer",
     "ModelUsage",
     "OutboxRecord",
@@ -46,6 +53,7 @@ __all__ = [
     "RunOutcome",
     "RunRecord",
     "SchemaNotMigratedError",
+    "StaleCandidateError",
     "run_idempotent",
     "stable_run_id",
 ]

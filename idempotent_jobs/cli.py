@@ -1,14 +1,17 @@
 """The ``idempotent-jobs`` command line: tables by default, ``--json`` for scripts."""
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from idempotent_jobs.cli_render import table, to_json
-from idempotent_jobs.database import ensure_database_url
-from idempotent_jobs.errors import LedgerError
+import psycopg
+
+from idempotent_jobs.cli_render import escape_controls, table, to_json
+from idempotent_jobs.database import DATABASE_URL_ENV, ensure_database_url, redact
+from idempotent_jobs.errors import InvalidInputError, LedgerError, RunNotFoundError
 from idempotent_jobs.ledger import RunLedger
 
 
@@ -25,6 +28,20 @@ def _when(text: str) -> datetime:
     if value.tzinfo is None:
         raise argparse.ArgumentTypeError(f"{text!r} needs a timezone, e.g. 2026-08-07T00:00Z")
     return value
+
+
+def _positive(kind: type[int] | type[float]) -> Any:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+        return value
+
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
 
 
 def _emit(args: argparse.Namespace, data: Any, human: str) -> None:
@@ -126,6 +143,9 @@ def _runs_show(args: argparse.Namespace) -> int:
         ("lease owner", record.lock_owner),
         ("lease expires", record.lock_expires_at),
         ("completed at", record.completed_at),
+        ("input fingerprint", record.input_fingerprint),
+        ("config fingerprint", record.config_fingerprint),
+        ("config", record.config_parts),
         ("last error", record.last_error),
         ("output", record.output),
     ]
@@ -255,7 +275,9 @@ def _doctor(args: argparse.Namespace) -> int:
     try:
         ledger.open()
     except LedgerError as exc:
-        checks.append(f"problem: ledger database: {type(exc).__name__}: {exc}")
+        checks.append(
+            f"problem: ledger database: {type(exc).__name__}: {escape_controls(str(exc))}"
+        )
         _emit(args, {"checks": checks, "findings": [], "problems": 1}, "\n".join(checks))
         return 1
     with ledger:
@@ -274,6 +296,9 @@ def _reconcile(args: argparse.Namespace) -> int:
     from idempotent_jobs.jobs import JOB_SPECS
 
     specs = [s for s in JOB_SPECS if args.job in (None, s.name)]
+    if not specs:
+        names = ", ".join(s.name for s in JOB_SPECS)
+        raise InvalidInputError("--job", f"no job named {args.job!r} here; the jobs are: {names}")
     ensure_database_url()
     home = prepare_dagster_home()
     with _ledger(args) as ledger, dg.DagsterInstance.from_config(str(home)) as instance:
@@ -284,8 +309,30 @@ def _reconcile(args: argparse.Namespace) -> int:
 
 
 def _revise(args: argparse.Namespace) -> int:
+    """Everything that can be checked is checked before the one write (the revise itself)."""
     with _ledger(args) as ledger:
         run_id = ledger.resolve_run_id(args.run_id)
+        record = ledger.get(run_id)
+        if record is None:
+            raise RunNotFoundError(f"run {run_id} is not registered")
+        if record.status != "completed":
+            raise InvalidInputError(
+                "run_id", f"only a completed run can be revised; {run_id} is {record.status}"
+            )
+        partition = None
+        if args.channel or args.now:
+            from idempotent_jobs.rerun import partition_for_run, rerun_partition, spec_for
+
+            spec = spec_for(record)
+            unknown = [c for c in args.channel if c not in spec.channels]
+            if unknown:
+                raise InvalidInputError(
+                    "--channel",
+                    f"{', '.join(map(repr, unknown))} is not a channel of job {spec.name}; "
+                    f"its channels: {', '.join(spec.channels) or 'none'}",
+                )
+            if args.now:
+                partition = partition_for_run(record)
         record = ledger.revise(
             run_id,
             args.reason,
@@ -293,15 +340,13 @@ def _revise(args: argparse.Namespace) -> int:
             recollect=args.recollect,
             requested_by=args.requested_by,
         )
-        if args.now:
-            from idempotent_jobs.rerun import rerun_partition
-
-            rerun_partition(record)
+        if partition is not None:
+            rerun_partition(*partition)
             record = ledger.get(run_id) or record
     done = "recomputed" if args.now else "reopened"
     human = (
         f"run {record.run_id} {done} as revision {record.revision}: status={record.status}"
-        f"\nnotify on completion: {', '.join(args.channel) or 'no channel'}"
+        f"\nnotify on completion: {escape_controls(', '.join(args.channel)) or 'no channel'}"
     )
     if not args.now:
         human += "\nlaunch its partition in Dagster (or pass --now) to recompute it"
@@ -320,7 +365,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--schema", default="idempotent_jobs", help="ledger schema name")
     parser.add_argument(
-        "--connect-timeout", type=float, default=10.0, help="seconds to wait for the database"
+        "--connect-timeout",
+        type=_positive(float),
+        default=10.0,
+        help="seconds to wait for the database (libpq counts whole seconds: rounded up)",
     )
     json_flag = argparse.ArgumentParser(add_help=False)
     json_flag.add_argument("--json", action="store_true", help="machine-readable output")
@@ -357,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--status", choices=["pending", "running", "completed", "failed"])
     listing.add_argument("--since", type=_when, help="window start >= this (ISO, with zone)")
     listing.add_argument("--until", type=_when, help="window start < this (ISO, with zone)")
-    listing.add_argument("--limit", type=int, default=100)
+    listing.add_argument("--limit", type=_positive(int), default=100)
     listing.set_defaults(handler=_runs_list)
     show = runs.add_parser("show", parents=[json_flag], help="one run: attempts, outbox")
     show.add_argument("run_id", help="run id (or a unique prefix)")
@@ -369,11 +417,11 @@ def build_parser() -> argparse.ArgumentParser:
     olist = outbox.add_parser("list", parents=[json_flag], help="list outbox rows")
     olist.add_argument("--pending", action="store_true", help="only undelivered rows")
     olist.add_argument("--run", help="only this run (id or prefix)")
-    olist.add_argument("--limit", type=int, default=1000)
+    olist.add_argument("--limit", type=_positive(int), default=1000)
     olist.set_defaults(handler=_outbox_list)
     deliver = outbox.add_parser("deliver", parents=[json_flag], help="send pending rows")
     deliver.add_argument("--run", help="only this run (id or prefix)")
-    deliver.add_argument("--limit", type=int, default=100)
+    deliver.add_argument("--limit", type=_positive(int), default=100)
     deliver.set_defaults(handler=_outbox_deliver)
 
     commands.add_parser(
@@ -405,13 +453,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _fail(exc: BaseException) -> int:
+    """One line on stderr, exit 2: the error's type and text, controls escaped, no password."""
+    text = redact(str(exc), os.environ.get(DATABASE_URL_ENV))
+    print(f"idempotent-jobs: {type(exc).__name__}: {escape_controls(text)}", file=sys.stderr)
+    return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.handler(args)
-    except LedgerError as exc:
-        print(f"idempotent-jobs: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+    except (LedgerError, psycopg.Error) as exc:
+        return _fail(exc)
     return code
 
 

@@ -2,9 +2,29 @@
 
 import dataclasses
 import json
+import unicodedata
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
+
+# Characters a terminal may act on: C0 and C1 controls (ESC, BEL, CR, LF, CSI U+009B...), line
+# and paragraph separators, and the bidirectional overrides and isolates that reorder text.
+_BIDI = frozenset("\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _unsafe(ch: str) -> bool:
+    return unicodedata.category(ch) in ("Cc", "Zl", "Zp", "Cs") or ch in _BIDI
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every character a terminal would act on written as a Python escape
+    (``\\x1b``, ``\\n``, ``\\x9b``, ``\\u202e``), so text from a model, a worker or an operator
+    cannot move the cursor, retitle the window or rewrite what is on screen."""
+    if not any(_unsafe(ch) for ch in text):
+        return text
+    return "".join(
+        ch.encode("unicode_escape").decode("ascii") if _unsafe(ch) else ch for ch in text
+    )
 
 
 def plain(value: Any) -> Any:
@@ -33,6 +53,7 @@ def cell(value: Any, width: int = 80) -> str:
         text = json.dumps(value, ensure_ascii=False)
     else:
         text = str(value)
+    text = escape_controls(text)
     return text if len(text) <= width else text[: width - 1] + "…"
 
 

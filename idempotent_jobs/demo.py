@@ -32,7 +32,7 @@ def _collect(identity: RunIdentity) -> dict[str, Any]:
 
 
 def _notifications(output: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {"email:ops@acme.example": {"subject": "Competitor summary", "body": output["summary"]}}
+    return {"email-ops@acme.example": {"subject": "Competitor summary", "body": output["summary"]}}
 
 
 def _say(call: int, outcome: RunOutcome) -> str:

@@ -51,3 +51,15 @@ class LedgerConnectionError(LedgerError):
 
 class OutputRejectedError(LedgerError):
     """The validator rejected the model's output; the attempt is recorded as failed."""
+
+
+class StaleCandidateError(LedgerError):
+    """The answer was computed against an earlier revision or raw-input checkpoint of the run.
+
+    It was not accepted and nothing was sent; the attempt is recorded as ``superseded``. The run
+    stays open for an answer computed on its current revision and checkpoint.
+    """
+
+
+class LedgerPermissionError(LedgerError):
+    """The database role lacks a privilege the ledger needs."""

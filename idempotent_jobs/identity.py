@@ -1,8 +1,11 @@
 """The stable identity of one logical run: the same inputs give the same 64-hex id, everywhere.
 
 The id is ``sha256("job|subject|<UTC start, isoformat seconds>|version")``, byte for byte, so other
-tools that follow the published recipe compute the same ids. Fields are stripped; an empty field, a
-``|`` or a control character would make the ``|``-joined encoding ambiguous, so they are refused.
+tools that follow the published recipe compute the same ids. Text fields are stripped and put in
+Unicode normal form C (NFC) first, so "café" typed with a combining accent (NFD) is the same run as
+"café" typed precomposed; for ASCII and NFC text this changes nothing, so such ids are exactly the
+recipe's. An empty field, a ``|`` or a control character would make the ``|``-joined encoding
+ambiguous, so they are refused. ``scheduled_at`` must fall in the years 1900-9000 once in UTC.
 """
 
 import hashlib
@@ -13,13 +16,20 @@ from datetime import UTC, datetime
 from idempotent_jobs.errors import InvalidInputError
 
 MAX_FIELD_LENGTH = 512
+MIN_YEAR = 1900
+MAX_YEAR = 9000
+
+
+def normalize_text(value: str) -> str:
+    """Stripped and in Unicode NFC: how identity text is compared, stored and hashed."""
+    return unicodedata.normalize("NFC", value.strip())
 
 
 def clean_identity_text(name: str, value: object) -> str:
     """Strip ``value`` and check it can be an identity field; raise naming ``name`` if not."""
     if not isinstance(value, str):
         raise InvalidInputError(name, f"must be a string, got {type(value).__name__}")
-    text = value.strip()
+    text = normalize_text(value)
     if not text:
         raise InvalidInputError(name, "must not be empty")
     if "|" in text:
@@ -40,9 +50,17 @@ def _clean_time(value: object) -> datetime:
         raise InvalidInputError(
             "scheduled_at", "must be timezone-aware (a naive datetime is refused)"
         )
+    try:
+        utc = value.astimezone(UTC)
+    except OverflowError:
+        utc = None  # e.g. 9999-12-31T23:00-05:00, past datetime.max in UTC
+    if utc is None or not MIN_YEAR <= utc.year <= MAX_YEAR:
+        raise InvalidInputError(
+            "scheduled_at", f"must be in the years {MIN_YEAR}-{MAX_YEAR} in UTC, got {value}"
+        )
     # The id encodes whole seconds, so the identity keeps whole seconds too: two values that give
     # the same id must be the same identity.
-    return value.astimezone(UTC).replace(microsecond=0)
+    return utc.replace(microsecond=0)
 
 
 def _encode_time(value: datetime) -> str:

@@ -8,8 +8,16 @@ import dagster as dg
 
 from idempotent_jobs.identity import RunIdentity
 from idempotent_jobs.partitions import identity_for_partition, window_by_subject
+from idempotent_jobs.records import JobConfig
 
 JSONDict = dict[str, Any]
+
+
+def callable_name(function: Callable[..., object]) -> str:
+    """``module.qualname`` of a function (of its class for other callables): stable across
+    processes and deploys as long as the code keeps the name."""
+    named = function if hasattr(function, "__qualname__") else type(function)
+    return f"{getattr(named, '__module__', '?')}.{getattr(named, '__qualname__', repr(named))}"
 
 
 def default_payload(identity: RunIdentity, output: JSONDict) -> JSONDict:
@@ -72,6 +80,13 @@ class IdempotentJobSpec:
     def notifications(self, identity: RunIdentity, output: JSONDict) -> Mapping[str, JSONDict]:
         payload = self.payload(identity, output)
         return {channel: payload for channel in self.channels}
+
+    def config(self, model_name: str) -> JobConfig:
+        """What an answer of this job is computed under besides its identity: recorded with
+        each accepted result, compared when a completed run is reused."""
+        return JobConfig.of(
+            prompt=self.prompt, model=model_name, validator=callable_name(self.validate)
+        )
 
     def tags(self) -> dict[str, str]:
         return {

@@ -24,22 +24,26 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from pydantic import Field, PrivateAttr
 
 from idempotent_jobs import queries
-from idempotent_jobs.database import libpq_conninfo
+from idempotent_jobs.database import ledger_conninfo, redact
 from idempotent_jobs.errors import (
     IdentityConflictError,
     InvalidInputError,
     LeaseLostError,
     LedgerConnectionError,
     LedgerError,
+    LedgerPermissionError,
     RunNotFoundError,
     SchemaNotMigratedError,
+    StaleCandidateError,
 )
-from idempotent_jobs.identity import RunIdentity
-from idempotent_jobs.json_values import dump_json_object
+from idempotent_jobs.identity import RunIdentity, normalize_text
+from idempotent_jobs.json_values import dump_json_object, text_fingerprint
 from idempotent_jobs.records import (
     AttemptRecord,
+    Basis,
     Completion,
     DeliveryReport,
+    JobConfig,
     Lease,
     ModelUsage,
     OutboxRecord,
@@ -53,15 +57,37 @@ Row = TypeVar("Row")
 
 MAX_LEASE_SECONDS = 24 * 3600.0
 MAX_ERROR_CHARS = 4000
+MAX_NAME_CHARS = 200
+MAX_CHANNEL_CHARS = 100
+MAX_REASON_CHARS = 2000
 _NO_USAGE = ModelUsage()
 
 
+def _check_name(field: str, value: object, limit: int = MAX_NAME_CHARS) -> str:
+    """A short free-text column (worker id, caller run id, step, model, requested_by)."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInputError(field, "must be a non-empty string")
+    if len(value) > limit:
+        raise InvalidInputError(field, f"must be at most {limit} characters, got {len(value)}")
+    if not value.isprintable():
+        raise InvalidInputError(field, "must not contain control or other unprintable characters")
+    return value
+
+
+def _check_limit(limit: object) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise InvalidInputError("limit", f"must be a whole number, got {limit!r}")
+    if limit < 1:
+        raise InvalidInputError("limit", f"must be at least 1, got {limit}")
+    return limit
+
+
+def _optional_name(field: str, value: str | None) -> str | None:
+    return None if value is None else _check_name(field, value)
+
+
 def _check_worker_id(worker_id: str) -> str:
-    if not isinstance(worker_id, str) or not worker_id.strip():
-        raise InvalidInputError("worker_id", "must be a non-empty string")
-    if len(worker_id) > 200 or not worker_id.isprintable():
-        raise InvalidInputError("worker_id", "must be printable and at most 200 characters")
-    return worker_id
+    return _check_name("worker_id", worker_id)
 
 
 def _check_lease_seconds(lease_seconds: float) -> float:
@@ -73,8 +99,18 @@ def _check_lease_seconds(lease_seconds: float) -> float:
 
 
 def _check_channel(field: str, channel: object) -> None:
+    """A channel name is part of the idempotency key ``<run_id>:<channel>[:r<revision>]``, so a
+    ``:`` in it could produce another channel's key (``ops:r1`` at revision 0 is ``ops`` at 1)."""
     if not isinstance(channel, str) or not channel.strip() or not channel.isprintable():
         raise InvalidInputError(field, f"channel name {channel!r} is not valid")
+    if ":" in channel:
+        raise InvalidInputError(
+            field, f"channel name {channel!r} must not contain ':' (it separates the key's parts)"
+        )
+    if len(channel) > MAX_CHANNEL_CHARS:
+        raise InvalidInputError(
+            field, f"channel name {channel[:20]!r}... is longer than {MAX_CHANNEL_CHARS}"
+        )
 
 
 def _notifications_json(notifications: Mapping[str, Any] | None) -> str:
@@ -104,6 +140,27 @@ def _check_identity(record: RunRecord, identity: RunIdentity) -> None:
         )
 
 
+def _permission_error(
+    exc: psycopg.errors.InsufficientPrivilege, schema_name: str
+) -> LedgerPermissionError:
+    return LedgerPermissionError(
+        f"the database role lacks a privilege: {exc.diag.message_primary or exc}. The ledger "
+        f"needs USAGE on schema {schema_name} and SELECT, INSERT, UPDATE, DELETE on its tables "
+        "(migrate needs CREATE on the database, or run it as the schema's owner)"
+    )
+
+
+def _stale(run_id: str, candidate: Basis, current: Basis) -> StaleCandidateError:
+    def show(basis: Basis) -> str:
+        checkpoint = (basis.input_fingerprint or "none")[:12]
+        return f"revision {basis.revision}, checkpoint {checkpoint}"
+
+    return StaleCandidateError(
+        f"run {run_id}: the answer was computed on {show(candidate)}, the run is now on "
+        f"{show(current)}; it was not accepted and nothing was sent"
+    )
+
+
 def _fence(lease: Lease) -> dict[str, Any]:
     return {"run_id": lease.run_id, "worker_id": lease.worker_id, "epoch": lease.epoch}
 
@@ -111,7 +168,9 @@ def _fence(lease: Lease) -> dict[str, Any]:
 def _usage(usage: ModelUsage | None) -> dict[str, Any]:
     usage = usage or _NO_USAGE
     return {
-        "model_name": usage.model_name,
+        "model_name": None
+        if usage.model_name is None
+        else _check_name("usage.model_name", usage.model_name),
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
     }
@@ -163,14 +222,40 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         self.close()
 
+    def _conninfo(self) -> str:
+        return ledger_conninfo(self.database_url, self.connect_timeout_seconds)
+
+    def _connection_error(self, doing: str, exc: psycopg.Error) -> LedgerError:
+        """The typed error for ``exc``, its real cause in one line, no password in it."""
+        if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+            return _permission_error(exc, self.schema_name)
+        text = redact(str(exc).strip(), self.database_url).replace("\n", " ")
+        if isinstance(exc, psycopg.OperationalError):
+            return LedgerConnectionError(f"could not {doing}: {text}")
+        return LedgerError(f"could not {doing}: {text}")
+
+    def _connect(self, doing: str) -> psycopg.Connection:
+        """One direct connection: fails at once with the server's reason (wrong password,
+        missing database, bad sslmode), where a pool would retry until its timeout."""
+        try:
+            return psycopg.connect(self._conninfo(), autocommit=True)
+        except psycopg.Error as exc:
+            raise self._connection_error(doing, exc) from None
+
     def open(self) -> None:
         """Open the connection pool and verify the schema; a no-op when already open."""
         with self._open_lock:
             if self._pool is not None:
                 return
             check_schema_name(self.schema_name)
+            conninfo = self._conninfo()
+            with self._connect("connect to the ledger database") as probe:
+                try:
+                    verify_migrations(probe, self.schema_name)
+                except psycopg.Error as exc:
+                    raise self._connection_error("read the ledger schema", exc) from None
             pool = ConnectionPool(
-                conninfo=libpq_conninfo(self.database_url),
+                conninfo=conninfo,
                 min_size=self.pool_min_size,
                 max_size=max(self.pool_max_size, self.pool_min_size),
                 kwargs={"autocommit": True, "prepare_threshold": 0},
@@ -180,8 +265,6 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
             )
             try:
                 pool.open(wait=True, timeout=self.connect_timeout_seconds)
-                with pool.connection() as conn:
-                    verify_migrations(conn, self.schema_name)
             except PoolTimeout:
                 pool.close()
                 raise LedgerConnectionError(
@@ -210,17 +293,11 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
     def migrate(self) -> list[str]:
         """Apply missing migrations (idempotent, serialised by an advisory lock); return them."""
         check_schema_name(self.schema_name)
-        try:
-            with psycopg.connect(
-                self.database_url,
-                autocommit=True,
-                connect_timeout=int(self.connect_timeout_seconds),
-            ) as conn:
+        with self._connect("connect to migrate the ledger") as conn:
+            try:
                 applied = apply_migrations(conn, self.schema_name)
-        except psycopg.OperationalError as exc:
-            raise LedgerConnectionError(f"could not migrate the ledger: {exc}") from None
-        except psycopg.Error as exc:
-            raise LedgerError(f"could not migrate the ledger: {exc}") from None
+            except psycopg.Error as exc:
+                raise self._connection_error("migrate the ledger", exc) from None
         return [f"{m.version:04d}_{m.name}" for m in applied]
 
     # -- statements --------------------------------------------------------------------------
@@ -276,12 +353,15 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
                 raise
             except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
                 raise SchemaNotMigratedError() from None
+            except psycopg.errors.InsufficientPrivilege as exc:
+                raise _permission_error(exc, self.schema_name) from None
             except psycopg.OperationalError as exc:
                 broken = conn is None or conn.broken or isinstance(exc, PoolTimeout)
                 if not broken or attempt == self.connection_retries:
+                    text = redact(str(exc), self.database_url)
                     raise LedgerConnectionError(
-                        f"ledger statement failed ({type(exc).__name__}): {exc}"
-                    ) from exc
+                        f"ledger statement failed ({type(exc).__name__}): {text}"
+                    ) from None
                 pool.check()  # drop the other connections the same outage broke
                 time.sleep(min(0.2 * 2**attempt, 2.0))
         raise AssertionError("unreachable")
@@ -331,8 +411,8 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
                 **_identity_params(identity),
                 "worker_id": _check_worker_id(worker_id),
                 "lease_seconds": lease_seconds,
-                "dagster_run_id": dagster_run_id,
-                "step_key": step_key,
+                "dagster_run_id": _optional_name("dagster_run_id", dagster_run_id),
+                "step_key": _optional_name("step_key", step_key),
             }
         )
         try:
@@ -356,6 +436,8 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
             lease_seconds,
             record.raw_input,
             record.attempts,
+            record.revision,
+            record.input_fingerprint,
         )
         return record, lease
 
@@ -377,15 +459,25 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
                     "run_id": run_id,
                     "worker_id": _check_worker_id(worker_id),
                     "lease_seconds": lease_seconds,
-                    "dagster_run_id": dagster_run_id,
-                    "step_key": step_key,
+                    "dagster_run_id": _optional_name("dagster_run_id", dagster_run_id),
+                    "step_key": _optional_name("step_key", step_key),
                 }
             ),
         )
         if not rows:
             return None
-        epoch, expires_at, raw_input, attempts = rows[0]
-        return Lease(run_id, worker_id, epoch, expires_at, lease_seconds, raw_input, attempts)
+        epoch, expires_at, raw_input, attempts, revision, fingerprint = rows[0]
+        return Lease(
+            run_id,
+            worker_id,
+            epoch,
+            expires_at,
+            lease_seconds,
+            raw_input,
+            attempts,
+            revision,
+            fingerprint,
+        )
 
     def renew(self, lease: Lease) -> Lease:
         """Extend the lease by its duration from now (database clock); raise if it was lost.
@@ -397,17 +489,34 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         rows = self._rows(queries.RENEW, params)
         if not rows:
             raise LeaseLostError()
-        expires_at, raw_input, attempts, _ = rows[0]
-        return replace(lease, expires_at=expires_at, stored_raw_input=raw_input, attempts=attempts)
+        expires_at, raw_input, attempts, revision, fingerprint, _ = rows[0]
+        return replace(
+            lease,
+            expires_at=expires_at,
+            stored_raw_input=raw_input,
+            attempts=attempts,
+            revision=revision,
+            input_fingerprint=fingerprint,
+        )
 
-    def save_raw_input(self, lease: Lease, raw_input: dict[str, Any]) -> dict[str, Any]:
-        """Checkpoint the collected input; the first stored value wins and is returned."""
+    def checkpoint(self, lease: Lease, raw_input: dict[str, Any]) -> Lease:
+        """Checkpoint the collected input; the first stored value wins. Returns the lease with
+        the stored checkpoint and its fingerprint: the :class:`Basis` of an answer computed on
+        it."""
         text = dump_json_object(raw_input, "raw_input")
-        params = self._lease_write({**_fence(lease), "raw_input": text})
+        params = self._lease_write(
+            {**_fence(lease), "raw_input": text, "input_fingerprint": text_fingerprint(text)}
+        )
         rows = self._rows(queries.SAVE_RAW_INPUT, params)
         if not rows:
             raise LeaseLostError()
-        stored: dict[str, Any] = rows[0][0]
+        stored, fingerprint, _ = rows[0]
+        return replace(lease, stored_raw_input=stored, input_fingerprint=fingerprint)
+
+    def save_raw_input(self, lease: Lease, raw_input: dict[str, Any]) -> dict[str, Any]:
+        """Checkpoint the collected input; the first stored value wins and is returned."""
+        stored = self.checkpoint(lease, raw_input).stored_raw_input
+        assert stored is not None
         return stored
 
     def complete(
@@ -416,25 +525,52 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         output: dict[str, Any],
         notifications: Mapping[str, dict[str, Any]] | None = None,
         usage: ModelUsage | None = None,
+        *,
+        basis: Basis | None = None,
+        config: JobConfig | None = None,
     ) -> Completion:
         """Accept ``output`` and queue ``notifications`` in one transaction.
+
+        ``basis`` is what the output was computed against (default: the lease's revision and
+        checkpoint, right when the lease is the one the output was computed under). The output
+        is accepted only while the run is still on that basis; otherwise nothing of it is
+        stored or sent, the lease is given back, the attempt is recorded ``superseded``, and
+        :class:`StaleCandidateError` is raised. ``config`` is recorded with the result.
 
         If the run was already completed, return the stored output: ``accepted`` tells whether
         it was this lease's (a retry after a lost answer) or another attempt's. If the lease was
         lost before completion, raise :class:`LeaseLostError` and write nothing.
         """
+        basis = basis or lease.basis
+        config = config or JobConfig()
+        parts = dict(config.parts)
         params = {
             **_fence(lease),
             **_usage(usage),
             "output": dump_json_object(output, "output"),
             "notifications": _notifications_json(notifications),
+            "revision": basis.revision,
+            "input_fingerprint": basis.input_fingerprint,
+            "config_fingerprint": config.fingerprint if parts else None,
+            "config_parts": dump_json_object(parts, "config") if parts else None,
         }
         rows = self._rows(queries.COMPLETE, params)
         if rows:
-            return Completion(output=rows[0][0], accepted=True)
+            accepted, stored, revision, fingerprint = rows[0]
+            if accepted:
+                return Completion(stored, True, dict(config.parts) or None)
+            raise _stale(lease.run_id, basis, Basis(revision, fingerprint))
         record = self.get(lease.run_id)
         if record is not None and record.status == "completed" and record.output is not None:
-            return Completion(output=record.output, accepted=record.lease_epoch == lease.epoch)
+            mine = record.lease_epoch == lease.epoch
+            return Completion(record.output, mine, record.config_parts)
+        if (
+            record is not None
+            and record.lease_epoch == lease.epoch
+            and record.status == "pending"
+            and not basis.holds_for(record.revision, record.input_fingerprint)
+        ):  # refused as stale by a statement whose answer was lost; the retry found it so
+            raise _stale(lease.run_id, basis, Basis(record.revision, record.input_fingerprint))
         raise LeaseLostError()
 
     def fail(self, lease: Lease, error: str, usage: ModelUsage | None = None) -> None:
@@ -484,7 +620,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         """Outbox rows, optionally of one run and/or only those not delivered yet."""
         return self._fetch(
             queries.LIST_OUTBOX,
-            {"run_id": run_id, "pending_only": pending_only, "limit": limit},
+            {"run_id": run_id, "pending_only": pending_only, "limit": _check_limit(limit)},
             class_row(OutboxRecord),
         )
 
@@ -499,14 +635,15 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         limit: int | None = 100,
     ) -> list[RunRecord]:
         """Runs, newest window first (``limit=None``: all); ``since``/``until`` bound the
-        window start, ``until`` exclusive."""
+        window start, ``until`` exclusive. ``job_name`` and ``subject_id`` are compared as the
+        identity stores them (stripped, Unicode NFC)."""
         params = {
-            "job_name": job_name,
-            "subject_id": subject_id,
+            "job_name": None if job_name is None else normalize_text(job_name),
+            "subject_id": None if subject_id is None else normalize_text(subject_id),
             "status": status,
             "since": since,
             "until": until,
-            "limit": limit,
+            "limit": None if limit is None else _check_limit(limit),
         }
         return self._fetch(queries.LIST_RUNS, params, class_row(RunRecord))
 
@@ -542,14 +679,18 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         """
         if not isinstance(reason, str) or not reason.strip():
             raise InvalidInputError("reason", "must say why the result is recomputed")
+        if len(reason.strip()) > MAX_REASON_CHARS:
+            raise InvalidInputError("reason", f"must be at most {MAX_REASON_CHARS} characters")
+        if isinstance(channels, str):
+            raise InvalidInputError("channels", "must be a list of channel names, not one string")
         for channel in channels:
             _check_channel("channels", channel)
         params = {
             "run_id": run_id,
-            "reason": reason.strip()[:MAX_ERROR_CHARS],
-            "channels": list(channels),
-            "recollect": recollect,
-            "requested_by": requested_by,
+            "reason": reason.strip(),
+            "channels": list(dict.fromkeys(channels)),
+            "recollect": bool(recollect),
+            "requested_by": _optional_name("requested_by", requested_by),
         }
         rows = self._fetch(queries.REVISE, params, class_row(RunRecord))
         if rows:

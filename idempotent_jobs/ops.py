@@ -3,7 +3,9 @@
 Between ops travels a small JSON "ticket": the ledger run id, whether the run is already
 completed, and the lease (owner + epoch) handed on to the next step of the *same* Dagster run.
 A step in another Dagster run (re-execution, run retry) never uses a ticket it did not issue:
-it claims the lease itself, waiting for the previous holder to finish or expire.
+it claims the lease itself, waiting for the previous holder to finish or expire. The model's
+answer travels with its basis (the revision and checkpoint fingerprint it was computed on) and
+the job's configuration; ``persist`` commits it only on that basis.
 """
 
 import uuid
@@ -12,14 +14,19 @@ from typing import Any
 
 import dagster as dg
 
-from idempotent_jobs.errors import LeaseBusyError, LeaseLostError, LedgerError
+from idempotent_jobs.errors import (
+    LeaseBusyError,
+    LeaseLostError,
+    LedgerError,
+    StaleCandidateError,
+)
 from idempotent_jobs.heartbeat import LeaseHeartbeat
 from idempotent_jobs.identity import RunIdentity
 from idempotent_jobs.job_spec import IdempotentJobSpec
 from idempotent_jobs.leases import take_over
 from idempotent_jobs.ledger import RunLedger
 from idempotent_jobs.protocol import check_output, record_failure
-from idempotent_jobs.records import Completion, Lease, ModelUsage, RunRecord
+from idempotent_jobs.records import Basis, Completion, JobConfig, Lease, ModelUsage, RunRecord
 from idempotent_jobs.resources import DocumentCollector, NotificationChannel, SummaryModel
 
 Ticket = dict[str, Any]
@@ -32,8 +39,15 @@ def _worker_id(context: dg.OpExecutionContext) -> str:
     )
 
 
-def _completed_ticket(record: RunRecord | Ticket) -> Ticket:
-    """The ticket of a run already completed: later ops only report it."""
+def reuse_label(config: JobConfig, stored_parts: dict[str, str] | None) -> str:
+    """``reused``, or ``reused (config changed: prompt)`` when the stored result was computed
+    under another prompt, model or validator than the job has now."""
+    changed = config.changed_since(stored_parts)
+    return f"reused (config changed: {', '.join(changed)})" if changed else "reused"
+
+
+def _completed_ticket(record: RunRecord | Ticket, result: str = "reused") -> Ticket:
+    """The ticket of a run already completed: later ops only report it (as ``result``)."""
     if isinstance(record, RunRecord):
         record = {"run_id": record.run_id, "epoch": record.lease_epoch, "attempts": record.attempts}
     return {
@@ -43,6 +57,7 @@ def _completed_ticket(record: RunRecord | Ticket) -> Ticket:
         "dagster_run_id": None,
         "epoch": record["epoch"],
         "attempts": record["attempts"],
+        "result": result,
     }
 
 
@@ -120,9 +135,16 @@ def build_ops(
             step_key=context.op.name,
         )
 
+    def reused(context: dg.OpExecutionContext, record: RunRecord, model: SummaryModel) -> Ticket:
+        label = reuse_label(spec.config(model.model_name), record.config_parts)
+        return _report(context, _completed_ticket(record, label), label)
+
     @dg.op(name=f"{spec.name}_collect", out=dg.Out(Ticket), tags={"kind": "ledger"})
     def collect(
-        context: dg.OpExecutionContext, ledger: RunLedger, collector: DocumentCollector
+        context: dg.OpExecutionContext,
+        ledger: RunLedger,
+        collector: DocumentCollector,
+        model: SummaryModel,
     ) -> Ticket:
         """Register the run, take its lease and checkpoint the collected input (once)."""
         identity = identity_of(context)
@@ -134,13 +156,13 @@ def build_ops(
             step_key=context.op.name,
         )
         if record.status == "completed":
-            return _report(context, _completed_ticket(record), "reused")
+            return reused(context, record, model)
         if lease is None:  # another worker holds it: wait for it to finish or expire
             got = claim(context, ledger, record.run_id, None)
             if isinstance(got, RunRecord):
                 if got.status != "completed":
                     raise _busy(got)
-                return _report(context, _completed_ticket(got), "reused")
+                return reused(context, got, model)
             lease = got
         reused_input = lease.stored_raw_input is not None
         if not reused_input:
@@ -149,7 +171,7 @@ def build_ops(
             except Exception as exc:
                 record_failure(ledger, lease, exc, None)
                 raise
-            ledger.save_raw_input(lease, raw_input)
+            ledger.checkpoint(lease, raw_input)
         result = "reused input" if reused_input else "collected"
         return _report(context, _lease_ticket(context, lease), result)
 
@@ -165,12 +187,12 @@ def build_ops(
         """Call the model on the checkpointed input (read from the ledger) under a live lease."""
         run_id = collected["run_id"]
         if collected["completed"]:
-            return _report(context, _completed_ticket(collected), "reused")
+            return _report(context, collected, collected["result"])
         lease = claim(context, ledger, run_id, _handed_lease(context, collected))
         if isinstance(lease, RunRecord):
             if lease.status != "completed":
                 raise _busy(lease)
-            return _report(context, _completed_ticket(lease), "reused")
+            return reused(context, lease, model)
         raw_input = lease.stored_raw_input
         if raw_input is None:
             raise LedgerError(f"run {run_id} has no raw-input checkpoint; re-run collect")
@@ -183,7 +205,12 @@ def build_ops(
                 raise
         heartbeat.raise_if_lost()
         ticket = _lease_ticket(
-            context, heartbeat.lease, output=answer.output, usage=asdict(answer.usage)
+            context,
+            heartbeat.lease,
+            output=answer.output,
+            usage=asdict(answer.usage),
+            basis=asdict(lease.basis),  # what the answer was computed on: this checkpoint
+            config=dict(spec.config(model.model_name).parts),
         )
         return _report(context, ticket, "model called", answer.usage)
 
@@ -192,31 +219,48 @@ def build_ops(
         """Commit the answer, its usage and the outbox rows in one transaction."""
         run_id = transformed["run_id"]
         if transformed["completed"]:
-            return _report(context, _completed_ticket(transformed), "reused")
+            return _report(context, transformed, transformed["result"])
         identity = identity_of(context)
         output = transformed["output"]
         usage = ModelUsage(**transformed["usage"])
+        basis = Basis(**transformed["basis"])
+        config = JobConfig(transformed["config"])
         notifications = spec.notifications(identity, output)
         completion: Completion | None = None
         handed = _handed_lease(context, transformed)
         ticket = transformed
+
+        def commit(lease: Lease) -> Completion:
+            try:
+                return ledger.complete(
+                    lease, output, notifications, usage, basis=basis, config=config
+                )
+            except StaleCandidateError as exc:  # revised since: this answer is not the result
+                raise dg.Failure(
+                    description=f"stale answer, not accepted: {exc}",
+                    metadata={"ledger_run_id": run_id, "result": "superseded"},
+                    allow_retries=False,
+                ) from None
+
         if handed is not None:
             try:
-                completion = ledger.complete(handed, output, notifications, usage)
+                completion = commit(handed)
             except LeaseLostError:
                 completion = None
         if completion is None:
             # The handed lease was lost, or this is a re-execution: claim, then commit the
-            # answer this run already paid for (first commit wins).
+            # answer this run already paid for (first commit wins), but only on the revision
+            # and checkpoint it was computed on.
             lease = claim(context, ledger, run_id, None)
             if isinstance(lease, RunRecord):
                 if lease.status != "completed":
                     raise _busy(lease)
-                return _report(context, _completed_ticket(lease), "reused")
-            completion = ledger.complete(lease, output, notifications, usage)
+                label = reuse_label(config, lease.config_parts)
+                return _report(context, _completed_ticket(lease, label), label)
+            completion = commit(lease)
             ticket = _lease_ticket(context, lease)
-        result = "new" if completion.accepted else "reused"
-        done = {**_completed_ticket(ticket), "result": result}
+        result = "new" if completion.accepted else reuse_label(config, completion.config_parts)
+        done = _completed_ticket(ticket, result)
         return _report(context, done, result, usage if completion.accepted else None)
 
     @dg.op(

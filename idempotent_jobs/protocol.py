@@ -10,12 +10,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from idempotent_jobs.errors import LeaseLostError, LedgerError, OutputRejectedError
+from idempotent_jobs.errors import (
+    LeaseLostError,
+    LedgerError,
+    OutputRejectedError,
+    StaleCandidateError,
+)
 from idempotent_jobs.heartbeat import LeaseHeartbeat
 from idempotent_jobs.identity import RunIdentity
 from idempotent_jobs.leases import acquire
 from idempotent_jobs.ledger import RunLedger
-from idempotent_jobs.records import Lease, ModelUsage, RunRecord, RunStatus
+from idempotent_jobs.records import JobConfig, Lease, ModelUsage, RunRecord, RunStatus
 
 JSONDict = dict[str, Any]
 DEFAULT_LEASE_SECONDS = 300.0
@@ -35,6 +40,8 @@ class RunOutcome:
 
     ``executed`` is true only when this call ran the model and its output is the accepted one.
     ``status`` is ``running`` (and ``output`` ``None``) when another worker holds the lease.
+    ``config_changed`` names the parts of ``config`` (prompt, model, validator) that differ
+    from those the reused result was computed under (empty when nothing was reused).
     """
 
     run_id: str
@@ -43,6 +50,7 @@ class RunOutcome:
     executed: bool
     worker_id: str
     epoch: int | None = None
+    config_changed: tuple[str, ...] = ()
 
 
 def default_worker_id() -> str:
@@ -82,6 +90,7 @@ def run_idempotent(
     wait_seconds: float = 0.0,
     dagster_run_id: str | None = None,
     step_key: str | None = None,
+    config: JobConfig | None = None,
 ) -> RunOutcome:
     """Run one logical run at most once to completion, however often it is called.
 
@@ -94,13 +103,20 @@ def run_idempotent(
     - ``validate`` raising, or returning ``False``, fails the attempt; so does any error in
       ``collect`` or ``transform``: the reason is recorded, the run stays retryable, and the
       exception propagates.
+    - The answer is bound to the revision and checkpoint it was computed on; ``config`` (the
+      prompt, model and validator) is recorded with it, and a reused result computed under
+      another configuration says so in ``config_changed``.
     """
+    config = config or JobConfig()
     worker_id = worker_id or default_worker_id()
     record, lease = ledger.begin(
         identity, worker_id, lease_seconds, dagster_run_id=dagster_run_id, step_key=step_key
     )
     if record.status == "completed":
-        return RunOutcome(record.run_id, "completed", record.output, False, worker_id)
+        changed = tuple(config.changed_since(record.config_parts))
+        return RunOutcome(
+            record.run_id, "completed", record.output, False, worker_id, None, changed
+        )
     if lease is None and wait_seconds <= 0:
         return RunOutcome(record.run_id, record.status, None, False, worker_id)
     if lease is None:
@@ -114,22 +130,25 @@ def run_idempotent(
             step_key=step_key,
         )
         if isinstance(got, RunRecord):
-            output = got.output if got.status == "completed" else None
-            return RunOutcome(got.run_id, got.status, output, False, worker_id)
+            if got.status != "completed":
+                return RunOutcome(got.run_id, got.status, None, False, worker_id)
+            changed = tuple(config.changed_since(got.config_parts))
+            return RunOutcome(got.run_id, "completed", got.output, False, worker_id, None, changed)
         lease = got
 
     usage: ModelUsage | None = None
     try:
+        if lease.stored_raw_input is None:
+            lease = ledger.checkpoint(lease, collect(identity))
         raw_input = lease.stored_raw_input
-        if raw_input is None:
-            raw_input = ledger.save_raw_input(lease, collect(identity))
+        assert raw_input is not None
         with LeaseHeartbeat(ledger, lease, heartbeat_seconds or lease_seconds / 3) as heartbeat:
             output, usage = _unpack(transform(raw_input))
         heartbeat.raise_if_lost()
         check_output(output, validate)
         messages = notifications(output) if notifications is not None else None
-        completion = ledger.complete(lease, output, messages, usage)
-    except LeaseLostError:
+        completion = ledger.complete(lease, output, messages, usage, config=config)
+    except (LeaseLostError, StaleCandidateError):
         raise
     except BaseException as exc:
         record_failure(ledger, lease, exc, usage)

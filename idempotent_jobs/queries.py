@@ -10,7 +10,8 @@ from typing import LiteralString
 
 RUN_COLUMNS: LiteralString = """run_id, job_name, subject_id, scheduled_at, version, status,
     raw_input, output, lock_owner, lock_expires_at, lease_epoch, attempts, last_error,
-    created_at, updated_at, completed_at, revision"""
+    created_at, updated_at, completed_at, revision, input_fingerprint, config_fingerprint,
+    config_parts"""
 
 ATTEMPT_COLUMNS: LiteralString = """run_id, lease_epoch, worker_id, dagster_run_id, step_key,
     started_at, ended_at, outcome, error, model_name, input_tokens, output_tokens"""
@@ -54,10 +55,8 @@ _CLAIMABLE: LiteralString = """r.status <> 'completed'
 # holder, or this worker's own earlier claim) and decides on the row it then updates.
 _PREVIOUS: LiteralString = (
     """prev AS (
-    SELECT """
-    + RUN_COLUMNS
-    + """, lease_started_at, lease_dagster_run_id, lease_step_key,
-        """
+    SELECT run_id, status, lock_owner, lease_epoch, lease_started_at, lease_dagster_run_id,
+        lease_step_key, """
     + _LEASE_COMMIT
     + """,
         """
@@ -89,7 +88,8 @@ _CLAIMED: LiteralString = (
     RETURNING r.run_id, r.job_name, r.subject_id, r.scheduled_at, r.version, r.status,
         r.raw_input, r.output, r.lock_owner, r.lock_expires_at, r.lease_epoch, r.attempts,
         r.last_error, r.created_at, r.updated_at, r.completed_at, r.revision,
-        prev.claimable AS claimed, prev.status AS prev_status, prev.lock_owner AS prev_owner,
+        r.input_fingerprint, r.config_fingerprint, r.config_parts, prev.claimable AS claimed,
+        prev.status AS prev_status, prev.lock_owner AS prev_owner,
         prev.lease_epoch AS prev_epoch, prev.lease_started_at AS prev_started_at,
         prev.lease_dagster_run_id AS prev_dagster_run_id, prev.lease_step_key AS prev_step_key,
         """
@@ -127,7 +127,8 @@ CLAIM: LiteralString = (
     + ", "
     + _LOST_ATTEMPT
     + """
-SELECT lease_epoch, lock_expires_at, raw_input, attempts FROM claimed"""
+SELECT lease_epoch, lock_expires_at, raw_input, attempts, revision, input_fingerprint
+FROM claimed"""
 )
 
 # Register and claim in one statement, one round trip in every case: a new run is inserted already
@@ -186,19 +187,23 @@ SET lock_expires_at = now() + make_interval(secs => %(lease_seconds)s)
 WHERE """
     + _FENCE
     + """
-RETURNING lock_expires_at, raw_input, attempts, """
+RETURNING lock_expires_at, raw_input, attempts, revision, input_fingerprint, """
     + _LEASE_COMMIT
 )
 
-# Checkpoint of the collected input: the first stored value wins and is returned.
+# Checkpoint of the collected input and its fingerprint: the first stored value wins and is
+# returned with its fingerprint (the right-hand sides see the row as it was).
 SAVE_RAW_INPUT: LiteralString = (
     """
 UPDATE {schema}.runs
-SET raw_input = COALESCE(raw_input, %(raw_input)s::jsonb), updated_at = now()
+SET raw_input = COALESCE(raw_input, %(raw_input)s::jsonb),
+    input_fingerprint = CASE WHEN raw_input IS NULL THEN %(input_fingerprint)s
+        ELSE input_fingerprint END,
+    updated_at = now()
 WHERE """
     + _FENCE
     + """
-RETURNING raw_input, """
+RETURNING raw_input, input_fingerprint, """
     + _LEASE_COMMIT
 )
 
@@ -207,38 +212,69 @@ _ENDED_ATTEMPT: LiteralString = """INSERT INTO {schema}.run_attempts (run_id, le
         worker_id, dagster_run_id, step_key, started_at, ended_at, outcome, error, model_name,
         input_tokens, output_tokens)"""
 
-# The final commit, one statement so one transaction: accepted output, the attempt's outcome and
-# usage, and the outbox rows (one per channel and revision, never twice). A revised run notifies
-# only the channels its revision named.
+# A candidate answer is accepted only on the revision and raw-input checkpoint it was computed
+# against (a revise in between moves the revision, and a recollect the checkpoint). A basis
+# without a fingerprint (computed before any checkpoint was read) binds the revision only.
+_BASIS: LiteralString = """revision = %(revision)s::integer AND input_fingerprint
+            IS NOT DISTINCT FROM COALESCE(%(input_fingerprint)s::text, input_fingerprint)"""
+
+# The final commit, one statement so one transaction. An accepted candidate: output, configuration
+# fingerprint, the attempt's outcome and usage, and the outbox rows (one per channel and revision,
+# never twice; a revised run notifies only the channels its revision named). A stale candidate:
+# nothing of it is stored or sent, the lease is given back (the run waits, pending, for an answer
+# on its current basis) and the attempt ends `superseded`, saying why.
 COMPLETE: LiteralString = (
     """
 WITH done AS (
     UPDATE {schema}.runs
-    SET status = 'completed', output = %(output)s::jsonb, completed_at = now(),
-        lock_owner = NULL, lock_expires_at = NULL, last_error = NULL, updated_at = now()
+    SET status = CASE WHEN """
+    + _BASIS
+    + """ THEN 'completed' ELSE 'pending' END,
+        output = CASE WHEN """
+    + _BASIS
+    + """ THEN %(output)s::jsonb ELSE output END,
+        completed_at = CASE WHEN """
+    + _BASIS
+    + """ THEN now() ELSE completed_at END,
+        config_fingerprint = CASE WHEN """
+    + _BASIS
+    + """ THEN %(config_fingerprint)s ELSE config_fingerprint END,
+        config_parts = CASE WHEN """
+    + _BASIS
+    + """ THEN %(config_parts)s::jsonb ELSE config_parts END,
+        last_error = CASE WHEN """
+    + _BASIS
+    + """ THEN NULL ELSE last_error END,
+        lock_owner = NULL, lock_expires_at = NULL, updated_at = now()
     WHERE """
     + _FENCE
     + """
-    RETURNING run_id, lease_epoch, output, revision, lease_started_at, lease_dagster_run_id,
-        lease_step_key
+    RETURNING run_id, lease_epoch, output, revision, input_fingerprint, lease_started_at,
+        lease_dagster_run_id, lease_step_key, status = 'completed' AS accepted
 ), attempt AS (
     """
     + _ENDED_ATTEMPT
     + """
     SELECT run_id, lease_epoch, %(worker_id)s, lease_dagster_run_id, lease_step_key,
-        COALESCE(lease_started_at, now()), now(), 'completed', NULL, %(model_name)s,
-        %(input_tokens)s, %(output_tokens)s
+        COALESCE(lease_started_at, now()), now(),
+        CASE WHEN accepted THEN 'completed' ELSE 'superseded' END,
+        CASE WHEN NOT accepted THEN 'stale candidate: computed on revision '
+            || %(revision)s::integer || ', checkpoint '
+            || COALESCE(left(%(input_fingerprint)s::text, 12), 'none')
+            || '; the run is at revision ' || revision || ', checkpoint '
+            || COALESCE(left(input_fingerprint, 12), 'none') END,
+        %(model_name)s, %(input_tokens)s, %(output_tokens)s
     FROM done
 ), outbox AS (
     INSERT INTO {schema}.notification_outbox (run_id, channel, payload, revision)
     SELECT done.run_id, n.key, n.value, done.revision
     FROM done, jsonb_each(%(notifications)s::jsonb) AS n
-    WHERE done.revision = 0 OR n.key IN (
+    WHERE done.accepted AND (done.revision = 0 OR n.key IN (
         SELECT unnest(r.channels) FROM {schema}.run_revisions AS r
-        WHERE r.run_id = done.run_id AND r.revision = done.revision)
+        WHERE r.run_id = done.run_id AND r.revision = done.revision))
     ON CONFLICT (run_id, channel, revision) DO NOTHING
 )
-SELECT output FROM done"""
+SELECT accepted, output, revision, input_fingerprint FROM done"""
 )
 
 # A failed attempt: the run becomes claimable again; the reason is kept on run and attempt.
@@ -366,8 +402,9 @@ WITH current AS (
 )
 UPDATE {schema}.runs
 SET status = 'pending', output = NULL, completed_at = NULL, last_error = NULL,
-    revision = new_revision, updated_at = now(),
-    raw_input = CASE WHEN %(recollect)s THEN NULL ELSE raw_input END
+    revision = new_revision, updated_at = now(), config_fingerprint = NULL, config_parts = NULL,
+    raw_input = CASE WHEN %(recollect)s THEN NULL ELSE raw_input END,
+    input_fingerprint = CASE WHEN %(recollect)s THEN NULL ELSE input_fingerprint END
 FROM kept
 WHERE run_id = revised_run_id
 RETURNING """

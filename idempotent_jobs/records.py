@@ -1,11 +1,30 @@
 """What the ledger hands back: plain frozen records, one per table row or claim."""
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from idempotent_jobs.json_values import json_fingerprint
+
 RunStatus = Literal["pending", "running", "completed", "failed"]
 AttemptOutcome = Literal["completed", "failed", "lease_lost", "superseded"]
+
+
+@dataclass(frozen=True)
+class Basis:
+    """What a candidate answer was computed against: the run's revision and the fingerprint of
+    the raw-input checkpoint it read (``None`` for a checkpoint stored before fingerprints)."""
+
+    revision: int
+    input_fingerprint: str | None
+
+    def holds_for(self, revision: int, input_fingerprint: str | None) -> bool:
+        """Whether a run now on ``revision`` and checkpoint ``input_fingerprint`` is still on
+        this basis (no fingerprint here: computed before any checkpoint, the revision decides).
+        """
+        fingerprint_holds = self.input_fingerprint in (None, input_fingerprint)
+        return self.revision == revision and fingerprint_holds
 
 
 @dataclass(frozen=True)
@@ -17,6 +36,8 @@ class Lease:
     ``stored_raw_input`` is the checkpoint found at claim time (``None`` if not collected yet).
     ``expires_at`` is ``None`` for a lease rebuilt from a hand-over ticket until it is renewed.
     ``attempts`` is the run's claim count as of this claim or renewal (for reporting).
+    ``revision`` and ``input_fingerprint`` are the run's as of this claim, renewal or checkpoint:
+    the :class:`Basis` of an answer computed on ``stored_raw_input``.
     """
 
     run_id: str
@@ -26,6 +47,12 @@ class Lease:
     lease_seconds: float
     stored_raw_input: dict[str, Any] | None = None
     attempts: int = 0
+    revision: int = 0
+    input_fingerprint: str | None = None
+
+    @property
+    def basis(self) -> Basis:
+        return Basis(self.revision, self.input_fingerprint)
 
     def ticket(self) -> dict[str, Any]:
         """The JSON-able part another step (or process) needs to take the lease over."""
@@ -34,6 +61,8 @@ class Lease:
             "worker_id": self.worker_id,
             "epoch": self.epoch,
             "lease_seconds": self.lease_seconds,
+            "revision": self.revision,
+            "input_fingerprint": self.input_fingerprint,
         }
 
     @classmethod
@@ -44,6 +73,8 @@ class Lease:
             int(ticket["epoch"]),
             None,
             float(ticket["lease_seconds"]),
+            revision=int(ticket["revision"]),
+            input_fingerprint=ticket["input_fingerprint"],
         )
 
 
@@ -77,6 +108,9 @@ class RunRecord:
     updated_at: datetime
     completed_at: datetime | None
     revision: int = 0
+    input_fingerprint: str | None = None
+    config_fingerprint: str | None = None
+    config_parts: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -125,11 +159,42 @@ class OutboxRecord:
 
 
 @dataclass(frozen=True)
+class JobConfig:
+    """The configuration an answer is computed under, beyond the run's identity.
+
+    The identity (job, subject, window, version) deliberately leaves these out: changing the
+    prompt, the model or the validator without bumping ``version`` reuses completed runs. Each
+    accepted result records this, so such a reuse is reported instead of silent. Each part is a
+    short text; a long one (a prompt) is kept as its sha256.
+    """
+
+    parts: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, *, prompt: str, model: str, validator: str) -> "JobConfig":
+        return cls({"prompt": json_fingerprint(prompt), "model": model, "validator": validator})
+
+    @property
+    def fingerprint(self) -> str:
+        return json_fingerprint(dict(self.parts), "config")
+
+    def changed_since(self, stored: Mapping[str, str] | None) -> list[str]:
+        """The parts that differ from a stored result's ``config_parts`` (``[]``: none, or
+        nothing stored to compare with)."""
+        if stored is None:
+            return []
+        names = sorted(set(self.parts) | set(stored))
+        return [n for n in names if self.parts.get(n) != stored.get(n)]
+
+
+@dataclass(frozen=True)
 class Completion:
-    """The answer of ``complete``: the accepted output and whether this lease produced it."""
+    """The answer of ``complete``: the accepted output, whether this lease produced it, and
+    the configuration parts it was computed under."""
 
     output: dict[str, Any]
     accepted: bool
+    config_parts: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)

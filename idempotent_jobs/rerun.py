@@ -26,13 +26,26 @@ def partition_key_for(spec: IdempotentJobSpec, record: RunRecord) -> str:
     return f"{record.subject_id}|{window_key}"
 
 
-def rerun_partition(record: RunRecord) -> dg.ExecuteInProcessResult:
-    """Execute the job's partition for ``record`` once, in process; raise if the run fails."""
-    from idempotent_jobs.definitions import defs
-
+def partition_for_run(record: RunRecord) -> tuple[IdempotentJobSpec, str]:
+    """The job and partition key of this code location that compute ``record``; raise
+    :class:`LedgerError` if there is none (checked before ``revise --now`` writes anything)."""
     spec = spec_for(record)
     key = partition_key_for(spec, record)
-    if spec.identity_for(key).run_id != record.run_id:
-        raise LedgerError(f"partition {key} does not map back to run {record.run_id}")
+    try:
+        maps_back = spec.identity_for(key).run_id == record.run_id
+    except LedgerError:
+        maps_back = False
+    if not maps_back:
+        raise LedgerError(
+            f"run {record.run_id} maps to no partition of job {spec.name} "
+            f"(subject {record.subject_id!r} at {record.scheduled_at.isoformat()})"
+        )
+    return spec, key
+
+
+def rerun_partition(spec: IdempotentJobSpec, key: str) -> dg.ExecuteInProcessResult:
+    """Execute the job's partition ``key`` once, in process; raise if the run fails."""
+    from idempotent_jobs.definitions import defs
+
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
     return defs.resolve_job_def(spec.name).execute_in_process(partition_key=key, run_config=quiet)

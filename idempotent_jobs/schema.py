@@ -17,7 +17,7 @@ from psycopg import sql
 from idempotent_jobs.errors import InvalidInputError, LedgerError, SchemaNotMigratedError
 
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
-_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
 @dataclass(frozen=True)
@@ -32,10 +32,19 @@ class Migration:
 
 
 def check_schema_name(schema_name: str) -> str:
-    """Return the schema name if it is a plain lower-case SQL identifier, else raise."""
-    if not _SCHEMA_NAME.match(schema_name):
+    """Return the schema name if it is a plain lower-case SQL identifier, else raise.
+
+    The whole text must match (``fullmatch``: a ``$`` anchor would let a trailing newline in).
+    PostgreSQL's own schemas (``pg_*``, ``information_schema``) are refused.
+    """
+    if not isinstance(schema_name, str) or not _SCHEMA_NAME.fullmatch(schema_name):
         raise InvalidInputError(
-            "schema_name", "must be a lower-case SQL identifier ([a-z_][a-z0-9_]*, at most 63)"
+            "schema_name",
+            f"{schema_name!r} must be a lower-case SQL identifier ([a-z_][a-z0-9_]*, at most 63)",
+        )
+    if schema_name.startswith("pg_") or schema_name == "information_schema":
+        raise InvalidInputError(
+            "schema_name", f"{schema_name!r} is reserved for PostgreSQL's own catalogues"
         )
     return schema_name
 

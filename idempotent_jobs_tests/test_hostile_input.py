@@ -19,6 +19,7 @@ from idempotent_jobs import (
     InvalidInputError,
     LedgerConnectionError,
     LedgerError,
+    LedgerPermissionError,
     ModelAnswer,
     ModelUsage,
     RunIdentity,
@@ -253,7 +254,7 @@ def test_no_secret_in_errors_or_logs(caplog: pytest.LogCaptureFixture) -> None:
     channel = WebhookChannel(url="http://127.0.0.1:9/hook", authorization=f"Bearer {secret}")
     texts = [str(info.value), str(migrate_info.value), repr(ledger), repr(channel)]
     texts += [record.getMessage() for record in caplog.records]
-    assert caplog.records, "the pool logged its connection attempts"
+    assert "127.0.0.1" in str(info.value), "the real cause is reported"
     assert not [t for t in texts if secret in t]
 
 
@@ -273,7 +274,9 @@ def test_a_role_that_may_not_create_the_schema_gets_a_clear_error(
         params = psycopg.conninfo.conninfo_to_dict(fresh_database)
         params.update(user="ij_readonly_test", password="Pa55-in-url")
         url = psycopg.conninfo.make_conninfo("", **params)
-        with pytest.raises(LedgerError, match="could not migrate the ledger: permission denied"):
+        with pytest.raises(
+            LedgerPermissionError, match="lacks a privilege: permission denied for database"
+        ):
             RunLedger(database_url=url, connect_timeout_seconds=2).migrate()
         with pytest.raises(LedgerError) as info:
             RunLedger(database_url=url, connect_timeout_seconds=2).migrate()

@@ -294,7 +294,7 @@ def test_deeply_nested_output_is_refused(ledger: RunLedger) -> None:
         node = node["x"]  # type: ignore[assignment]
     ident = identity()
     lease = claimed(ledger, ident, "w1", 30)
-    with pytest.raises(InvalidInputError, match="output: is nested too deeply"):
+    with pytest.raises(InvalidInputError, match="output: is nested more than 100 levels deep"):
         ledger.complete(lease, deep)
 
 

@@ -10,7 +10,7 @@ import pytest
 from idempotent_jobs import RunLedger
 from idempotent_jobs.cli import main
 from idempotent_jobs.jobs import COMPETITOR_SUMMARY
-from idempotent_jobs.rerun import rerun_partition
+from idempotent_jobs.rerun import partition_for_run, rerun_partition
 from idempotent_jobs_tests.helpers import expire_lease, identity
 
 
@@ -169,7 +169,7 @@ def test_revise_keeps_history_and_notifies_only_named_channels(
     key = "workspace-acme|2026-08-07"
     ident = COMPETITOR_SUMMARY.identity_for(key)
     ledger.register(ident)
-    first = rerun_partition(ledger.get(ident.run_id))  # type: ignore[arg-type]
+    first = rerun_partition(*partition_for_run(ledger.get(ident.run_id)))  # type: ignore[arg-type]
     assert first.success
     original = ledger.get(ident.run_id)
     assert original is not None and original.status == "completed"

@@ -10,7 +10,8 @@ EXPECTED_COLUMNS = {
     "runs": (
         "run_id job_name subject_id scheduled_at version status raw_input output lock_owner "
         "lock_expires_at lease_epoch attempts last_error created_at updated_at completed_at "
-        "revision lease_started_at lease_dagster_run_id lease_step_key"
+        "revision lease_started_at lease_dagster_run_id lease_step_key input_fingerprint "
+        "config_fingerprint config_parts"
     ).split(),
     # A view: the ended attempts plus the open one, whose details live on the run.
     "attempts": (

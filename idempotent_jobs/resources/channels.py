@@ -6,6 +6,7 @@ import urllib.error
 import urllib.request
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
@@ -52,8 +53,25 @@ class JsonLinesChannel(NotificationChannel):
             )
 
 
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """A 3xx answer is an answer, not an instruction: following it would re-send the request
+    (as a GET, body dropped, for 301/302) with the credentials to another address."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # urllib then raises HTTPError with the 3xx status
+
+
+_OPENER = urllib.request.build_opener(_RefuseRedirects)
+
+
 class WebhookChannel(NotificationChannel):
-    """POSTs the payload as JSON with ``Idempotency-Key: <run_id>:<channel>``; non-2xx raises."""
+    """POSTs the payload as JSON with ``Idempotency-Key: <run_id>:<channel>``.
+
+    Only a 2xx answer delivers the row. Redirects are not followed: a 3xx, like any other
+    non-2xx answer, a timeout or a dropped connection, is a failed attempt (the status is the
+    row's ``last_error``) retried later with the same key, and the ``Authorization`` header
+    never leaves the configured URL's origin.
+    """
 
     url: str = Field(description="Receiver URL; put any token in an EnvVar-backed header")
     authorization: str = Field(default="", repr=False, description="Authorization header value")
@@ -67,9 +85,14 @@ class WebhookChannel(NotificationChannel):
             self.url, data=json.dumps(row.payload).encode(), headers=headers, method="POST"
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_seconds) as answer:  # noqa: S310
+            with _OPENER.open(request, timeout=self.timeout_seconds) as answer:
                 status = answer.status
         except urllib.error.HTTPError as exc:
-            raise ConnectionError(f"webhook answered HTTP {exc.code}") from None
+            where = f" to {exc.headers.get('Location')!r}" if 300 <= exc.code < 400 else ""
+            raise ConnectionError(
+                f"webhook answered HTTP {exc.code}{where} (redirects are not followed)"
+                if where
+                else f"webhook answered HTTP {exc.code}"
+            ) from None
         if not 200 <= status < 300:
             raise ConnectionError(f"webhook answered HTTP {status}")

@@ -1,0 +1,165 @@
+"""Delivery never loses a notification and never leaks a credential: a row is delivered only
+after a 2xx from the configured URL, redirects are not followed, and keys cannot collide."""
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from idempotent_jobs import InvalidInputError, RunLedger
+from idempotent_jobs.resources import WebhookChannel
+from idempotent_jobs_tests.helpers import claimed, identity
+
+SECRET = "Bearer tok-7f3a-never-elsewhere"
+
+
+@dataclass
+class Seen:
+    method: str
+    key: str | None
+    authorization: str | None
+    body: bytes
+
+
+@dataclass
+class Endpoint:
+    """A local HTTP server whose next answers are scripted: a status code, ``slow`` or
+    ``drop``; with the script empty it answers 200. It records every request it gets."""
+
+    script: list[str] = field(default_factory=list)
+    seen: list[Seen] = field(default_factory=list)
+    location: str = ""
+    release: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def handle_any(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                endpoint.seen.append(
+                    Seen(
+                        self.command,
+                        self.headers.get("Idempotency-Key"),
+                        self.headers.get("Authorization"),
+                        body,
+                    )
+                )
+                action = endpoint.script.pop(0) if endpoint.script else "200"
+                if action == "drop":
+                    self.close_connection = True
+                    self.connection.close()
+                    return
+                if action == "slow":
+                    endpoint.release.wait(10)  # longer than the channel's timeout
+                    action = "200"
+                self.send_response(int(action))
+                if action.startswith("3"):
+                    self.send_header("Location", endpoint.location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_POST = do_GET = handle_any  # noqa: N815
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def endpoints() -> Iterator[tuple[Endpoint, Endpoint]]:
+    """The configured receiver, and another address it may redirect to."""
+    receiver, elsewhere = Endpoint(), Endpoint()
+    receiver.location = elsewhere.url
+    yield receiver, elsewhere
+    receiver.close()
+    elsewhere.close()
+
+
+@pytest.mark.parametrize("fault", ["301", "302", "307", "308", "500", "503", "slow", "drop"])
+def test_a_row_is_delivered_only_after_a_2xx_and_each_key_is_received_once(
+    ledger: RunLedger, endpoints: tuple[Endpoint, Endpoint], fault: str
+) -> None:
+    receiver, elsewhere = endpoints
+    ident = identity()
+    lease = claimed(ledger, ident)
+    ledger.complete(lease, {"summary": "s"}, {"hook": {"summary": "s"}})
+    channel = WebhookChannel(url=receiver.url, authorization=SECRET, timeout_seconds=0.5)
+
+    receiver.script = [fault]
+    started = time.monotonic()
+    report = ledger.deliver_outbox(channel.send)
+    assert time.monotonic() - started < 5
+    [(row, reason)] = report.failed
+    assert report.delivered == []
+    [pending] = ledger.outbox(ident.run_id, pending_only=True)
+    assert pending.delivered_at is None and pending.delivery_attempts == 1
+    assert pending.last_error == reason
+    if fault.isdigit():
+        assert f"HTTP {fault}" in reason
+    assert elsewhere.seen == [], "a redirect is not followed: nothing reaches another address"
+
+    receiver.release.set()  # a slow answer may finish now; it changes nothing
+    report = ledger.deliver_outbox(channel.send)
+    assert [r.idempotency_key for r in report.delivered] == [f"{ident.run_id}:hook"]
+    [done] = ledger.outbox(ident.run_id)
+    assert done.delivered_at is not None and done.delivery_attempts == 2
+    keys = [s.key for s in receiver.seen]
+    assert keys == [f"{ident.run_id}:hook"] * 2, "the retry carries the same key"
+    assert {s.method for s in receiver.seen} == {"POST"}
+    assert all(s.body == b'{"summary": "s"}' for s in receiver.seen)
+    assert all(s.authorization == SECRET for s in receiver.seen)
+    assert ledger.deliver_outbox(channel.send).delivered == [], "delivered rows are not re-sent"
+
+
+def test_a_redirect_error_names_the_target_and_no_credential_goes_there(
+    ledger: RunLedger, endpoints: tuple[Endpoint, Endpoint]
+) -> None:
+    receiver, elsewhere = endpoints
+    lease = claimed(ledger, identity())
+    ledger.complete(lease, {"summary": "s"}, {"hook": {"summary": "s"}})
+    receiver.script = ["302"]
+    channel = WebhookChannel(url=receiver.url, authorization=SECRET, timeout_seconds=2)
+    [(_, reason)] = ledger.deliver_outbox(channel.send).failed
+    assert "HTTP 302" in reason and elsewhere.url in reason and "not followed" in reason
+    assert SECRET not in reason and elsewhere.seen == []
+
+
+@pytest.mark.parametrize("name", ["ops:r1", "email:ops@acme.example", "a:b"])
+def test_a_channel_name_that_could_forge_another_key_is_refused(
+    ledger: RunLedger, name: str
+) -> None:
+    """``ops:r1`` at revision 0 and ``ops`` at revision 1 would both be ``<id>:ops:r1``."""
+    ident = identity()
+    lease = claimed(ledger, ident)
+    with pytest.raises(InvalidInputError) as info:
+        ledger.complete(lease, {"summary": "s"}, {name: {"n": 1}})
+    assert info.value.field == "notifications" and repr(name) in str(info.value)
+    ledger.complete(lease, {"summary": "s"}, {"ops": {"n": 1}})
+    with pytest.raises(InvalidInputError) as revised:
+        ledger.revise(ident.run_id, "again", channels=[name])
+    assert revised.value.field == "channels"
+    record = ledger.get(ident.run_id)
+    assert record is not None and record.status == "completed" and record.revision == 0
+
+
+def test_keys_of_channels_and_revisions_are_all_distinct(ledger: RunLedger) -> None:
+    ident = identity()
+    lease = claimed(ledger, ident)
+    ledger.complete(lease, {"summary": "s"}, {"ops": {"n": 0}, "ops-r1": {"n": 0}})
+    ledger.revise(ident.run_id, "again", channels=["ops", "ops-r1"])
+    lease = claimed(ledger, ident, "w2")
+    ledger.complete(lease, {"summary": "t"}, {"ops": {"n": 1}, "ops-r1": {"n": 1}})
+    keys = [row.idempotency_key for row in ledger.outbox(ident.run_id)]
+    assert len(keys) == 4 and len(set(keys)) == 4, keys
