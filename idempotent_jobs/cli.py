@@ -291,8 +291,9 @@ def _doctor(args: argparse.Namespace) -> int:
 def _reconcile(args: argparse.Namespace) -> int:
     import dagster as dg
 
+    from idempotent_jobs.channels_config import configured_model_name
     from idempotent_jobs.dagster_home import prepare_dagster_home
-    from idempotent_jobs.health import dagster_findings, ledger_findings
+    from idempotent_jobs.health import dagster_findings, drift_findings, ledger_findings
     from idempotent_jobs.jobs import JOB_SPECS
 
     specs = [s for s in JOB_SPECS if args.job in (None, s.name)]
@@ -302,8 +303,12 @@ def _reconcile(args: argparse.Namespace) -> int:
     ensure_database_url()
     home = prepare_dagster_home()
     with _ledger(args) as ledger, dg.DagsterInstance.from_config(str(home)) as instance:
-        findings = dagster_findings(ledger, instance, specs) + ledger_findings(
-            ledger, outbox_older_than_seconds=args.outbox_age, max_attempts=args.max_attempts
+        findings = (
+            dagster_findings(ledger, instance, specs)
+            + ledger_findings(
+                ledger, outbox_older_than_seconds=args.outbox_age, max_attempts=args.max_attempts
+            )
+            + drift_findings(ledger, specs, configured_model_name())
         )
     return _print_findings(args, findings, [f"jobs: {', '.join(s.name for s in specs)}"])
 

@@ -64,6 +64,43 @@ def ledger_findings(
     return findings
 
 
+MAX_DRIFT_FINDINGS = 50
+
+
+def drift_findings(
+    ledger: RunLedger, specs: Sequence[IdempotentJobSpec], model_name: str
+) -> list[Finding]:
+    """Completed runs whose result was computed under another prompt, model or validator than
+    the job has now (info): reused as they are until revised or the version is bumped."""
+    findings: list[Finding] = []
+    for spec in specs:
+        config = spec.config(model_name)
+        drifted = ledger.drifted(spec.identity_job_name, spec.version, config)
+        for record in drifted[:MAX_DRIFT_FINDINGS]:
+            changed = ", ".join(config.changed_since(record.config_parts))
+            findings.append(
+                Finding(
+                    "config_drift",
+                    "info",
+                    f"{spec.name} {record.subject_id}@{record.scheduled_at.isoformat()}: "
+                    f"computed under another {changed}; reused as it is. To recompute: "
+                    f"`idempotent-jobs revise {record.run_id[:12]} --reason ...`, or bump "
+                    f"version {spec.version!r} of {spec.name}",
+                    record.run_id,
+                )
+            )
+        if len(drifted) > MAX_DRIFT_FINDINGS:
+            findings.append(
+                Finding(
+                    "config_drift",
+                    "info",
+                    f"{spec.name}: {len(drifted) - MAX_DRIFT_FINDINGS} more runs computed under "
+                    "another configuration (`runs list --json` and their config_parts)",
+                )
+            )
+    return findings
+
+
 def _partition_runs(instance: dg.DagsterInstance, job_name: str) -> dict[str, list[dg.DagsterRun]]:
     runs: dict[str, list[dg.DagsterRun]] = defaultdict(list)
     for record in instance.get_run_records(filters=dg.RunsFilter(job_name=job_name)):

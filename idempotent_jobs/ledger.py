@@ -702,6 +702,19 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
             "run_id", f"only a completed run can be revised; {run_id} is {record.status}"
         )
 
+    def drifted(
+        self, job_name: str, version: str, config: JobConfig, *, limit: int = 1000
+    ) -> list[RunRecord]:
+        """Completed runs of ``job_name``/``version`` whose result was computed under another
+        configuration than ``config`` (newest window first)."""
+        params = {
+            "job_name": normalize_text(job_name),
+            "version": normalize_text(version),
+            "config_fingerprint": config.fingerprint,
+            "limit": _check_limit(limit),
+        }
+        return self._fetch(queries.DRIFTED_RUNS, params, class_row(RunRecord))
+
     def expired_leases(self) -> list[RunRecord]:
         """Running runs whose lease expired (by the database clock) without completion."""
         return self._fetch(queries.EXPIRED_LEASES, {}, class_row(RunRecord))

@@ -436,6 +436,18 @@ WHERE status = 'failed' AND attempts >= %(max_attempts)s
 ORDER BY updated_at"""
 )
 
+# Completed runs of a job version whose result was computed under another configuration (runs
+# completed before configurations were recorded have none and are not compared).
+DRIFTED_RUNS: LiteralString = (
+    "SELECT "
+    + RUN_COLUMNS
+    + """ FROM {schema}.runs
+WHERE job_name = %(job_name)s AND version = %(version)s AND status = 'completed'
+  AND config_fingerprint IS NOT NULL AND config_fingerprint <> %(config_fingerprint)s
+ORDER BY scheduled_at DESC, subject_id
+LIMIT %(limit)s"""
+)
+
 # Operators may name a run by a prefix of its id; two rows back mean "ambiguous".
 RUN_IDS_BY_PREFIX: LiteralString = """
 SELECT run_id FROM {schema}.runs WHERE run_id LIKE %(prefix)s || '%%' ORDER BY run_id LIMIT 2"""

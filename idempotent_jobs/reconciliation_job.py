@@ -8,9 +8,10 @@ from collections.abc import Sequence
 
 import dagster as dg
 
-from idempotent_jobs.health import dagster_findings, ledger_findings
+from idempotent_jobs.health import dagster_findings, drift_findings, ledger_findings
 from idempotent_jobs.job_spec import IdempotentJobSpec
 from idempotent_jobs.ledger import RunLedger
+from idempotent_jobs.resources import SummaryModel
 
 
 class ReconcileConfig(dg.Config):
@@ -23,12 +24,19 @@ def build_reconciliation_job(
 ) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
     @dg.op(name="reconcile_ledger")
     def reconcile_ledger(
-        context: dg.OpExecutionContext, config: ReconcileConfig, ledger: RunLedger
+        context: dg.OpExecutionContext,
+        config: ReconcileConfig,
+        ledger: RunLedger,
+        model: SummaryModel,
     ) -> None:
-        findings = dagster_findings(ledger, context.instance, specs) + ledger_findings(
-            ledger,
-            outbox_older_than_seconds=config.outbox_age_seconds,
-            max_attempts=config.max_attempts,
+        findings = (
+            dagster_findings(ledger, context.instance, specs)
+            + ledger_findings(
+                ledger,
+                outbox_older_than_seconds=config.outbox_age_seconds,
+                max_attempts=config.max_attempts,
+            )
+            + drift_findings(ledger, specs, model.model_name)
         )
         problems = [f for f in findings if f.severity == "problem"]
         lines = ["| severity | kind | ledger run | detail |", "| --- | --- | --- | --- |"]

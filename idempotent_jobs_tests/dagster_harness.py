@@ -149,6 +149,34 @@ def reexecute(context: WorkspaceProcessContext, parent_run_id: str, strategy: st
     return str(launched["run"]["runId"])
 
 
+def reexecute_steps(context: WorkspaceProcessContext, parent_run_id: str, steps: list[str]) -> str:
+    """Re-execute only ``steps`` of a run, as the UI's "Re-execute selected steps" does."""
+    from dagster_graphql.client.query import LAUNCH_PIPELINE_REEXECUTION_MUTATION
+
+    parent = context.instance.get_run_by_id(parent_run_id)
+    assert parent is not None
+    data = graphql(
+        context,
+        LAUNCH_PIPELINE_REEXECUTION_MUTATION,
+        {
+            "executionParams": {
+                "selector": {**REPOSITORY, "jobName": parent.job_name},
+                "executionMetadata": {
+                    "parentRunId": parent_run_id,
+                    "rootRunId": parent.root_run_id or parent_run_id,
+                    "tags": [{"key": k, "value": v} for k, v in parent.tags.items()],
+                },
+                "stepKeys": steps,
+                "runConfigData": {},
+            }
+        },
+    )
+    launched = data["launchPipelineReexecution"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    run_queue_daemon(context)
+    return str(launched["run"]["runId"])
+
+
 def launch_backfill(context: WorkspaceProcessContext, job: str, partitions: list[str]) -> str:
     """Submit a partition backfill as the UI's backfill dialog does; return its id."""
     from dagster_graphql.client.query import LAUNCH_PARTITION_BACKFILL_MUTATION

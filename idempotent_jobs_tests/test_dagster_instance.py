@@ -15,6 +15,7 @@ from idempotent_jobs_tests.dagster_harness import (
     launch_backfill,
     launch_partition,
     reexecute,
+    reexecute_steps,
     run_backfill_daemon,
     run_retry_daemon,
     step_metadata,
@@ -126,3 +127,41 @@ def test_the_multiprocess_executor_hands_the_lease_over_between_processes(
     [attempt] = ledger.attempts(ident.run_id)
     assert (attempt.lease_epoch, attempt.outcome, attempt.step_key) == (1, "completed", "collect")
     assert dagster_env.model_calls() == 1 and len(dagster_env.delivered()) == 1
+
+
+def test_reexecuting_an_old_runs_persist_after_a_revise_commits_nothing(
+    dagster_env: DagsterTestEnv, ledger: RunLedger
+) -> None:
+    """The old run's answer was computed on revision 0: after a revise it is stale. Its
+    re-executed persist claims the reopened run and is refused; nothing is stored or sent."""
+    ident = NO_RETRY_SPEC.identity_for(PARTITION)
+    with dagster_instance(dagster_env) as instance, workspace(instance) as context:
+        old = launch_partition(context, "summary_without_op_retries", PARTITION)
+        assert status(instance, old) == dg.DagsterRunStatus.SUCCESS
+        ledger.revise(ident.run_id, "prompt fixed", channels=["report_file"], recollect=True)
+
+        stale = reexecute_steps(context, old, ["persist", "deliver"])
+        assert status(instance, stale) == dg.DagsterRunStatus.FAILURE
+        record = ledger.get(ident.run_id)
+        assert record is not None
+        assert (record.status, record.revision, record.output, record.raw_input) == (
+            "pending",
+            1,
+            None,
+            None,
+        )
+        assert [o.revision for o in ledger.outbox(ident.run_id)] == [0]
+        attempts = ledger.attempts(ident.run_id)
+        assert attempts[-1].outcome == "superseded"
+        assert attempts[-1].error is not None and "stale candidate" in attempts[-1].error
+
+        fresh = launch_partition(context, "summary_without_op_retries", PARTITION)
+        assert status(instance, fresh) == dg.DagsterRunStatus.SUCCESS
+    record = ledger.get(ident.run_id)
+    assert record is not None and (record.status, record.revision) == ("completed", 1)
+    assert record.output == {"summary": "answer #2 for workspace-acme"}
+    assert (dagster_env.collect_calls(), dagster_env.model_calls()) == (2, 2)
+    assert [d["key"] for d in dagster_env.delivered()] == [
+        f"{ident.run_id}:report_file",
+        f"{ident.run_id}:report_file:r1",
+    ]

@@ -1,13 +1,17 @@
 """Reconciliation finds each planted inconsistency between the ledger and Dagster, and nothing
 in a clean pair."""
 
+import dataclasses
+
 import dagster as dg
 import psycopg
 
 from idempotent_jobs import RunLedger
-from idempotent_jobs.health import dagster_findings, ledger_findings
+from idempotent_jobs.dagster_results import output_metadata
+from idempotent_jobs.health import dagster_findings, drift_findings, ledger_findings
+from idempotent_jobs.job_factory import build_idempotent_job
 from idempotent_jobs.reconciliation_job import build_reconciliation_job
-from idempotent_jobs_tests.dagster_defs import SUMMARY_SPEC
+from idempotent_jobs_tests.dagster_defs import SUMMARY_SPEC, RecordingModel, defs
 from idempotent_jobs_tests.dagster_harness import (
     DagsterTestEnv,
     dagster_instance,
@@ -35,7 +39,11 @@ def test_reconcile_finds_each_planted_inconsistency(
         launch_partition(context, "competitor_summary", REOPENED)
         assert findings(ledger, instance) == set(), "a clean ledger and Dagster agree"
         job, _ = build_reconciliation_job([SUMMARY_SPEC])
-        clean = job.execute_in_process(instance=instance, resources={"ledger": ledger})
+        resources = {
+            "ledger": ledger,
+            "model": RecordingModel(calls_dir=str(dagster_env.calls_dir)),
+        }
+        clean = job.execute_in_process(instance=instance, resources=resources)
         assert clean.success
 
         launch_partition(context, "competitor_summary", TWICE)  # informational duplicate
@@ -62,7 +70,7 @@ def test_reconcile_finds_each_planted_inconsistency(
         }
 
         result = job.execute_in_process(
-            instance=instance, resources={"ledger": ledger}, raise_on_error=False
+            instance=instance, resources=resources, raise_on_error=False
         )
         assert not result.success, "problems make the reconciliation run fail (red in the UI)"
         failure = result.failure_data_for_node("reconcile_ledger")
@@ -70,3 +78,48 @@ def test_reconcile_finds_each_planted_inconsistency(
         metadata = failure.user_failure_data.metadata  # type: ignore[union-attr]
         assert metadata["problems"].value == 3 and metadata["informational"].value == 1
         assert "success_without_result" in str(metadata["findings"].value)
+
+
+def test_configuration_drift_is_reported_never_silent(
+    dagster_env: DagsterTestEnv, ledger: RunLedger
+) -> None:
+    """The prompt changes without a version bump: completed runs are reused (the identity is
+    deliberately job, subject, window, version), but every report says so."""
+    job = defs.resolve_job_def("competitor_summary")
+    assert job.execute_in_process(partition_key=TWICE).success
+    record = ledger.get(SUMMARY_SPEC.identity_for(TWICE).run_id)
+    assert record is not None
+    assert record.config_parts == dict(SUMMARY_SPEC.config("recording-model").parts)
+
+    reworded = dataclasses.replace(SUMMARY_SPEC, prompt="Summarise, in French.")
+    reworded_job, _ = build_idempotent_job(reworded, executor_def=dg.in_process_executor)
+    again = dg.Definitions(jobs=[reworded_job], resources=defs.resources).resolve_job_def(
+        "competitor_summary"
+    )
+    result = again.execute_in_process(partition_key=TWICE)
+    assert result.success and dagster_env.model_calls() == 1, "reused, no second model call"
+    reported = {s: m["result"] for s, m in output_metadata(result).items() if "result" in m}
+    assert reported == {
+        "collect": "reused (config changed: prompt)",
+        "transform": "reused (config changed: prompt)",
+        "persist": "reused (config changed: prompt)",
+    }
+
+    [drift] = drift_findings(ledger, [reworded], "recording-model")
+    assert (drift.kind, drift.severity, drift.run_id) == ("config_drift", "info", record.run_id)
+    assert "another prompt" in drift.detail and "revise" in drift.detail
+    assert "bump version 'v1'" in drift.detail
+    assert drift_findings(ledger, [SUMMARY_SPEC], "recording-model") == []
+    [model_drift] = drift_findings(ledger, [SUMMARY_SPEC], "other-model")
+    assert "another model" in model_drift.detail
+
+    with dagster_instance(dagster_env) as instance:
+        check, _ = build_reconciliation_job([reworded])
+        resources = {
+            "ledger": ledger,
+            "model": RecordingModel(calls_dir=str(dagster_env.calls_dir)),
+        }
+        verdict = check.execute_in_process(instance=instance, resources=resources)
+    assert verdict.success, "drift is informational"
+    metadata = output_metadata(verdict)["reconcile_ledger"]
+    assert metadata["informational"] == 1 and "config_drift" in metadata["findings"]
