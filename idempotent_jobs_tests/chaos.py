@@ -7,8 +7,12 @@ Kinds: ``kill`` (SIGKILL at a random point of the protocol, then a recovery work
 (SIGSTOP the lease holder past its lease, another worker takes over, SIGCONT: the old one
 writes nothing), ``drop`` (the connection is cut after the final commit reached the server),
 ``restart`` (PostgreSQL restarted while runs are in their model call; every other one is a crash,
-``pg_ctl -m immediate``, which loses lease writes not yet flushed). After each trial the
-invariants are checked from the database and the receiver. Prints ``N passed, M failed``.
+``pg_ctl -m immediate``, which loses lease writes not yet flushed), ``revise`` (a holder paused
+in its model call is overtaken, the run is revised with or without recollecting, maybe a worker
+of the new revision is killed, then the paused one resumes and commits as ``persist`` would:
+its stale answer must be refused), ``deliver`` (the receiver answers redirects, 5xx, too slowly
+or by dropping the connection before it answers 200). After each trial the invariants are
+checked from the database and the receiver. Prints ``N passed, M failed``.
 """
 
 import argparse
@@ -28,8 +32,11 @@ from psycopg.conninfo import make_conninfo
 
 from idempotent_jobs import RunLedger
 from idempotent_jobs.database import start_embedded_postgres, stop_embedded_postgres
+from idempotent_jobs.resources import WebhookChannel
 from idempotent_jobs_tests.chaos_parts import (
+    CHAOS_AUTHORIZATION,
     CRASH_POINTS,
+    FAULTS,
     CommitProxy,
     Receiver,
     Verdict,
@@ -40,7 +47,8 @@ from idempotent_jobs_tests.chaos_parts import (
     trial_identity,
 )
 
-KINDS = ("kill", "stop", "drop", "restart")
+KINDS = ("kill", "stop", "drop", "restart", "revise", "deliver")
+WEBHOOK_TIMEOUT = 0.5
 
 
 def RELAY() -> str:  # noqa: N802 - the proxy's default action, named like the constant it is
@@ -70,7 +78,8 @@ class Chaos:
         RunLedger(database_url=self.url).migrate()
         params = psycopg.conninfo.conninfo_to_dict(self.url)
         self.socket_path = f"{params['host']}/.s.PGSQL.{params.get('port') or 5432}"
-        self.receiver = Receiver()
+        self.trap = Receiver()  # where redirects point: it must never see a request
+        self.receiver = Receiver(trap=self.trap, slow_seconds=WEBHOOK_TIMEOUT * 3)
         self.proxy = CommitProxy(self.socket_path, RELAY)
         self.proxy_url = make_conninfo(
             "", host="127.0.0.1", port=self.proxy.port, user="postgres", dbname="postgres"
@@ -81,6 +90,7 @@ class Chaos:
     def close(self) -> None:
         self.proxy.close()
         self.receiver.close()
+        self.trap.close()
         stop_embedded_postgres(self.pgdata)
 
     # -- helpers ------------------------------------------------------------------------------
@@ -131,14 +141,50 @@ class Chaos:
 
     def verdict(self, trial: int, kind: str) -> Verdict:
         with self.conn() as conn:
-            return check_invariants(
+            verdict = check_invariants(
                 conn, trial, kind, self.receiver, self.workdir / f"results-{trial}.jsonl"
             )
+        if sum(self.trap.requests.values()):
+            verdict.problems.append(f"a redirect was followed: {dict(self.trap.requests)}")
+        if self.receiver.unauthorised:
+            verdict.problems.append(f"{self.receiver.unauthorised} requests without credentials")
+        return verdict
 
-    # -- trials -------------------------------------------------------------------------------
+    def pause_in_model_call(self, trial: int, **extra: Any) -> tuple[Any, str]:
+        """A worker stopped (SIGSTOP) in its model call until its lease has expired by the
+        database clock. Returns the process and the marker that lets it go on."""
+        marker = str(self.workdir / f"pause-{trial}")
+        process = self.start(self.spec(trial, pause_marker=marker, **extra))
+        try:
+            self.wait_for(lambda: Path(marker).exists(), "the model call")
+            os.kill(process.pid, signal.SIGSTOP)
+            self.wait_for(lambda: process_state(process.pid) == "T", "the holder to stop")
+            self.wait_for_lease_expiry(trial_identity(trial).run_id)
+            if process_state(process.pid) != "T":
+                raise RuntimeError("the paused holder was resumed before its lease expired")
+        except BaseException:
+            process.kill()  # never leave a paused worker behind to renew its lease
+            process.join(timeout=60)
+            raise
+        return process, marker
 
-    def kill(self, trial: int) -> Verdict:
-        point = self.rng.choice(CRASH_POINTS)
+    def resume(self, process: Any, marker: str) -> None:
+        Path(marker + ".go").touch()
+        os.kill(process.pid, signal.SIGCONT)
+        process.join(timeout=60)
+
+    def first_attempt_lost(self, trial: int, verdict: Verdict) -> None:
+        with self.conn() as conn:
+            outcome = conn.execute(
+                "SELECT outcome FROM idempotent_jobs.attempts WHERE run_id = %s"
+                " AND lease_epoch = 1",
+                (trial_identity(trial).run_id,),
+            ).fetchone()
+        if outcome != ("lease_lost",):
+            verdict.problems.append(f"the paused worker's attempt ended {outcome}")
+
+    def killed_worker(self, trial: int, point: str) -> list[str]:
+        """A worker SIGKILLed at ``point``; returns what went wrong with the kill itself."""
         crash = "" if point == "commit_sent" else point
         victim: list[Any] = []
 
@@ -153,33 +199,24 @@ class Chaos:
         victim.append(process)
         process.join(timeout=60)
         self.proxy.on_commit_answer = RELAY
-        problems = []
         if process.exitcode != -signal.SIGKILL:
-            problems.append(f"worker did not die at {point} (exit {process.exitcode})")
+            return [f"worker did not die at {point} (exit {process.exitcode})"]
+        return []
+
+    # -- trials -------------------------------------------------------------------------------
+
+    def kill(self, trial: int) -> Verdict:
+        point = self.rng.choice(CRASH_POINTS)
+        problems = self.killed_worker(trial, point)
         self.recover(trial)
         verdict = self.verdict(trial, f"kill:{point}")
         verdict.problems += problems
         return verdict
 
     def stop(self, trial: int) -> Verdict:
-        marker = str(self.workdir / f"pause-{trial}")
-        run_id = trial_identity(trial).run_id
-        process = self.start(self.spec(trial, pause_marker=marker))
-        try:
-            self.wait_for(lambda: Path(marker).exists(), "the model call")
-            os.kill(process.pid, signal.SIGSTOP)
-            self.wait_for(lambda: process_state(process.pid) == "T", "the holder to stop")
-            self.wait_for_lease_expiry(run_id)
-            if process_state(process.pid) != "T":
-                raise RuntimeError("the paused holder was resumed before its lease expired")
-        except BaseException:
-            process.kill()  # never leave a paused worker behind to renew its lease
-            process.join(timeout=60)
-            raise
+        process, marker = self.pause_in_model_call(trial)
         self.recover(trial)
-        Path(marker + ".go").touch()
-        os.kill(process.pid, signal.SIGCONT)
-        process.join(timeout=60)
+        self.resume(process, marker)
         verdict = self.verdict(trial, "stop")
         stale = [
             r for r in read_results(Path(self.spec(trial)["results"])) if r["pid"] == process.pid
@@ -187,14 +224,70 @@ class Chaos:
         if any(r.get("executed") for r in stale):
             verdict.problems.append("the paused worker's result was accepted")
             verdict.duplicates += 1
+        self.first_attempt_lost(trial, verdict)
+        return verdict
+
+    def revise(self, trial: int) -> Verdict:
+        """Revision 0 is overtaken from a paused holder, revised, maybe half-recomputed by a
+        worker that is killed; then the paused holder resumes and commits as ``persist`` does
+        (claim again, commit the paid-for answer on its basis): it must be refused."""
+        run_id = trial_identity(trial).run_id
+        process, marker = self.pause_in_model_call(trial, fallback=True)
+        self.recover(trial)
+        recollect = self.rng.random() < 0.5
+        with RunLedger(database_url=self.url) as ledger:
+            ledger.revise(run_id, "chaos: recompute", channels=["hook"], recollect=recollect)
+        point = self.rng.choice(("paused-only", *CRASH_POINTS))
+        problems = [] if point == "paused-only" else self.killed_worker(trial, point)
+        self.resume(process, marker)
+        self.recover(trial)
+        shape = f"revise:{'recollect' if recollect else 'keep-input'}+{point}"
+        verdict = self.verdict(trial, shape)
+        verdict.problems += problems
+        stale = [
+            r for r in read_results(Path(self.spec(trial)["results"])) if r["pid"] == process.pid
+        ]
+        if any(r.get("executed") for r in stale) or not stale:
+            verdict.problems.append(f"the paused worker's answer was accepted or lost: {stale}")
+            verdict.duplicates += 1
         with self.conn() as conn:
-            outcome = conn.execute(
-                "SELECT outcome FROM idempotent_jobs.attempts WHERE run_id = %s"
-                " AND lease_epoch = 1",
-                (run_id,),
+            revision = conn.execute(
+                "SELECT revision, status FROM idempotent_jobs.runs WHERE run_id = %s", (run_id,)
             ).fetchone()
-        if outcome != ("lease_lost",):
-            verdict.problems.append(f"the paused worker's attempt ended {outcome}")
+        if revision != (1, "completed"):
+            verdict.problems.append(f"the revision was not recomputed: {revision}")
+            verdict.lost += 1
+        self.first_attempt_lost(trial, verdict)
+        return verdict
+
+    def deliver(self, trial: int) -> Verdict:
+        """The receiver fails the first 1-3 requests (a redirect, a 5xx, an answer too slow, a
+        dropped connection); passes of the outbox deliverer follow until a 2xx."""
+        run_id = trial_identity(trial).run_id
+        faults = [self.rng.choice(FAULTS) for _ in range(self.rng.randint(1, 3))]
+        self.receiver.faults = list(faults)
+        process = self.start(self.spec(trial, webhook_timeout=WEBHOOK_TIMEOUT))
+        process.join(timeout=60)
+        channel = WebhookChannel(
+            url=self.receiver.url,
+            authorization=CHAOS_AUTHORIZATION,
+            timeout_seconds=WEBHOOK_TIMEOUT,
+        )
+        with RunLedger(database_url=self.url) as ledger:
+            for _ in range(len(faults) + 2):  # the CLI's `outbox deliver`, or the op's retries
+                if not ledger.outbox(run_id, pending_only=True):
+                    break
+                ledger.deliver_outbox(channel.send, run_id=run_id)
+            [row] = ledger.outbox(run_id)
+        left, self.receiver.faults = self.receiver.faults, []
+        verdict = self.verdict(trial, "deliver:" + "+".join(faults))
+        if left:
+            verdict.problems.append(f"faults never reached: {left}")
+        if row.delivered_at is None or row.delivery_attempts != len(faults) + 1:
+            verdict.problems.append(
+                f"delivered={row.delivered_at is not None} after {row.delivery_attempts} tries "
+                f"for {len(faults)} faults"
+            )
         return verdict
 
     def drop(self, trial: int) -> Verdict:
@@ -280,10 +373,16 @@ def summary(verdicts: list[Verdict]) -> str:
     kinds = Counter(v.kind.split(":")[0] for v in verdicts)
     points = Counter(v.kind.split(":")[1] for v in verdicts if v.kind.startswith("kill:"))
     restarts = Counter(v.kind.split(":")[1] for v in verdicts if v.kind.startswith("restart:"))
+    revisions = Counter(v.kind.split(":")[1] for v in verdicts if v.kind.startswith("revise:"))
+    faults = Counter(
+        f for v in verdicts if v.kind.startswith("deliver:") for f in v.kind[8:].split("+")
+    )
     lines = [
         "trials by kind: " + ", ".join(f"{k}={n}" for k, n in sorted(kinds.items())),
         "kill points: " + ", ".join(f"{k}={n}" for k, n in sorted(points.items())),
         "restarts: " + ", ".join(f"{k}={n}" for k, n in sorted(restarts.items())),
+        "revisions: " + ", ".join(f"{k}={n}" for k, n in sorted(revisions.items())),
+        "delivery faults: " + ", ".join(f"{k}={n}" for k, n in sorted(faults.items())),
         f"duplicates={sum(v.duplicates for v in verdicts)} lost={sum(v.lost for v in verdicts)}",
         f"{len(verdicts) - len(failed)} passed, {len(failed)} failed",
     ]

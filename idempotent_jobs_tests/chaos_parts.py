@@ -58,8 +58,16 @@ def trial_identity(trial: int) -> Any:
     return RunIdentity("chaos", f"trial-{trial}", datetime(2026, 8, 7, 9, tzinfo=UTC), "v1")
 
 
+CHAOS_AUTHORIZATION = "Bearer chaos-token-never-elsewhere"
+
+
 def run_worker(spec: dict[str, Any]) -> None:
-    """One worker process: the protocol on one logical run, dying where ``spec`` says."""
+    """One worker process: the protocol on one logical run, dying where ``spec`` says.
+
+    With ``spec["fallback"]`` it commits as Dagster's ``persist`` does: if its lease was lost,
+    it claims the run again and commits the answer it already paid for, bound to the revision
+    and checkpoint that answer was computed on.
+    """
     from idempotent_jobs import RunLedger, run_idempotent
     from idempotent_jobs.resources import WebhookChannel
 
@@ -95,7 +103,7 @@ def run_worker(spec: dict[str, Any]) -> None:
     def collect(identity: Any) -> dict[str, Any]:
         if crash == "during_collect":
             die()
-        return {"documents": [f"collected by {os.getpid()}"]}
+        return {"documents": [f"collected by {os.getpid()} at {time.time_ns()}"]}
 
     def transform(raw: dict[str, Any]) -> dict[str, Any]:
         if crash == "during_model":
@@ -107,7 +115,8 @@ def run_worker(spec: dict[str, Any]) -> None:
                 if not results.parent.exists():  # the runner is gone and took its workdir
                     die()
                 time.sleep(0.02)
-        return {"summary": f"answer from {os.getpid()}"}
+        # The answer names the checkpoint it was computed on, so the checker can tell.
+        return {"summary": f"answer from {os.getpid()}", "input": raw["documents"][0]}
 
     ledger = ChaosLedger(
         database_url=spec["database_url"],
@@ -119,32 +128,47 @@ def run_worker(spec: dict[str, Any]) -> None:
     if crash == "after_register":  # registered, never claimed (a scheduler that died there)
         ledger.register(identity)
         die()
+
+    def notify(output: dict[str, Any]) -> dict[str, Any]:
+        return {"hook": {"summary": output["summary"]}}
+
     try:
-        outcome = run_idempotent(
-            ledger,
-            identity,
-            collect=collect,
-            transform=transform,
-            notifications=lambda output: {"hook": {"summary": output["summary"]}},
-            lease_seconds=spec["lease_seconds"],
-            heartbeat_seconds=spec["lease_seconds"] / 4,
-            wait_seconds=spec.get("wait_seconds", 0.0),
-        )
+        if spec.get("fallback"):
+            executed, output = commit_like_persist(
+                ledger, identity, spec, collect, transform, notify
+            )
+        else:
+            outcome = run_idempotent(
+                ledger,
+                identity,
+                collect=collect,
+                transform=transform,
+                notifications=notify,
+                lease_seconds=spec["lease_seconds"],
+                heartbeat_seconds=spec["lease_seconds"] / 4,
+                wait_seconds=spec.get("wait_seconds", 0.0),
+            )
+            executed, output = outcome.executed, outcome.output
     except Exception as exc:
         record({"event": "error", "error": f"{type(exc).__name__}: {exc}"})
         ledger.close()
         return
+    stored = ledger.get(identity.run_id)
     record(
         {
             "event": "outcome",
-            "status": outcome.status,
-            "executed": outcome.executed,
-            "output": outcome.output,
+            "executed": executed,
+            "output": output,
+            "revision": stored.revision if stored else None,
         }
     )
     if crash == "before_delivery":
         die()
-    webhook = WebhookChannel(url=spec["receiver_url"], timeout_seconds=5)
+    webhook = WebhookChannel(
+        url=spec["receiver_url"],
+        authorization=CHAOS_AUTHORIZATION,
+        timeout_seconds=spec.get("webhook_timeout", 5),
+    )
 
     def send(row: Any) -> None:
         webhook.send(row)
@@ -156,16 +180,68 @@ def run_worker(spec: dict[str, Any]) -> None:
     ledger.close()
 
 
+def commit_like_persist(
+    ledger: Any,
+    identity: Any,
+    spec: dict[str, Any],
+    collect: Callable[[Any], dict[str, Any]],
+    transform: Callable[[dict[str, Any]], dict[str, Any]],
+    notify: Callable[[dict[str, Any]], dict[str, Any]],
+) -> tuple[bool, dict[str, Any] | None]:
+    """The Dagster ops' path: claim, checkpoint, model call, then commit; on a lost lease, claim
+    again and commit the paid-for answer on its original basis. Returns (accepted, output)."""
+    from idempotent_jobs import LeaseLostError, StaleCandidateError
+    from idempotent_jobs.leases import acquire
+    from idempotent_jobs.protocol import default_worker_id
+
+    worker = default_worker_id()
+    record, lease = ledger.begin(identity, worker, spec["lease_seconds"])
+    if lease is None:
+        return False, record.output
+    if lease.stored_raw_input is None:
+        lease = ledger.checkpoint(lease, collect(identity))
+    output = transform(lease.stored_raw_input)
+    try:
+        done = ledger.complete(lease, output, notify(output), basis=lease.basis)
+        return done.accepted, done.output
+    except LeaseLostError:
+        pass
+    again = acquire(
+        ledger,
+        identity.run_id,
+        worker,
+        spec["lease_seconds"],
+        wait_seconds=spec["lease_seconds"] * 6,
+    )
+    if not hasattr(again, "epoch"):  # a record: completed meanwhile (or still held)
+        return False, again.output
+    try:
+        done = ledger.complete(again, output, notify(output), basis=lease.basis)
+    except StaleCandidateError:
+        return False, None
+    return done.accepted, done.output
+
+
+# What the receiver may do instead of answering 200 to a request (delivery-fault trials).
+FAULTS = ("301", "302", "307", "308", "500", "503", "slow", "drop")
+
+
 class Receiver:
     """A webhook receiver on 127.0.0.1 that deduplicates on ``Idempotency-Key``.
 
     ``requests`` counts every POST per key; ``effects`` counts the side effects performed (the
-    first request of a key): the promise is one effect per key, however many re-sends.
+    first request of a key answered 2xx): the promise is one effect per key, however many
+    re-sends. ``faults`` scripts the next answers (see :data:`FAULTS`); a redirect points to
+    ``trap``, a second receiver that must never see a request. ``slow`` processes the request
+    (the effect happens) but answers after the client gave up.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, trap: "Receiver | None" = None, slow_seconds: float = 1.5) -> None:
         self.requests: Counter[str] = Counter()
         self.effects: Counter[str] = Counter()
+        self.answered_ok: Counter[str] = Counter()
+        self.unauthorised = 0
+        self.faults: list[str] = []
         self._lock = threading.Lock()
         receiver = self
 
@@ -175,9 +251,24 @@ class Receiver:
                 key = self.headers.get("Idempotency-Key", "")
                 with receiver._lock:
                     receiver.requests[key] += 1
-                    if receiver.requests[key] == 1:
+                    fault = receiver.faults.pop(0) if receiver.faults else ""
+                    if self.headers.get("Authorization") != CHAOS_AUTHORIZATION:
+                        receiver.unauthorised += 1
+                    if fault in ("", "slow") and not receiver.effects[key]:
                         receiver.effects[key] += 1
-                self.send_response(200)
+                if fault == "drop":
+                    self.close_connection = True
+                    self.connection.close()
+                    return
+                if fault == "slow":
+                    time.sleep(slow_seconds)  # the client has given up by now
+                elif not fault:
+                    with receiver._lock:
+                        receiver.answered_ok[key] += 1
+                status = int(fault) if fault.isdigit() else 200
+                self.send_response(status)
+                if 300 <= status < 400:
+                    self.send_header("Location", trap.url if trap else "/")
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
@@ -284,40 +375,55 @@ def read_results(path: Path) -> list[dict[str, Any]]:
 def check_invariants(
     conn: psycopg.Connection, trial: int, kind: str, receiver: Receiver, results: Path
 ) -> Verdict:
-    """Check, from the database and the receiver, what the promise says for one logical run."""
+    """Check, from the database and the receiver, what the promise says for one logical run:
+    per revision one accepted result, computed on that revision's checkpoint and never
+    overwritten; one outbox row and one effect per (run, channel, revision); a row marked
+    delivered only after a 2xx; nothing lost; epochs strictly increasing."""
     verdict = Verdict(trial, kind)
     run_id = trial_identity(trial).run_id
     rows = conn.execute(
-        "SELECT status, output, last_error, lease_epoch FROM idempotent_jobs.runs"
-        " WHERE run_id = %s",
+        "SELECT status, output, last_error, lease_epoch, revision, raw_input"
+        " FROM idempotent_jobs.runs WHERE run_id = %s",
         (run_id,),
     ).fetchall()
     if len(rows) != 1:
         verdict.problems.append(f"{len(rows)} run rows")
         verdict.lost += 1
         return verdict
-    status, output, last_error, epoch = rows[0]
+    status, output, last_error, epoch, revision, raw_input = rows[0]
     if status != "completed" and not (status == "failed" and last_error):
         verdict.problems.append(f"run left {status} without a reason")
         verdict.lost += 1
-    accepted = [
-        r["output"]
-        for r in read_results(results)
-        if r.get("event") == "outcome" and r.get("executed")
-    ]
-    if len({json.dumps(o, sort_keys=True) for o in accepted}) > 1:
-        verdict.problems.append(f"several accepted outputs: {accepted}")
-        verdict.duplicates += 1
-    if accepted and output != accepted[0]:
-        verdict.problems.append("the accepted output was overwritten")
-        verdict.duplicates += 1
+    stored = {revision: output} if status == "completed" else {}
+    for number, previous in conn.execute(
+        "SELECT revision - 1, previous_output FROM idempotent_jobs.run_revisions WHERE run_id = %s",
+        (run_id,),
+    ).fetchall():
+        stored[number] = previous
+    accepted: dict[int, list[Any]] = {}
+    for r in read_results(results):
+        if r.get("event") == "outcome" and r.get("executed"):
+            accepted.setdefault(r.get("revision") or 0, []).append(r["output"])
+    for number, outputs in sorted(accepted.items()):
+        if len({json.dumps(o, sort_keys=True) for o in outputs}) > 1:
+            verdict.problems.append(f"revision {number}: several accepted outputs: {outputs}")
+            verdict.duplicates += 1
+        if number in stored and stored[number] != outputs[0]:
+            verdict.problems.append(f"revision {number}: the accepted output was overwritten")
+            verdict.duplicates += 1
+    if status == "completed" and isinstance(output, dict) and "input" in output:
+        if not raw_input or output["input"] != raw_input["documents"][0]:
+            verdict.problems.append(
+                f"revision {revision}'s output was computed on another checkpoint"
+            )
+            verdict.duplicates += 1
     completed_attempts = conn.execute(
         "SELECT count(*) FROM idempotent_jobs.run_attempts"
         " WHERE run_id = %s AND outcome = 'completed'",
         (run_id,),
     ).fetchone()
-    if status == "completed" and completed_attempts != (1,):
-        verdict.problems.append(f"{completed_attempts} completed attempts")
+    if status == "completed" and completed_attempts != (revision + 1,):
+        verdict.problems.append(f"{completed_attempts} completed attempts at revision {revision}")
         verdict.duplicates += 1
     epochs = [
         e
@@ -330,20 +436,24 @@ def check_invariants(
     if epochs != list(range(1, len(epochs) + 1)) or (epochs and epochs[-1] != epoch):
         verdict.problems.append(f"lease epochs not strictly increasing: {epochs} (run {epoch})")
     outbox = conn.execute(
-        "SELECT channel, delivered_at FROM idempotent_jobs.notification_outbox WHERE run_id = %s",
+        "SELECT channel, revision, delivered_at FROM idempotent_jobs.notification_outbox"
+        " WHERE run_id = %s ORDER BY revision",
         (run_id,),
     ).fetchall()
-    if status == "completed" and len(outbox) != 1:
-        verdict.problems.append(f"{len(outbox)} outbox rows")
-        verdict.duplicates += max(0, len(outbox) - 1)
-    key = f"{run_id}:hook"
-    if receiver.effects[key] > 1:
-        verdict.problems.append(f"{receiver.effects[key]} deliveries of {key}")
-        verdict.duplicates += 1
-    if status == "completed" and outbox and outbox[0][1] is not None and not receiver.effects[key]:
-        verdict.problems.append("marked delivered but never received")
-        verdict.lost += 1
-    if status == "completed" and receiver.effects[key] != 1:
-        verdict.problems.append(f"{receiver.effects[key]} deliveries after recovery")
-        verdict.lost += receiver.effects[key] == 0
+    if status == "completed" and [(c, r) for c, r, _ in outbox] != [
+        ("hook", r) for r in range(revision + 1)
+    ]:
+        verdict.problems.append(f"outbox rows {[(c, r) for c, r, _ in outbox]}")
+        verdict.duplicates += max(0, len(outbox) - revision - 1)
+    for channel, number, delivered_at in outbox:
+        key = f"{run_id}:{channel}" + (f":r{number}" if number else "")
+        if receiver.effects[key] > 1:
+            verdict.problems.append(f"{receiver.effects[key]} deliveries of {key}")
+            verdict.duplicates += 1
+        if delivered_at is not None and not receiver.answered_ok[key]:
+            verdict.problems.append(f"{key} marked delivered without a 2xx answer")
+            verdict.lost += 1
+        if status == "completed" and receiver.effects[key] != 1:
+            verdict.problems.append(f"{receiver.effects[key]} deliveries of {key} after recovery")
+            verdict.lost += receiver.effects[key] == 0
     return verdict
