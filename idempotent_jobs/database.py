@@ -66,8 +66,9 @@ def parse_database_url(url: str) -> dict[str, Any]:
     try:
         return dict(conninfo_to_dict(libpq_conninfo(url)))
     except psycopg.Error as exc:
+        reason = " ".join(redact(str(exc), url).split())
         raise InvalidInputError(
-            "database_url", f"is not a PostgreSQL URL or conninfo string: {redact(str(exc), url)}"
+            "database_url", f"is not a PostgreSQL URL or conninfo string: {reason}"
         ) from None
 
 

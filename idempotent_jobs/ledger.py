@@ -229,7 +229,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         """The typed error for ``exc``, its real cause in one line, no password in it."""
         if isinstance(exc, psycopg.errors.InsufficientPrivilege):
             return _permission_error(exc, self.schema_name)
-        text = redact(str(exc).strip(), self.database_url).replace("\n", " ")
+        text = " ".join(redact(str(exc), self.database_url).split())  # libpq's lines, one line
         if isinstance(exc, psycopg.OperationalError):
             return LedgerConnectionError(f"could not {doing}: {text}")
         return LedgerError(f"could not {doing}: {text}")
