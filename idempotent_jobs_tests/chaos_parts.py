@@ -222,6 +222,16 @@ def commit_like_persist(
     return done.accepted, done.output
 
 
+@dataclass(frozen=True)
+class Request:
+    """One request a :class:`Receiver` got."""
+
+    method: str
+    key: str
+    authorization: str | None
+    body: bytes
+
+
 # What the receiver may do instead of answering 200 to a request (delivery-fault trials).
 FAULTS = ("301", "302", "307", "308", "500", "503", "slow", "drop")
 
@@ -242,17 +252,20 @@ class Receiver:
         self.answered_ok: Counter[str] = Counter()
         self.unauthorised = 0
         self.faults: list[str] = []
+        self.seen: list[Request] = []
         self._lock = threading.Lock()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 key = self.headers.get("Idempotency-Key", "")
+                authorization = self.headers.get("Authorization")
                 with receiver._lock:
+                    receiver.seen.append(Request(self.command, key, authorization, body))
                     receiver.requests[key] += 1
                     fault = receiver.faults.pop(0) if receiver.faults else ""
-                    if self.headers.get("Authorization") != CHAOS_AUTHORIZATION:
+                    if authorization != CHAOS_AUTHORIZATION:
                         receiver.unauthorised += 1
                     if fault in ("", "slow") and not receiver.effects[key]:
                         receiver.effects[key] += 1
@@ -271,6 +284,8 @@ class Receiver:
                     self.send_header("Location", trap.url if trap else "/")
                 self.send_header("Content-Length", "0")
                 self.end_headers()
+
+            do_GET = do_POST  # noqa: N815 - a followed redirect arrives as a GET
 
             def log_message(self, *args: object) -> None:
                 pass

@@ -1,95 +1,31 @@
 """Delivery never loses a notification and never leaks a credential: a row is delivered only
 after a 2xx from the configured URL, redirects are not followed, and keys cannot collide."""
 
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from idempotent_jobs import InvalidInputError, RunLedger
 from idempotent_jobs.resources import WebhookChannel
+from idempotent_jobs_tests.chaos_parts import CHAOS_AUTHORIZATION as SECRET
+from idempotent_jobs_tests.chaos_parts import FAULTS, Receiver
 from idempotent_jobs_tests.helpers import claimed, identity
-
-SECRET = "Bearer tok-7f3a-never-elsewhere"
-
-
-@dataclass
-class Seen:
-    method: str
-    key: str | None
-    authorization: str | None
-    body: bytes
-
-
-@dataclass
-class Endpoint:
-    """A local HTTP server whose next answers are scripted: a status code, ``slow`` or
-    ``drop``; with the script empty it answers 200. It records every request it gets."""
-
-    script: list[str] = field(default_factory=list)
-    seen: list[Seen] = field(default_factory=list)
-    location: str = ""
-    release: threading.Event = field(default_factory=threading.Event)
-
-    def __post_init__(self) -> None:
-        endpoint = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def handle_any(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                endpoint.seen.append(
-                    Seen(
-                        self.command,
-                        self.headers.get("Idempotency-Key"),
-                        self.headers.get("Authorization"),
-                        body,
-                    )
-                )
-                action = endpoint.script.pop(0) if endpoint.script else "200"
-                if action == "drop":
-                    self.close_connection = True
-                    self.connection.close()
-                    return
-                if action == "slow":
-                    endpoint.release.wait(10)  # longer than the channel's timeout
-                    action = "200"
-                self.send_response(int(action))
-                if action.startswith("3"):
-                    self.send_header("Location", endpoint.location)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            do_POST = do_GET = handle_any  # noqa: N815
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
-def endpoints() -> Iterator[tuple[Endpoint, Endpoint]]:
-    """The configured receiver, and another address it may redirect to."""
-    receiver, elsewhere = Endpoint(), Endpoint()
-    receiver.location = elsewhere.url
+def endpoints() -> Iterator[tuple[Receiver, Receiver]]:
+    """The configured receiver, and another address its redirects point to."""
+    elsewhere = Receiver()
+    receiver = Receiver(trap=elsewhere, slow_seconds=1.5)  # longer than the channel's timeout
     yield receiver, elsewhere
     receiver.close()
     elsewhere.close()
 
 
-@pytest.mark.parametrize("fault", ["301", "302", "307", "308", "500", "503", "slow", "drop"])
+@pytest.mark.parametrize("fault", FAULTS)
 def test_a_row_is_delivered_only_after_a_2xx_and_each_key_is_received_once(
-    ledger: RunLedger, endpoints: tuple[Endpoint, Endpoint], fault: str
+    ledger: RunLedger, endpoints: tuple[Receiver, Receiver], fault: str
 ) -> None:
     receiver, elsewhere = endpoints
     ident = identity()
@@ -97,7 +33,7 @@ def test_a_row_is_delivered_only_after_a_2xx_and_each_key_is_received_once(
     ledger.complete(lease, {"summary": "s"}, {"hook": {"summary": "s"}})
     channel = WebhookChannel(url=receiver.url, authorization=SECRET, timeout_seconds=0.5)
 
-    receiver.script = [fault]
+    receiver.faults = [fault]
     started = time.monotonic()
     report = ledger.deliver_outbox(channel.send)
     assert time.monotonic() - started < 5
@@ -110,7 +46,6 @@ def test_a_row_is_delivered_only_after_a_2xx_and_each_key_is_received_once(
         assert f"HTTP {fault}" in reason
     assert elsewhere.seen == [], "a redirect is not followed: nothing reaches another address"
 
-    receiver.release.set()  # a slow answer may finish now; it changes nothing
     report = ledger.deliver_outbox(channel.send)
     assert [r.idempotency_key for r in report.delivered] == [f"{ident.run_id}:hook"]
     [done] = ledger.outbox(ident.run_id)
@@ -124,12 +59,12 @@ def test_a_row_is_delivered_only_after_a_2xx_and_each_key_is_received_once(
 
 
 def test_a_redirect_error_names_the_target_and_no_credential_goes_there(
-    ledger: RunLedger, endpoints: tuple[Endpoint, Endpoint]
+    ledger: RunLedger, endpoints: tuple[Receiver, Receiver]
 ) -> None:
     receiver, elsewhere = endpoints
     lease = claimed(ledger, identity())
     ledger.complete(lease, {"summary": "s"}, {"hook": {"summary": "s"}})
-    receiver.script = ["302"]
+    receiver.faults = ["302"]
     channel = WebhookChannel(url=receiver.url, authorization=SECRET, timeout_seconds=2)
     [(_, reason)] = ledger.deliver_outbox(channel.send).failed
     assert "HTTP 302" in reason and elsewhere.url in reason and "not followed" in reason
