@@ -248,3 +248,47 @@ def test_reads_are_utc_whatever_the_servers_time_zone(
     with RunLedger(database_url=database) as ledger:
         [far] = ledger.list_runs()
     assert far.scheduled_at.year == 9999 and far.scheduled_at.utcoffset().total_seconds() == 0  # type: ignore[union-attr]
+
+
+def test_no_command_prints_the_password(tmp_path: Path, server_url: str) -> None:
+    """Every command, as a real process, with a password in the URL and a database it cannot
+    use: stdout, stderr and logs are grepped for the password."""
+    import os
+    import subprocess
+    import sys
+
+    password = "Pw-" + uuid.uuid4().hex[:10]
+    params = psycopg.conninfo.conninfo_to_dict(server_url)
+    missing = psycopg.conninfo.make_conninfo(
+        "", **{**params, "dbname": "no_such_db_ij", "password": password}
+    )
+    urls = {
+        "unreachable": f"postgresql://ledger:{password}@127.0.0.1:9/ledger",
+        "missing database, +psycopg2": dagster_storage_url(missing),
+        "malformed": f"postgresql://ledger:{password}@db.example/x?not_an_option=1",
+    }
+    commands = [
+        ["migrate"],
+        ["runs", "list"],
+        ["doctor"],
+        ["reconcile"],
+        ["revise", "abc", "--reason", "r"],
+        ["outbox", "deliver"],
+    ]
+    for name, url in urls.items():
+        assert password in url or "%" in url, name
+        for argv in commands if name == "unreachable" else commands[:2]:
+            env = {**os.environ, "IDEMPOTENT_JOBS_DATABASE_URL": url}
+            env.pop("IDEMPOTENT_JOBS_DAGSTER_STORAGE_URL", None)
+            env["IDEMPOTENT_JOBS_HOME"] = str(tmp_path / "home")
+            done = subprocess.run(
+                [sys.executable, "-m", "idempotent_jobs.cli", "--connect-timeout", "2", *argv],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            out = done.stdout + done.stderr
+            assert done.returncode in (1, 2), (name, argv, out)
+            assert password not in out and "Traceback" not in out, (name, argv, out)
+            assert "****" in out or "database_url" in out or "could not connect" in out, out
