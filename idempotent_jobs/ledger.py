@@ -165,12 +165,19 @@ def _fence(lease: Lease) -> dict[str, Any]:
     return {"run_id": lease.run_id, "worker_id": lease.worker_id, "epoch": lease.epoch}
 
 
+def _model_name(name: str | None) -> str | None:
+    """The model name a provider reported, kept to 200 printable characters: it arrives with an
+    answer already paid for, so it is trimmed rather than refused."""
+    if name is None:
+        return None
+    text = "".join(ch if ch.isprintable() else "?" for ch in str(name))
+    return text[:MAX_NAME_CHARS]
+
+
 def _usage(usage: ModelUsage | None) -> dict[str, Any]:
     usage = usage or _NO_USAGE
     return {
-        "model_name": None
-        if usage.model_name is None
-        else _check_name("usage.model_name", usage.model_name),
+        "model_name": _model_name(usage.model_name),
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
     }

@@ -114,12 +114,14 @@ def test_every_free_text_column_has_a_limit(ledger: RunLedger, field: str, call:
     assert record is not None and (record.status, record.revision) == ("completed", 0)
 
 
-def test_a_model_name_too_long_is_refused_before_the_commit(ledger: RunLedger) -> None:
+def test_a_model_name_from_the_provider_is_trimmed_not_refused(ledger: RunLedger) -> None:
+    """It comes with an answer already paid for: refusing it would throw the answer away."""
     ident = identity()
     lease = claimed(ledger, ident)
-    with pytest.raises(InvalidInputError) as info:
-        ledger.complete(lease, {"summary": "s"}, usage=ModelUsage("m" * 201, 1, 1))
-    assert info.value.field == "usage.model_name"
+    done = ledger.complete(lease, {"summary": "s"}, usage=ModelUsage("m\x1b" + "m" * 300, 1, 1))
+    assert done.accepted
+    [attempt] = ledger.attempts(ident.run_id)
+    assert attempt.model_name == "m?" + "m" * 198
 
 
 # -- identity normalisation ---------------------------------------------------------------------
