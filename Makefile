@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo dev test lint chromium bench clean
+.PHONY: install demo dev test check lint chromium bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ dev: install
 
 test: install lint chromium
 	$(BIN)/python -m pytest
+
+# The fast lane: lint and every test that needs no extra processes, browser or broker.
+check: install lint
+	$(BIN)/python -m pytest -q -m "not slow"
 
 # The browser test drives Debian's Chromium (Playwright's own browser download is not used).
 chromium:

@@ -18,6 +18,27 @@ from idempotent_jobs import RunLedger
 from idempotent_jobs.database import DATABASE_URL_ENV, start_embedded_postgres
 from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
 
+# Modules that start processes, browsers, brokers or Dagster daemons: `make test` runs them,
+# `make check` (the fast lane) leaves them out.
+SLOW_MODULES = frozenset(
+    {
+        "test_browser",
+        "test_celery",
+        "test_chaos",
+        "test_concurrency",
+        "test_dagster_instance",
+        "test_dagster_overlap",
+        "test_embedded_and_cli",
+        "test_two_deployments",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(scope="session")
 def server_url() -> str:
