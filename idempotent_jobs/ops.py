@@ -223,8 +223,14 @@ def build_ops(
         identity = identity_of(context)
         output = transformed["output"]
         usage = ModelUsage(**transformed["usage"])
+        if "basis" not in transformed:  # an answer from a run older than candidate binding
+            raise dg.Failure(
+                description="this answer does not say which revision and checkpoint it was "
+                "computed on (its run predates that); re-execute from transform",
+                allow_retries=False,
+            )
         basis = Basis(**transformed["basis"])
-        config = JobConfig(transformed["config"])
+        config = JobConfig(transformed.get("config", {}))
         notifications = spec.notifications(identity, output)
         completion: Completion | None = None
         handed = _handed_lease(context, transformed)

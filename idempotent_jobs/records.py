@@ -73,8 +73,9 @@ class Lease:
             int(ticket["epoch"]),
             None,
             float(ticket["lease_seconds"]),
-            revision=int(ticket["revision"]),
-            input_fingerprint=ticket["input_fingerprint"],
+            # A ticket from before revisions were carried: renewing the lease reads them.
+            revision=int(ticket.get("revision", 0)),
+            input_fingerprint=ticket.get("input_fingerprint"),
         )
 
 
