@@ -61,12 +61,15 @@ def _demo(args: argparse.Namespace) -> int:
     from idempotent_jobs.dagster_demo import run_dagster_demo
     from idempotent_jobs.demo import run_demo
 
+    def say(line: str) -> None:  # model answers are printed: escape what a terminal acts on
+        print(escape_controls(line))
+
     ledger = _ledger(args)
     ledger.migrate()
     with ledger:
-        run_demo(ledger)
+        run_demo(ledger, say)
         print()
-        run_dagster_demo(ledger)
+        run_dagster_demo(ledger, say)
     return 0
 
 
