@@ -187,7 +187,7 @@ def build_ops(
         """Call the model on the checkpointed input (read from the ledger) under a live lease."""
         run_id = collected["run_id"]
         if collected["completed"]:
-            return _report(context, collected, collected["result"])
+            return _report(context, collected, collected.get("result", "reused"))
         lease = claim(context, ledger, run_id, _handed_lease(context, collected))
         if isinstance(lease, RunRecord):
             if lease.status != "completed":
@@ -219,7 +219,7 @@ def build_ops(
         """Commit the answer, its usage and the outbox rows in one transaction."""
         run_id = transformed["run_id"]
         if transformed["completed"]:
-            return _report(context, transformed, transformed["result"])
+            return _report(context, transformed, transformed.get("result", "reused"))
         identity = identity_of(context)
         output = transformed["output"]
         usage = ModelUsage(**transformed["usage"])
