@@ -1,7 +1,8 @@
 """``ledger_reconciliation``: the ledger compared with Dagster's runs, visible in the UI.
 
 Scheduled every 15 minutes (and launchable by hand): the op's metadata lists every finding; the
-run fails when one is a problem, so it shows red on the overview and in the run list.
+run fails when one is a problem, so it shows red on the overview and in the run list. It is never
+retried (``dagster/max_retries`` 0): the next tick checks again.
 """
 
 from collections.abc import Sequence
@@ -55,7 +56,9 @@ def build_reconciliation_job(
             raise dg.Failure(description=f"{len(problems)} ledger problem(s)", metadata=metadata)
         context.add_output_metadata(metadata)
 
-    @dg.job(name="ledger_reconciliation", description=__doc__)
+    # One check, one run, one verdict: dagster.yaml's run retries would otherwise turn every
+    # standing problem into three red runs per tick.
+    @dg.job(name="ledger_reconciliation", description=__doc__, tags={"dagster/max_retries": "0"})
     def ledger_reconciliation() -> None:
         reconcile_ledger()
 

@@ -20,6 +20,7 @@ from idempotent_jobs.job_factory import build_idempotent_job
 from idempotent_jobs.job_spec import IdempotentJobSpec
 from idempotent_jobs.ledger import RunLedger
 from idempotent_jobs.protocol import ModelAnswer
+from idempotent_jobs.reconciliation_job import build_reconciliation_job
 from idempotent_jobs.records import ModelUsage
 from idempotent_jobs.resources import (
     DocumentCollector,
@@ -111,6 +112,7 @@ built = [
     build_idempotent_job(SUMMARY_SPEC, executor_def=dg.in_process_executor),
     build_idempotent_job(NO_RETRY_SPEC),
     build_idempotent_job(CELERY_SPEC, executor_def=CELERY_EXECUTOR),
+    build_reconciliation_job([SUMMARY_SPEC]),
 ]
 
 defs = dg.Definitions(

@@ -111,8 +111,9 @@ def daemon_logger() -> logging.Logger:
 REPOSITORY = {"repositoryLocationName": LOCATION, "repositoryName": "__repository__"}
 
 
-def launch_partition(context: WorkspaceProcessContext, job: str, partition_key: str) -> str:
-    """Launch one partition as the UI's Launchpad does; return the Dagster run id."""
+def launch_partition(context: WorkspaceProcessContext, job: str, partition_key: str | None) -> str:
+    """Launch one partition (``None``: an unpartitioned job) as the UI's Launchpad does; return
+    the Dagster run id."""
     from dagster_graphql.client.query import LAUNCH_PIPELINE_EXECUTION_MUTATION
 
     data = graphql(
@@ -122,7 +123,9 @@ def launch_partition(context: WorkspaceProcessContext, job: str, partition_key: 
             "executionParams": {
                 "selector": {**REPOSITORY, "jobName": job},
                 "executionMetadata": {
-                    "tags": [{"key": "dagster/partition", "value": partition_key}]
+                    "tags": []
+                    if partition_key is None
+                    else [{"key": "dagster/partition", "value": partition_key}]
                 },
                 "runConfigData": {},
             }

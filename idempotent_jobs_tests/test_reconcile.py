@@ -16,6 +16,7 @@ from idempotent_jobs_tests.dagster_harness import (
     DagsterTestEnv,
     dagster_instance,
     launch_partition,
+    run_retry_daemon,
     workspace,
 )
 from idempotent_jobs_tests.helpers import expire_lease, identity
@@ -123,3 +124,22 @@ def test_configuration_drift_is_reported_never_silent(
     assert verdict.success, "drift is informational"
     metadata = output_metadata(verdict)["reconcile_ledger"]
     assert metadata["informational"] == 1 and "config_drift" in metadata["findings"]
+
+
+def test_a_failed_reconciliation_is_not_retried(
+    dagster_env: DagsterTestEnv, ledger: RunLedger, db: psycopg.Connection
+) -> None:
+    """dagster.yaml retries failed runs twice; a standing problem must still give one red run
+    per check, not three."""
+    stuck = identity("stuck-co")
+    ledger.register(stuck)
+    assert ledger.claim(stuck.run_id, "vanished-worker", 600) is not None
+    expire_lease(db, stuck.run_id)
+    with dagster_instance(dagster_env) as instance, workspace(instance) as context:
+        failed = launch_partition(context, "ledger_reconciliation", None)
+        run = instance.get_run_by_id(failed)
+        assert run is not None and run.status == dg.DagsterRunStatus.FAILURE
+        assert run.tags.get("dagster/max_retries") == "0"
+        run_retry_daemon(context)
+        run_retry_daemon(context)
+        assert [r.run_id for r in instance.get_runs()] == [failed], "no retry was launched"
