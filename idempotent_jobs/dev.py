@@ -12,13 +12,14 @@ from idempotent_jobs.database import (
     DATABASE_URL_ENV,
     ensure_database_url,
     project_home,
+    project_root,
     stop_embedded_postgres,
 )
 from idempotent_jobs.ledger import RunLedger
 
 
 def _workspace_file() -> Path:
-    for candidate in (Path.cwd() / "workspace.yaml", PACKAGE_ROOT / "workspace.yaml"):
+    for candidate in (project_root() / "workspace.yaml", PACKAGE_ROOT / "workspace.yaml"):
         if candidate.is_file():
             return candidate
     raise FileNotFoundError("workspace.yaml not found in the working directory or project root")

@@ -1,0 +1,89 @@
+"""Every default path is the same however the code location is started: from the project, from
+inside DAGSTER_HOME (where `dagster dev` runs its processes), or from anywhere else."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from idempotent_jobs.database import HOME_ENV, project_home, project_root
+from idempotent_jobs.resources import JsonLinesChannel
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def default_notifications_file(cwd: Path) -> str:
+    """What a fresh process started in ``cwd`` (no IDEMPOTENT_JOBS_HOME) writes to."""
+    env = {k: v for k, v in os.environ.items() if k != HOME_ENV}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from idempotent_jobs.resources import JsonLinesChannel;"
+            "print(JsonLinesChannel().target())",
+        ],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return done.stdout.strip()
+
+
+def test_a_project_is_found_from_inside_its_dagster_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = tmp_path / "my-project"
+    dagster_home = project / ".idempotent_jobs" / "dagster_home"
+    dagster_home.mkdir(parents=True)
+    (project / "workspace.yaml").write_text("load_from: []\n")
+    monkeypatch.delenv(HOME_ENV, raising=False)
+    monkeypatch.chdir(project)
+    at_root = JsonLinesChannel().target()
+    monkeypatch.chdir(dagster_home)
+    assert project_root() == project
+    assert project_home() == project / ".idempotent_jobs"
+    assert (
+        JsonLinesChannel().target()
+        == at_root
+        == project / ".idempotent_jobs" / ("notifications.jsonl")
+    )
+
+
+def test_anywhere_else_the_checkout_is_the_project(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(HOME_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert project_home() == CHECKOUT / ".idempotent_jobs"
+
+
+def test_fresh_processes_in_different_directories_agree(tmp_path: Path) -> None:
+    inside = CHECKOUT / ".idempotent_jobs" / "dagster_home"
+    inside.mkdir(parents=True, exist_ok=True)
+    expected = str(CHECKOUT / ".idempotent_jobs" / "notifications.jsonl")
+    for cwd in (CHECKOUT, inside, tmp_path):
+        assert default_notifications_file(cwd) == expected, cwd
+
+
+def test_the_variable_wins_and_commands_pass_it_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from idempotent_jobs.database import (
+        DAGSTER_STORAGE_URL_ENV,
+        DATABASE_URL_ENV,
+        ensure_database_url,
+    )
+
+    monkeypatch.delenv(DAGSTER_STORAGE_URL_ENV, raising=False)  # restored after the test
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "state"))
+    monkeypatch.setenv(DATABASE_URL_ENV, "postgresql://u@127.0.0.1:9/x")
+    monkeypatch.chdir(tmp_path)
+    assert JsonLinesChannel().target() == tmp_path / "state" / "notifications.jsonl"
+    monkeypatch.delenv(HOME_ENV)
+    ensure_database_url()  # what every command (and `dev`, before `dagster dev`) does
+    assert os.environ[HOME_ENV] == str(CHECKOUT / ".idempotent_jobs")
