@@ -362,6 +362,20 @@ def _revise(args: argparse.Namespace) -> int:
     return 0
 
 
+def _drill(args: argparse.Namespace) -> int:
+    from idempotent_jobs import drill
+
+    calls = 0 if args.drill_command == "off" else args.calls
+    path = drill.arm(calls)
+    human = (
+        f"the next {calls} model call(s) of this code location will fail (drill file {path})"
+        if calls
+        else "drill off: model calls go through"
+    )
+    _emit(args, {"fail_model_calls": calls, "file": str(path)}, human)
+    return 0
+
+
 # -- parser -----------------------------------------------------------------------------------
 
 
@@ -458,6 +472,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--now", action="store_true", help="recompute now, running the partition in this process"
     )
     revise.set_defaults(handler=_revise)
+
+    drill = commands.add_parser(
+        "drill", help="failure drills that need no code change"
+    ).add_subparsers(dest="drill_command", required=True)
+    fail = drill.add_parser(
+        "fail-model-calls", parents=[json_flag], help="make the next N model calls fail"
+    )
+    fail.add_argument("calls", type=_positive(int), help="how many calls fail")
+    fail.set_defaults(handler=_drill)
+    drill.add_parser("off", parents=[json_flag], help="end the drill").set_defaults(handler=_drill)
     return parser
 
 

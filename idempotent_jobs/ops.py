@@ -14,6 +14,7 @@ from typing import Any
 
 import dagster as dg
 
+from idempotent_jobs.drill import fail_if_drilled
 from idempotent_jobs.errors import (
     LeaseBusyError,
     LeaseLostError,
@@ -198,6 +199,7 @@ def build_ops(
             raise LedgerError(f"run {run_id} has no raw-input checkpoint; re-run collect")
         with LeaseHeartbeat(ledger, lease, spec.lease_seconds / 3) as heartbeat:
             try:
+                fail_if_drilled()
                 answer = model.summarize(spec.prompt, raw_input)
                 check_output(answer.output, spec.validate)
             except Exception as exc:

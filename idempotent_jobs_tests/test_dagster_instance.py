@@ -6,6 +6,7 @@ runs are submitted through the same GraphQL mutations the UI uses and executed i
 
 import dagster as dg
 import psycopg
+import pytest
 
 from idempotent_jobs import RunLedger
 from idempotent_jobs_tests.dagster_defs import NO_RETRY_SPEC, SUMMARY_SPEC
@@ -165,3 +166,32 @@ def test_reexecuting_an_old_runs_persist_after_a_revise_commits_nothing(
         f"{ident.run_id}:report_file",
         f"{ident.run_id}:report_file:r1",
     ]
+
+
+def test_the_failure_drill_then_reexecution_from_failure(
+    dagster_env: DagsterTestEnv,
+    ledger: RunLedger,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The README's drill, with no code change: arm it, launch, re-execute from failure."""
+    from idempotent_jobs.cli import main
+    from idempotent_jobs.drill import remaining
+
+    monkeypatch.setenv("IDEMPOTENT_JOBS_HOME", str(dagster_env.tmp_path / "home"))
+    assert main(["drill", "fail-model-calls", "1"]) == 0
+    assert "the next 1 model call(s)" in capsys.readouterr().out
+    with dagster_instance(dagster_env) as instance, workspace(instance) as context:
+        failed = launch_partition(context, "summary_without_op_retries", PARTITION)
+        assert status(instance, failed) == dg.DagsterRunStatus.FAILURE
+        assert remaining() == 0
+        retried = reexecute(context, failed, "FROM_FAILURE")
+        assert status(instance, retried) == dg.DagsterRunStatus.SUCCESS
+        assert step_metadata(instance, retried, "transform")["result"] == "model called"
+    ident = NO_RETRY_SPEC.identity_for(PARTITION)
+    assert (dagster_env.collect_calls(), dagster_env.model_calls()) == (1, 1)
+    [failure, success] = ledger.attempts(ident.run_id)
+    assert failure.outcome == "failed" and failure.error is not None
+    assert failure.error.startswith("ModelOutageDrill: model outage drill")
+    assert success.outcome == "completed" and len(dagster_env.delivered()) == 1
+    assert main(["drill", "off"]) == 0 and remaining() == 0
