@@ -13,6 +13,7 @@ from idempotent_jobs.cli_render import escape_controls, table, to_json
 from idempotent_jobs.database import DATABASE_URL_ENV, ensure_database_url, redact
 from idempotent_jobs.errors import InvalidInputError, LedgerError, RunNotFoundError
 from idempotent_jobs.ledger import RunLedger
+from idempotent_jobs.records import CallCosts
 
 
 def _ledger(args: argparse.Namespace) -> RunLedger:
@@ -130,9 +131,18 @@ def _runs_show(args: argparse.Namespace) -> int:
             print(f"idempotent-jobs: no run {run_id}", file=sys.stderr)
             return 1
         attempts = ledger.attempts(run_id)
+        calls = ledger.model_calls(run_id)
         outbox = ledger.outbox(run_id)
         revisions = ledger.revisions(run_id)
-    data = {"run": record, "attempts": attempts, "outbox": outbox, "revisions": revisions}
+    costs = CallCosts.of(calls)
+    data = {
+        "run": record,
+        "attempts": attempts,
+        "model_calls": calls,
+        "costs": costs,
+        "outbox": outbox,
+        "revisions": revisions,
+    }
     identity = [
         ("run id", record.run_id),
         ("job", record.job_name),
@@ -167,6 +177,22 @@ def _runs_show(args: argparse.Namespace) -> int:
         )
         for a in attempts
     ]
+    call_rows = [
+        (
+            c.called_at,
+            c.revision,
+            c.lease_epoch,
+            c.step_key,
+            c.dagster_run_id,
+            c.retry_number,
+            c.model_name,
+            c.input_tokens,
+            c.output_tokens,
+            c.outcome,
+            c.error,
+        )
+        for c in calls
+    ]
     outbox_rows = [
         (o.idempotency_key, o.created_at, o.delivered_at, o.delivery_attempts, o.last_error)
         for o in outbox
@@ -195,6 +221,25 @@ def _runs_show(args: argparse.Namespace) -> int:
                 ],
                 attempt_rows,
             ),
+            "",
+            "model calls:",
+            table(
+                [
+                    "called",
+                    "revision",
+                    "epoch",
+                    "step",
+                    "dagster run",
+                    "retry",
+                    "model",
+                    "in tokens",
+                    "out tokens",
+                    "outcome",
+                    "error",
+                ],
+                call_rows,
+            ),
+            f"cost: {costs.summary()}",
             "",
             "outbox:",
             table(["key", "queued", "delivered", "tries", "last error"], outbox_rows),

@@ -41,10 +41,13 @@ from idempotent_jobs.json_values import dump_json_object, text_fingerprint
 from idempotent_jobs.records import (
     AttemptRecord,
     Basis,
+    CallOrigin,
+    CallOutcome,
     Completion,
     DeliveryReport,
     JobConfig,
     Lease,
+    ModelCallRecord,
     ModelUsage,
     OutboxRecord,
     RevisionRecord,
@@ -159,6 +162,15 @@ def _stale(run_id: str, candidate: Basis, current: Basis) -> StaleCandidateError
         f"run {run_id}: the answer was computed on {show(candidate)}, the run is now on "
         f"{show(current)}; it was not accepted and nothing was sent"
     )
+
+
+def _origin(origin: CallOrigin | None) -> dict[str, Any]:
+    origin = origin or CallOrigin()
+    return {
+        "call_step_key": _optional_name("step_key", origin.step_key),
+        "call_dagster_run_id": _optional_name("dagster_run_id", origin.dagster_run_id),
+        "call_retry": origin.retry_number,
+    }
 
 
 def _fence(lease: Lease) -> dict[str, Any]:
@@ -535,6 +547,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         *,
         basis: Basis | None = None,
         config: JobConfig | None = None,
+        origin: CallOrigin | None = None,
     ) -> Completion:
         """Accept ``output`` and queue ``notifications`` in one transaction.
 
@@ -542,7 +555,9 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         checkpoint, right when the lease is the one the output was computed under). The output
         is accepted only while the run is still on that basis; otherwise nothing of it is
         stored or sent, the lease is given back, the attempt is recorded ``superseded``, and
-        :class:`StaleCandidateError` is raised. ``config`` is recorded with the result.
+        :class:`StaleCandidateError` is raised. ``config`` is recorded with the result, and
+        the model call that produced ``output`` (``usage``, made at ``origin``) in
+        ``model_calls``, as accepted or stale.
 
         If the run was already completed, return the stored output: ``accepted`` tells whether
         it was this lease's (a retry after a lost answer) or another attempt's. If the lease was
@@ -554,6 +569,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         params = {
             **_fence(lease),
             **_usage(usage),
+            **_origin(origin),
             "output": dump_json_object(output, "output"),
             "notifications": _notifications_json(notifications),
             "revision": basis.revision,
@@ -580,10 +596,31 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
             raise _stale(lease.run_id, basis, Basis(record.revision, record.input_fingerprint))
         raise LeaseLostError()
 
-    def fail(self, lease: Lease, error: str, usage: ModelUsage | None = None) -> None:
-        """Record a failed attempt and free the run for a retry; raise if the lease was lost."""
+    def fail(
+        self,
+        lease: Lease,
+        error: str,
+        usage: ModelUsage | None = None,
+        *,
+        call: CallOutcome | None = None,
+        origin: CallOrigin | None = None,
+    ) -> None:
+        """Record a failed attempt and free the run for a retry; raise if the lease was lost.
+
+        ``call`` says a model call ended this way (``failed``: it raised; ``rejected``: the
+        validator refused its answer); it is recorded with ``usage`` in ``model_calls``.
+        """
         error = str(error)[:MAX_ERROR_CHARS] or "unknown error"
-        rows = self._rows(queries.FAIL, {**_fence(lease), **_usage(usage), "error": error})
+        if call not in (None, "failed", "rejected"):
+            raise InvalidInputError("call", f"must be 'failed' or 'rejected', got {call!r}")
+        params = {
+            **_fence(lease),
+            **_usage(usage),
+            **_origin(origin),
+            "error": error,
+            "call_outcome": call,
+        }
+        rows = self._rows(queries.FAIL, params)
         if rows:
             return
         record = self.get(lease.run_id)
@@ -620,6 +657,10 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
     def attempts(self, run_id: str) -> list[AttemptRecord]:
         """Every successful claim of the run, oldest first."""
         return self._fetch(queries.LIST_ATTEMPTS, {"run_id": run_id}, class_row(AttemptRecord))
+
+    def model_calls(self, run_id: str) -> list[ModelCallRecord]:
+        """Every recorded model call of the run, oldest first (see :class:`CallCosts`)."""
+        return self._fetch(queries.LIST_MODEL_CALLS, {"run_id": run_id}, class_row(ModelCallRecord))
 
     def outbox(
         self, run_id: str | None = None, *, pending_only: bool = False, limit: int = 1000

@@ -27,7 +27,17 @@ from idempotent_jobs.job_spec import IdempotentJobSpec
 from idempotent_jobs.leases import take_over
 from idempotent_jobs.ledger import RunLedger
 from idempotent_jobs.protocol import check_output, record_failure
-from idempotent_jobs.records import Basis, Completion, JobConfig, Lease, ModelUsage, RunRecord
+from idempotent_jobs.records import (
+    Basis,
+    CallCosts,
+    CallOrigin,
+    CallOutcome,
+    Completion,
+    JobConfig,
+    Lease,
+    ModelUsage,
+    RunRecord,
+)
 from idempotent_jobs.resources import DocumentCollector, NotificationChannel, SummaryModel
 
 Ticket = dict[str, Any]
@@ -86,9 +96,11 @@ def _report(
     ticket: Ticket,
     result: str,
     usage: ModelUsage | None = None,
+    costs: CallCosts | None = None,
 ) -> Ticket:
-    """Output metadata (from what the step already knows: no extra query), so the run page
-    answers "did this Dagster run do the work?". Returns ``ticket`` for chaining."""
+    """Output metadata (from what the step already knows, and ``costs`` where the step read
+    them), so the run page answers "did this Dagster run do the work, and what did the logical
+    run cost?". Returns ``ticket`` for chaining."""
     metadata: dict[str, Any] = {
         "ledger_run_id": ticket["run_id"],
         "result": result,
@@ -99,6 +111,11 @@ def _report(
         metadata["model"] = usage.model_name or ""
         metadata["input_tokens"] = usage.input_tokens or 0
         metadata["output_tokens"] = usage.output_tokens or 0
+    if costs is not None:
+        metadata["model_calls"] = costs.calls
+        metadata["tokens_accepted"] = costs.accepted_tokens
+        metadata["tokens_wasted"] = costs.wasted_tokens
+        metadata["cost"] = costs.summary()
     context.add_output_metadata(metadata)
     context.log.info(f"ledger run {ticket['run_id']}: {result}")
     return ticket
@@ -197,13 +214,17 @@ def build_ops(
         raw_input = lease.stored_raw_input
         if raw_input is None:
             raise LedgerError(f"run {run_id} has no raw-input checkpoint; re-run collect")
+        origin = CallOrigin(context.op.name, context.run_id, context.retry_number)
+        answer = None
         with LeaseHeartbeat(ledger, lease, spec.lease_seconds / 3) as heartbeat:
             try:
                 fail_if_drilled()
                 answer = model.summarize(spec.prompt, raw_input)
                 check_output(answer.output, spec.validate)
-            except Exception as exc:
-                record_failure(ledger, lease, exc, None)
+            except Exception as exc:  # the call failed, or its answer was rejected: both cost
+                usage = answer.usage if answer is not None else None
+                call: CallOutcome = "failed" if answer is None else "rejected"
+                record_failure(ledger, lease, exc, usage, call=call, origin=origin)
                 raise
         heartbeat.raise_if_lost()
         ticket = _lease_ticket(
@@ -213,6 +234,7 @@ def build_ops(
             usage=asdict(answer.usage),
             basis=asdict(lease.basis),  # what the answer was computed on: this checkpoint
             config=dict(spec.config(model.model_name).parts),
+            origin=asdict(origin),
         )
         return _report(context, ticket, "model called", answer.usage)
 
@@ -233,6 +255,7 @@ def build_ops(
             )
         basis = Basis(**transformed["basis"])
         config = JobConfig(transformed.get("config", {}))
+        origin = CallOrigin(**transformed.get("origin", {}))
         notifications = spec.notifications(identity, output)
         completion: Completion | None = None
         handed = _handed_lease(context, transformed)
@@ -241,7 +264,13 @@ def build_ops(
         def commit(lease: Lease) -> Completion:
             try:
                 return ledger.complete(
-                    lease, output, notifications, usage, basis=basis, config=config
+                    lease,
+                    output,
+                    notifications,
+                    usage,
+                    basis=basis,
+                    config=config,
+                    origin=origin,
                 )
             except StaleCandidateError as exc:  # revised since: this answer is not the result
                 raise dg.Failure(
@@ -264,12 +293,14 @@ def build_ops(
                 if lease.status != "completed":
                     raise _busy(lease)
                 label = reuse_label(config, lease.config_parts)
-                return _report(context, _completed_ticket(lease, label), label)
+                costs = CallCosts.of(ledger.model_calls(run_id))
+                return _report(context, _completed_ticket(lease, label), label, costs=costs)
             completion = commit(lease)
             ticket = _lease_ticket(context, lease)
         result = "new" if completion.accepted else reuse_label(config, completion.config_parts)
         done = _completed_ticket(ticket, result)
-        return _report(context, done, result, usage if completion.accepted else None)
+        costs = CallCosts.of(ledger.model_calls(run_id))
+        return _report(context, done, result, usage if completion.accepted else None, costs)
 
     @dg.op(
         name=f"{spec.name}_deliver",

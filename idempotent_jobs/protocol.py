@@ -20,7 +20,15 @@ from idempotent_jobs.heartbeat import LeaseHeartbeat
 from idempotent_jobs.identity import RunIdentity
 from idempotent_jobs.leases import acquire
 from idempotent_jobs.ledger import RunLedger
-from idempotent_jobs.records import JobConfig, Lease, ModelUsage, RunRecord, RunStatus
+from idempotent_jobs.records import (
+    CallOrigin,
+    CallOutcome,
+    JobConfig,
+    Lease,
+    ModelUsage,
+    RunRecord,
+    RunStatus,
+)
 
 JSONDict = dict[str, Any]
 DEFAULT_LEASE_SECONDS = 300.0
@@ -137,21 +145,26 @@ def run_idempotent(
         lease = got
 
     usage: ModelUsage | None = None
+    origin = CallOrigin(step_key, dagster_run_id)
+    call: CallOutcome | None = None  # how the model call ended, if one was made
     try:
         if lease.stored_raw_input is None:
             lease = ledger.checkpoint(lease, collect(identity))
         raw_input = lease.stored_raw_input
         assert raw_input is not None
         with LeaseHeartbeat(ledger, lease, heartbeat_seconds or lease_seconds / 3) as heartbeat:
+            call = "failed"
             output, usage = _unpack(transform(raw_input))
         heartbeat.raise_if_lost()
+        call = "rejected"
         check_output(output, validate)
+        call = "failed"
         messages = notifications(output) if notifications is not None else None
-        completion = ledger.complete(lease, output, messages, usage, config=config)
+        completion = ledger.complete(lease, output, messages, usage, config=config, origin=origin)
     except (LeaseLostError, StaleCandidateError):
         raise
     except BaseException as exc:
-        record_failure(ledger, lease, exc, usage)
+        record_failure(ledger, lease, exc, usage, call=call, origin=origin)
         raise
     return RunOutcome(
         lease.run_id, "completed", completion.output, completion.accepted, worker_id, lease.epoch
@@ -159,10 +172,17 @@ def run_idempotent(
 
 
 def record_failure(
-    ledger: RunLedger, lease: Lease, exc: BaseException, usage: ModelUsage | None
+    ledger: RunLedger,
+    lease: Lease,
+    exc: BaseException,
+    usage: ModelUsage | None,
+    *,
+    call: CallOutcome | None = None,
+    origin: CallOrigin | None = None,
 ) -> None:
-    """Mark the attempt failed if this lease still holds the run; never hide the first error."""
+    """Mark the attempt failed if this lease still holds the run (and the model call, if one
+    ended this way: ``failed`` or ``rejected``); never hide the first error."""
     try:
-        ledger.fail(lease, describe_error(exc), usage)
+        ledger.fail(lease, describe_error(exc), usage, call=call, origin=origin)
     except LedgerError:
         pass

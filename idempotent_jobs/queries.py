@@ -19,6 +19,15 @@ ATTEMPT_COLUMNS: LiteralString = """run_id, lease_epoch, worker_id, dagster_run_
 OUTBOX_COLUMNS: LiteralString = """run_id, channel, payload, created_at, delivered_at,
     delivery_attempts, last_error, revision"""
 
+MODEL_CALL_COLUMNS: LiteralString = """call_id, run_id, lease_epoch, revision, worker_id,
+    dagster_run_id, step_key, retry_number, model_name, input_tokens, output_tokens, outcome, error,
+    called_at"""
+
+# A model call's row, written by the statement that ends it (`{source}` names the CTE).
+_MODEL_CALL: LiteralString = """INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision,
+        worker_id, dagster_run_id, step_key, retry_number, model_name, input_tokens,
+        output_tokens, outcome, error)"""
+
 REVISION_COLUMNS: LiteralString = """run_id, revision, reason, channels, previous_output,
     previous_completed_at, previous_epoch, recollect, requested_by, requested_at"""
 
@@ -265,6 +274,14 @@ WITH done AS (
             || COALESCE(left(input_fingerprint, 12), 'none') END,
         %(model_name)s, %(input_tokens)s, %(output_tokens)s
     FROM done
+), call AS (
+    """
+    + _MODEL_CALL
+    + """
+    SELECT run_id, lease_epoch, %(revision)s::integer, %(worker_id)s, %(call_dagster_run_id)s,
+        %(call_step_key)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
+        CASE WHEN accepted THEN 'accepted' ELSE 'stale' END, NULL
+    FROM done
 ), outbox AS (
     INSERT INTO {schema}.notification_outbox (run_id, channel, payload, revision)
     SELECT done.run_id, n.key, n.value, done.revision
@@ -277,7 +294,8 @@ WITH done AS (
 SELECT accepted, output, revision, input_fingerprint FROM done"""
 )
 
-# A failed attempt: the run becomes claimable again; the reason is kept on run and attempt.
+# A failed attempt: the run becomes claimable again; the reason is kept on run and attempt, and
+# on the model call's row when a model call failed or its answer was rejected.
 FAIL: LiteralString = (
     """
 WITH failed AS (
@@ -287,7 +305,17 @@ WITH failed AS (
     WHERE """
     + _FENCE
     + """
-    RETURNING run_id, lease_epoch, lease_started_at, lease_dagster_run_id, lease_step_key
+    RETURNING run_id, lease_epoch, revision, lease_started_at, lease_dagster_run_id,
+        lease_step_key
+), call AS (
+    """
+    + _MODEL_CALL
+    + """
+    SELECT run_id, lease_epoch, revision, %(worker_id)s, %(call_dagster_run_id)s,
+        %(call_step_key)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
+        %(call_outcome)s, %(error)s
+    FROM failed
+    WHERE %(call_outcome)s::text IS NOT NULL
 ), attempt AS (
     """
     + _ENDED_ATTEMPT
@@ -329,6 +357,12 @@ LIST_ATTEMPTS: LiteralString = (
     "SELECT "
     + ATTEMPT_COLUMNS
     + " FROM {schema}.attempts WHERE run_id = %(run_id)s ORDER BY lease_epoch"
+)
+
+LIST_MODEL_CALLS: LiteralString = (
+    "SELECT "
+    + MODEL_CALL_COLUMNS
+    + " FROM {schema}.model_calls WHERE run_id = %(run_id)s ORDER BY call_id"
 )
 
 LIST_OUTBOX: LiteralString = (

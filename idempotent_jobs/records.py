@@ -89,6 +89,71 @@ class ModelUsage:
 
 
 @dataclass(frozen=True)
+class CallOrigin:
+    """Where a model call was made: the step (op) that made it, its Dagster run and op retry.
+    The attempt names the step that *claimed* the lease, which may be an earlier one."""
+
+    step_key: str | None = None
+    dagster_run_id: str | None = None
+    retry_number: int | None = None
+
+
+CallOutcome = Literal["accepted", "stale", "rejected", "failed"]
+
+
+@dataclass(frozen=True)
+class ModelCallRecord:
+    """One row of ``model_calls``: a model call, what it cost and what became of its answer."""
+
+    call_id: int
+    run_id: str
+    lease_epoch: int
+    revision: int
+    worker_id: str
+    dagster_run_id: str | None
+    step_key: str | None
+    retry_number: int | None
+    model_name: str | None
+    input_tokens: int | None
+    output_tokens: int | None
+    outcome: CallOutcome
+    error: str | None
+    called_at: datetime
+
+    @property
+    def tokens(self) -> int:
+        return (self.input_tokens or 0) + (self.output_tokens or 0)
+
+
+@dataclass(frozen=True)
+class CallCosts:
+    """What a logical run's model calls cost: the accepted answers' tokens, and the rest."""
+
+    calls: int
+    accepted_calls: int
+    accepted_tokens: int
+    wasted_tokens: int
+
+    @classmethod
+    def of(cls, calls: "list[ModelCallRecord]") -> "CallCosts":
+        accepted = [c for c in calls if c.outcome == "accepted"]
+        return cls(
+            len(calls),
+            len(accepted),
+            sum(c.tokens for c in accepted),
+            sum(c.tokens for c in calls if c.outcome != "accepted"),
+        )
+
+    def summary(self) -> str:
+        """The one-line answer to "what did the retries of this run cost?"."""
+        wasted = self.calls - self.accepted_calls
+        return (
+            f"{self.calls} model call(s): {self.accepted_tokens:,} tokens accepted, "
+            f"{self.wasted_tokens:,} wasted on {wasted} call(s) not accepted"
+        )
+
+
+@dataclass(frozen=True)
 class RunRecord:
     """One row of ``runs``: the durable record of a logical run."""
 

@@ -440,6 +440,16 @@ def check_invariants(
     if status == "completed" and completed_attempts != (revision + 1,):
         verdict.problems.append(f"{completed_attempts} completed attempts at revision {revision}")
         verdict.duplicates += 1
+    accepted_calls = dict(
+        conn.execute(
+            "SELECT revision, count(*) FROM idempotent_jobs.model_calls"
+            " WHERE run_id = %s AND outcome = 'accepted' GROUP BY revision",
+            (run_id,),
+        ).fetchall()
+    )
+    if status == "completed" and accepted_calls != {r: 1 for r in range(revision + 1)}:
+        verdict.problems.append(f"accepted model calls per revision: {accepted_calls}")
+        verdict.duplicates += 1
     epochs = [
         e
         for (e,) in conn.execute(
