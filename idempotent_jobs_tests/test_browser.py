@@ -1,6 +1,12 @@
 """A real browser on the real UI: `idempotent-jobs dev` (embedded PostgreSQL, a temporary
-DAGSTER_HOME), Debian's Chromium driven by Playwright. Launch one partition from the Launchpad
-twice: the first run does the work, the second reports "reused" and the ledger is unchanged."""
+DAGSTER_HOME), Debian's Chromium driven by Playwright, through every path the project says it is
+used by, asserting on the ledger and on the model calls it recorded:
+- a partition launched twice from the Launchpad: the second run reports "reused";
+- a backfill of three partitions, one already completed ("Completed" ticked): all succeed, two
+  model calls;
+- the failure drill, then "Re-execute" > "From failure": no second collect, one accepted call;
+- a schedule tick previewed and launched: each run's partition is its ledger row.
+"""
 
 import os
 import signal
@@ -12,11 +18,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import psycopg
 import pytest
 from playwright.sync_api import Page, sync_playwright
 
-from idempotent_jobs.database import start_embedded_postgres
+from idempotent_jobs.database import (
+    DAGSTER_STORAGE_URL_ENV,
+    dagster_storage_url,
+    start_embedded_postgres,
+)
 from idempotent_jobs.jobs import COMPETITOR_SUMMARY
 
 CHROMIUM = "/usr/bin/chromium"
@@ -87,7 +98,7 @@ def dev_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     assert not (home / "pgdata" / "postmaster.pid").exists(), "dev stops what it started"
 
 
-def launch_partition_from_ui(page: Page, url: str, partition: str) -> str:
+def launch_partition_from_ui(page: Page, url: str, partition: str, outcome: str = "Success") -> str:
     page.goto(f"{url}/locations/idempotent_jobs/jobs/competitor_summary/playground")
     box = page.get_by_placeholder("Partition")
     box.wait_for(timeout=60_000)
@@ -98,7 +109,7 @@ def launch_partition_from_ui(page: Page, url: str, partition: str) -> str:
     page.get_by_text(f"partition/subject: {partition.split('|')[0]}").wait_for(timeout=30_000)
     page.get_by_role("button", name="Launch Run").click()
     page.wait_for_url("**/runs/**", timeout=60_000)
-    page.get_by_text("Success", exact=True).first.wait_for(timeout=180_000)
+    page.get_by_text(outcome, exact=True).first.wait_for(timeout=180_000)
     return page.url.rsplit("/", 1)[-1]
 
 
@@ -117,8 +128,88 @@ def ledger_state(home: Path, run_id: str) -> Any:
     return runs, outbox
 
 
-def test_launch_a_partition_twice_from_the_ui(dev_server: tuple[str, Path]) -> None:
+def query(home: Path, statement: str, *params: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(start_embedded_postgres(home / "pgdata")) as conn:
+        return conn.execute(statement, params).fetchall()  # type: ignore[arg-type]
+
+
+def calls_of(home: Path, partition: str) -> list[str]:
+    """The outcomes of the partition's recorded model calls, oldest first."""
+    run_id = COMPETITOR_SUMMARY.identity_for(partition).run_id
+    return [
+        outcome
+        for (outcome,) in query(
+            home,
+            "SELECT outcome FROM idempotent_jobs.model_calls WHERE run_id = %s ORDER BY call_id",
+            run_id,
+        )
+    ]
+
+
+def status_of(home: Path, partition: str) -> str | None:
+    rows = query(
+        home,
+        "SELECT status FROM idempotent_jobs.runs WHERE run_id = %s",
+        COMPETITOR_SUMMARY.identity_for(partition).run_id,
+    )
+    return rows[0][0] if rows else None
+
+
+def dagster_runs(home: Path, page: Page, want: Any, seconds: float = 240) -> list[dg.DagsterRun]:
+    """Dagster's runs once ``want(runs)`` holds, from the dev server's own instance (the UI
+    page polls meanwhile, as a person watching it would)."""
+    with dg.DagsterInstance.from_config(str(home / "dagster_home")) as instance:
+        for _ in range(int(seconds)):
+            runs = instance.get_runs()
+            if want(runs):
+                return runs
+            page.wait_for_timeout(1000)
+    raise AssertionError(f"Dagster's runs never got there: {[(r.run_id, r.status) for r in runs]}")
+
+
+def finished(runs: list[dg.DagsterRun]) -> bool:
+    return bool(runs) and all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
+
+
+def backfill_from_ui(page: Page, url: str, partitions: list[str]) -> None:
+    """The backfill dialog: type the partitions, tick "Completed" (off by default, which hides
+    that re-running a completed partition costs nothing), submit."""
+    page.goto(f"{url}/locations/idempotent_jobs/jobs/competitor_summary/partitions")
+    page.get_by_role("button", name="Launch backfill…").click()
+    box = page.get_by_placeholder('ex: "workspace-acme|', exact=False)
+    box.click()
+    box.fill(", ".join(f'"{p}"' for p in partitions))
+    box.press("Enter")
+    page.get_by_text("Completed (1)").click()
+    page.get_by_role("button", name=f"Submit {len(partitions)} runs").click()
+
+
+def reexecute_from_failure(page: Page) -> str:
+    """On a failed run's page: the menu beside "Re-execute all", then "From failure"."""
+    failed = page.url
+    rerun = page.get_by_role("button", name="Re-execute all (*)")
+    rerun.locator("xpath=following-sibling::*[1]").click()
+    page.get_by_role("menuitem", name="From failure").click()
+    page.wait_for_url(lambda now: "/runs/" in now and now != failed, timeout=60_000)
+    page.get_by_text("Success", exact=True).first.wait_for(timeout=180_000)
+    return page.url.rsplit("/", 1)[-1]
+
+
+def launch_schedule_tick_from_ui(page: Page, url: str) -> None:
+    page.goto(f"{url}/locations/idempotent_jobs/schedules/competitor_summary_schedule")
+    page.get_by_role("button", name="Preview tick result").click()
+    page.get_by_role("button", name="Continue").click()
+    page.get_by_text("2 run requests").wait_for(timeout=60_000)
+    page.get_by_role("button", name="Launch all & commit tick result").click()
+
+
+def test_every_used_by_path_from_the_ui(
+    dev_server: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     url, home = dev_server
+    monkeypatch.setenv(  # for reading the dev server's Dagster instance from this process
+        DAGSTER_STORAGE_URL_ENV, dagster_storage_url(start_embedded_postgres(home / "pgdata"))
+    )
     run_id = COMPETITOR_SUMMARY.identity_for(PARTITION).run_id
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as playwright:
@@ -154,6 +245,72 @@ def test_launch_a_partition_twice_from_the_ui(dev_server: tuple[str, Path]) -> N
             page.get_by_text(f"ledger run {run_id}: reused").first.wait_for(timeout=30_000)
             page.screenshot(path=str(ARTIFACTS / "browser-second-run-reused.png"))
             assert ledger_state(home, run_id) == (runs, outbox), "the second run changed nothing"
+            assert calls_of(home, PARTITION) == ["accepted"]
+
+            # A backfill of three partitions, one of them completed above.
+            backfilled = [PARTITION, "workspace-acme|2026-08-08", "workspace-globex|2026-08-07"]
+            backfill_from_ui(page, url, backfilled)
+            runs_now = dagster_runs(
+                home,
+                page,
+                lambda rs: (
+                    len([r for r in rs if r.tags.get("dagster/backfill")]) == 3
+                    and finished([r for r in rs if r.tags.get("dagster/backfill")])
+                ),
+            )
+            assert {
+                r.tags["dagster/partition"] for r in runs_now if "dagster/backfill" in r.tags
+            } == set(backfilled)
+            assert [calls_of(home, p) for p in backfilled] == [["accepted"]] * 3, "2 new calls"
+            assert [status_of(home, p) for p in backfilled] == ["completed"] * 3
+            [first_row] = [r for r in runs if r[0] == run_id]
+            assert [r for r in ledger_state(home, run_id)[0] if r[0] == run_id] == [first_row]
+            page.screenshot(path=str(ARTIFACTS / "browser-backfill.png"))
+
+            # The failure drill, then "Re-execute" > "From failure".
+            drilled = "workspace-acme|2026-08-09"
+            arm = subprocess.run(
+                [sys.executable, "-m", "idempotent_jobs.cli", "drill", "fail-model-calls", "4"],
+                env={**os.environ, "IDEMPOTENT_JOBS_HOME": str(home)},
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert arm.returncode == 0, arm.stderr
+            launch_partition_from_ui(page, url, drilled, outcome="Failure")
+            assert status_of(home, drilled) == "failed"
+            reexecute_from_failure(page)
+            page.screenshot(path=str(ARTIFACTS / "browser-reexecuted-from-failure.png"))
+            assert status_of(home, drilled) == "completed"
+            assert calls_of(home, drilled) == ["failed"] * 4 + ["accepted"]
+            steps = query(
+                home,
+                "SELECT step_key FROM idempotent_jobs.attempts WHERE run_id = %s",
+                COMPETITOR_SUMMARY.identity_for(drilled).run_id,
+            )
+            assert [s for (s,) in steps].count("collect") == 1, "collect ran once"
+
+            # A schedule tick, previewed and launched: one run per subject of the last window.
+            launch_schedule_tick_from_ui(page, url)
+            runs_now = dagster_runs(
+                home,
+                page,
+                lambda rs: (
+                    len([r for r in rs if r.tags.get("dagster/schedule_name")]) == 2
+                    and finished([r for r in rs if r.tags.get("dagster/schedule_name")])
+                ),
+            )
+            ticked = [r for r in runs_now if r.tags.get("dagster/schedule_name")]
+            for run in ticked:
+                partition = run.tags["dagster/partition"]
+                identity = COMPETITOR_SUMMARY.identity_for(partition)
+                assert status_of(home, partition) == "completed"
+                assert calls_of(home, partition) == ["accepted"]
+                assert identity.subject_id == run.tags["dagster/partition/subject"]
+            assert {r.tags["dagster/partition/subject"] for r in ticked} == set(
+                COMPETITOR_SUMMARY.subjects
+            )
+            page.screenshot(path=str(ARTIFACTS / "browser-schedule-tick.png"))
         finally:
             page.screenshot(path=str(ARTIFACTS / "browser-last-page.png"))
             browser.close()
