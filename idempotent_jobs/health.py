@@ -75,7 +75,10 @@ def drift_findings(
     findings: list[Finding] = []
     for spec in specs:
         config = spec.config(model_name)
-        drifted = ledger.drifted(spec.identity_job_name, spec.version, config)
+        # One more than are listed, to know whether there are more; rows carry their payloads.
+        drifted = ledger.drifted(
+            spec.identity_job_name, spec.version, config, limit=MAX_DRIFT_FINDINGS + 1
+        )
         for record in drifted[:MAX_DRIFT_FINDINGS]:
             changed = ", ".join(config.changed_since(record.config_parts))
             findings.append(
@@ -94,8 +97,9 @@ def drift_findings(
                 Finding(
                     "config_drift",
                     "info",
-                    f"{spec.name}: {len(drifted) - MAX_DRIFT_FINDINGS} more runs computed under "
-                    "another configuration (`runs list --json` and their config_parts)",
+                    f"{spec.name}: more than {MAX_DRIFT_FINDINGS} runs were computed under "
+                    "another configuration; the others are left out here (`runs list --json` "
+                    "shows each run's config_parts)",
                 )
             )
     return findings

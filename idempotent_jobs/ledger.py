@@ -581,7 +581,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         if rows:
             accepted, stored, revision, fingerprint = rows[0]
             if accepted:
-                return Completion(stored, True, dict(config.parts) or None)
+                return Completion(stored, True, parts or None)
             raise _stale(lease.run_id, basis, Basis(revision, fingerprint))
         record = self.get(lease.run_id)
         if record is not None and record.status == "completed" and record.output is not None:

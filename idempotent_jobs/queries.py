@@ -23,7 +23,7 @@ MODEL_CALL_COLUMNS: LiteralString = """call_id, run_id, lease_epoch, revision, w
     dagster_run_id, step_key, retry_number, model_name, input_tokens, output_tokens, outcome, error,
     called_at"""
 
-# A model call's row, written by the statement that ends it (`{source}` names the CTE).
+# A model call's row, written by the statement that ends the call (COMPLETE or FAIL).
 _MODEL_CALL: LiteralString = """INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision,
         worker_id, dagster_run_id, step_key, retry_number, model_name, input_tokens,
         output_tokens, outcome, error)"""

@@ -167,8 +167,17 @@ def dagster_runs(home: Path, page: Page, want: Any, seconds: float = 240) -> lis
     raise AssertionError(f"Dagster's runs never got there: {[(r.run_id, r.status) for r in runs]}")
 
 
-def finished(runs: list[dg.DagsterRun]) -> bool:
-    return bool(runs) and all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
+def succeeded_runs_tagged(home: Path, page: Page, tag: str, count: int) -> list[dg.DagsterRun]:
+    """The ``count`` Dagster runs carrying ``tag``, once all of them succeeded."""
+
+    def tagged(runs: list[dg.DagsterRun]) -> list[dg.DagsterRun]:
+        return [r for r in runs if r.tags.get(tag)]
+
+    def done(runs: list[dg.DagsterRun]) -> bool:
+        mine = tagged(runs)
+        return len(mine) == count and all(r.status == dg.DagsterRunStatus.SUCCESS for r in mine)
+
+    return tagged(dagster_runs(home, page, done))
 
 
 def backfill_from_ui(page: Page, url: str, partitions: list[str]) -> None:
@@ -250,17 +259,8 @@ def test_every_used_by_path_from_the_ui(
             # A backfill of three partitions, one of them completed above.
             backfilled = [PARTITION, "workspace-acme|2026-08-08", "workspace-globex|2026-08-07"]
             backfill_from_ui(page, url, backfilled)
-            runs_now = dagster_runs(
-                home,
-                page,
-                lambda rs: (
-                    len([r for r in rs if r.tags.get("dagster/backfill")]) == 3
-                    and finished([r for r in rs if r.tags.get("dagster/backfill")])
-                ),
-            )
-            assert {
-                r.tags["dagster/partition"] for r in runs_now if "dagster/backfill" in r.tags
-            } == set(backfilled)
+            filled = succeeded_runs_tagged(home, page, "dagster/backfill", 3)
+            assert {r.tags["dagster/partition"] for r in filled} == set(backfilled)
             assert [calls_of(home, p) for p in backfilled] == [["accepted"]] * 3, "2 new calls"
             assert [status_of(home, p) for p in backfilled] == ["completed"] * 3
             [first_row] = [r for r in runs if r[0] == run_id]
@@ -292,15 +292,7 @@ def test_every_used_by_path_from_the_ui(
 
             # A schedule tick, previewed and launched: one run per subject of the last window.
             launch_schedule_tick_from_ui(page, url)
-            runs_now = dagster_runs(
-                home,
-                page,
-                lambda rs: (
-                    len([r for r in rs if r.tags.get("dagster/schedule_name")]) == 2
-                    and finished([r for r in rs if r.tags.get("dagster/schedule_name")])
-                ),
-            )
-            ticked = [r for r in runs_now if r.tags.get("dagster/schedule_name")]
+            ticked = succeeded_runs_tagged(home, page, "dagster/schedule_name", 2)
             for run in ticked:
                 partition = run.tags["dagster/partition"]
                 identity = COMPETITOR_SUMMARY.identity_for(partition)

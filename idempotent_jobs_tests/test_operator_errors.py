@@ -276,7 +276,7 @@ def test_no_command_prints_the_password(tmp_path: Path, server_url: str) -> None
         ["outbox", "deliver"],
     ]
     for name, url in urls.items():
-        assert password in url or "%" in url, name
+        assert password in url, name  # else the grep below would prove nothing
         for argv in commands if name == "unreachable" else commands[:2]:
             env = {**os.environ, "IDEMPOTENT_JOBS_DATABASE_URL": url}
             env.pop("IDEMPOTENT_JOBS_DAGSTER_STORAGE_URL", None)

@@ -143,3 +143,24 @@ def test_a_failed_reconciliation_is_not_retried(
         run_retry_daemon(context)
         run_retry_daemon(context)
         assert [r.run_id for r in instance.get_runs()] == [failed], "no retry was launched"
+
+
+def test_many_drifted_runs_are_listed_up_to_a_cap(ledger: RunLedger) -> None:
+    from datetime import UTC, datetime
+
+    from idempotent_jobs import RunIdentity
+    from idempotent_jobs.health import MAX_DRIFT_FINDINGS
+
+    config = SUMMARY_SPEC.config("recording-model")
+    for n in range(MAX_DRIFT_FINDINGS + 1):
+        ident = RunIdentity(
+            "competitor-summary", f"subject-{n}", datetime(2026, 8, 7, tzinfo=UTC), "v1"
+        )
+        lease = ledger.begin(ident, "w", 30)[1]
+        assert lease is not None
+        ledger.complete(lease, {"summary": "s"}, config=config)
+    found = drift_findings(ledger, [SUMMARY_SPEC], "other-model")
+    assert len(found) == MAX_DRIFT_FINDINGS + 1
+    assert all(f.run_id for f in found[:-1]) and found[-1].run_id is None
+    assert f"more than {MAX_DRIFT_FINDINGS} runs" in found[-1].detail
+    assert drift_findings(ledger, [SUMMARY_SPEC], "recording-model") == []
