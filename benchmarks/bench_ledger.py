@@ -24,7 +24,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from idempotent_jobs import RunIdentity, RunLedger, run_idempotent
-from idempotent_jobs.database import database_url
+from idempotent_jobs.operator.embedded import database_url
 
 ROWS: list[tuple[str, str, str, str]] = []
 
@@ -302,7 +302,7 @@ def merged_vs_sequential(url: str, runs: int) -> None:
 
 def dagster_fraction(url: str, runs: int) -> None:
     os.environ["IDEMPOTENT_JOBS_DATABASE_URL"] = url
-    from idempotent_jobs.definitions import defs
+    from idempotent_jobs.location.definitions import defs
 
     job = defs.resolve_job_def("competitor_summary")
     quiet = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}

@@ -1,7 +1,7 @@
 """Make scheduled AI jobs safe to run more than once: one run record, one accepted result, and
 each external side effect once, whatever the scheduler, the network or the workers do."""
 
-from idempotent_jobs.errors import (
+from idempotent_jobs.core.errors import (
     IdentityConflictError,
     InvalidInputError,
     LeaseBusyError,
@@ -14,10 +14,10 @@ from idempotent_jobs.errors import (
     SchemaNotMigratedError,
     StaleCandidateError,
 )
-from idempotent_jobs.identity import RunIdentity, stable_run_id
-from idempotent_jobs.ledger import RunLedger
-from idempotent_jobs.protocol import ModelAnswer, RunOutcome, run_idempotent
-from idempotent_jobs.records import (
+from idempotent_jobs.core.identity import RunIdentity, stable_run_id
+from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.protocol import ModelAnswer, RunOutcome, run_idempotent
+from idempotent_jobs.core.records import (
     AttemptRecord,
     Basis,
     CallCosts,

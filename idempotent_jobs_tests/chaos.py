@@ -31,8 +31,8 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 from idempotent_jobs import RunLedger
-from idempotent_jobs.database import start_embedded_postgres, stop_embedded_postgres
-from idempotent_jobs.resources import WebhookChannel
+from idempotent_jobs.dagster.resources import WebhookChannel
+from idempotent_jobs.operator.embedded import start_embedded_postgres, stop_embedded_postgres
 from idempotent_jobs_tests.chaos_parts import (
     CHAOS_AUTHORIZATION,
     CRASH_POINTS,

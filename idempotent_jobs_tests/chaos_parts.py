@@ -69,7 +69,7 @@ def run_worker(spec: dict[str, Any]) -> None:
     and checkpoint that answer was computed on.
     """
     from idempotent_jobs import RunLedger, run_idempotent
-    from idempotent_jobs.resources import WebhookChannel
+    from idempotent_jobs.dagster.resources import WebhookChannel
 
     # A session of its own: when a process of the runner's group exits and leaves that group
     # orphaned, the kernel sends SIGHUP and SIGCONT to every member if one is stopped, which
@@ -191,8 +191,8 @@ def commit_like_persist(
     """The Dagster ops' path: claim, checkpoint, model call, then commit; on a lost lease, claim
     again and commit the paid-for answer on its original basis. Returns (accepted, output)."""
     from idempotent_jobs import LeaseLostError, StaleCandidateError
-    from idempotent_jobs.leases import acquire
-    from idempotent_jobs.protocol import default_worker_id
+    from idempotent_jobs.core.leases import acquire
+    from idempotent_jobs.core.protocol import default_worker_id
 
     worker = default_worker_id()
     record, lease = ledger.begin(identity, worker, spec["lease_seconds"])

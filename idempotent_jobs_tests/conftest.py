@@ -15,7 +15,8 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from idempotent_jobs import RunLedger
-from idempotent_jobs.database import DATABASE_URL_ENV, start_embedded_postgres
+from idempotent_jobs.core.database import DATABASE_URL_ENV
+from idempotent_jobs.operator.embedded import start_embedded_postgres
 from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
 
 # Modules that start processes, browsers, brokers or Dagster daemons: `make test` runs them,
@@ -113,7 +114,7 @@ def db(database: str) -> Iterator[psycopg.Connection]:
 @pytest.fixture
 def dagster_env(database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> DagsterTestEnv:
     """Env vars the test code location reads: this test's ledger database and call logs."""
-    from idempotent_jobs.database import DAGSTER_STORAGE_URL_ENV, dagster_storage_url
+    from idempotent_jobs.dagster.project import DAGSTER_STORAGE_URL_ENV, dagster_storage_url
 
     env = DagsterTestEnv(database, tmp_path)
     monkeypatch.setenv(DATABASE_URL_ENV, database)

@@ -14,15 +14,15 @@ from typing import Any
 import dagster as dg
 from dagster_celery import celery_executor
 
-from idempotent_jobs.database import DATABASE_URL_ENV
-from idempotent_jobs.identity import RunIdentity
-from idempotent_jobs.job_factory import build_idempotent_job
-from idempotent_jobs.job_spec import IdempotentJobSpec
-from idempotent_jobs.ledger import RunLedger
-from idempotent_jobs.protocol import ModelAnswer
-from idempotent_jobs.reconciliation_job import build_reconciliation_job
-from idempotent_jobs.records import ModelUsage
-from idempotent_jobs.resources import (
+from idempotent_jobs.core.database import DATABASE_URL_ENV
+from idempotent_jobs.core.identity import RunIdentity
+from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.protocol import ModelAnswer
+from idempotent_jobs.core.records import ModelUsage
+from idempotent_jobs.dagster.job_factory import build_idempotent_job
+from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
+from idempotent_jobs.dagster.reconciliation_job import build_reconciliation_job
+from idempotent_jobs.dagster.resources import (
     DocumentCollector,
     JsonLinesChannel,
     SampleDocumentsCollector,

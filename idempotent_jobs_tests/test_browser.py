@@ -23,12 +23,9 @@ import psycopg
 import pytest
 from playwright.sync_api import Page, sync_playwright
 
-from idempotent_jobs.database import (
-    DAGSTER_STORAGE_URL_ENV,
-    dagster_storage_url,
-    start_embedded_postgres,
-)
-from idempotent_jobs.jobs import COMPETITOR_SUMMARY
+from idempotent_jobs.dagster.project import DAGSTER_STORAGE_URL_ENV, dagster_storage_url
+from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
+from idempotent_jobs.operator.embedded import start_embedded_postgres
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
@@ -77,7 +74,7 @@ def dev_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     log = tmp_path / "dev.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "idempotent_jobs.cli", "dev", "--port", str(port)],
+            [sys.executable, "-m", "idempotent_jobs.operator.cli", "dev", "--port", str(port)],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -99,7 +96,7 @@ def dev_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 
 def launch_partition_from_ui(page: Page, url: str, partition: str, outcome: str = "Success") -> str:
-    page.goto(f"{url}/locations/idempotent_jobs/jobs/competitor_summary/playground")
+    page.goto(f"{url}/locations/idempotent_jobs/location/jobscompetitor_summary/playground")
     box = page.get_by_placeholder("Partition")
     box.wait_for(timeout=60_000)
     box.click()
@@ -183,7 +180,7 @@ def succeeded_runs_tagged(home: Path, page: Page, tag: str, count: int) -> list[
 def backfill_from_ui(page: Page, url: str, partitions: list[str]) -> None:
     """The backfill dialog: type the partitions, tick "Completed" (off by default, which hides
     that re-running a completed partition costs nothing), submit."""
-    page.goto(f"{url}/locations/idempotent_jobs/jobs/competitor_summary/partitions")
+    page.goto(f"{url}/locations/idempotent_jobs/location/jobscompetitor_summary/partitions")
     page.get_by_role("button", name="Launch backfill…").click()
     box = page.get_by_placeholder('ex: "workspace-acme|', exact=False)
     box.click()
@@ -270,7 +267,14 @@ def test_every_used_by_path_from_the_ui(
             # The failure drill, then "Re-execute" > "From failure".
             drilled = "workspace-acme|2026-08-09"
             arm = subprocess.run(
-                [sys.executable, "-m", "idempotent_jobs.cli", "drill", "fail-model-calls", "4"],
+                [
+                    sys.executable,
+                    "-m",
+                    "idempotent_jobs.operator.cli",
+                    "drill",
+                    "fail-model-calls",
+                    "4",
+                ],
                 env={**os.environ, "IDEMPOTENT_JOBS_HOME": str(home)},
                 capture_output=True,
                 text=True,

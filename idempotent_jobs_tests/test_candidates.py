@@ -17,7 +17,7 @@ from idempotent_jobs import (
     StaleCandidateError,
     run_idempotent,
 )
-from idempotent_jobs.json_values import json_fingerprint
+from idempotent_jobs.core.json_values import json_fingerprint
 from idempotent_jobs_tests.helpers import Collector, claimed, count, email, expire_lease, identity
 
 

@@ -19,7 +19,7 @@ import dagster as dg
 import pytest
 
 from idempotent_jobs import RunLedger
-from idempotent_jobs.database import dagster_storage_url
+from idempotent_jobs.dagster.project import dagster_storage_url
 from idempotent_jobs_tests.dagster_defs import CELERY_SPEC
 from idempotent_jobs_tests.dagster_harness import (
     PROJECT_ROOT,

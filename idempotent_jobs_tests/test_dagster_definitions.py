@@ -6,9 +6,9 @@ import dagster as dg
 import pytest
 
 from idempotent_jobs import InvalidInputError, RunIdentity
-from idempotent_jobs.definitions import defs
-from idempotent_jobs.jobs import COMPETITOR_SUMMARY, HOURLY_DIGEST
-from idempotent_jobs.partitions import load_subjects
+from idempotent_jobs.dagster.partitions import load_subjects
+from idempotent_jobs.location.definitions import defs
+from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY, HOURLY_DIGEST, SUBJECTS_FILE
 
 
 def test_definitions_load_with_both_jobs_and_schedules() -> None:
@@ -95,9 +95,9 @@ def test_subjects_come_from_configuration(
     config = tmp_path / "subjects.yaml"  # type: ignore[operator]
     config.write_text("competitor_summary: [tenant-a, ' tenant-b ']\n")
     monkeypatch.setenv("IDEMPOTENT_JOBS_SUBJECTS_FILE", str(config))
-    assert load_subjects("competitor_summary") == ["tenant-a", "tenant-b"]
+    assert load_subjects("competitor_summary", SUBJECTS_FILE) == ["tenant-a", "tenant-b"]
     config.write_text("competitor_summary: [tenant-a, 'bad|name']\n")
     with pytest.raises(InvalidInputError, match="subject_id"):
-        load_subjects("competitor_summary")
+        load_subjects("competitor_summary", SUBJECTS_FILE)
     with pytest.raises(InvalidInputError, match="lists no subjects"):
-        load_subjects("unknown_job")
+        load_subjects("unknown_job", SUBJECTS_FILE)

@@ -175,8 +175,8 @@ def test_the_failure_drill_then_reexecution_from_failure(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The README's drill, with no code change: arm it, launch, re-execute from failure."""
-    from idempotent_jobs.cli import main
-    from idempotent_jobs.drill import remaining
+    from idempotent_jobs.dagster.drill import remaining
+    from idempotent_jobs.operator.cli import main
 
     monkeypatch.setenv("IDEMPOTENT_JOBS_HOME", str(dagster_env.tmp_path / "home"))
     assert main(["drill", "fail-model-calls", "1"]) == 0

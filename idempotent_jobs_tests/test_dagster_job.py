@@ -3,7 +3,7 @@
 import psycopg
 
 from idempotent_jobs import RunLedger
-from idempotent_jobs.dagster_results import output_metadata
+from idempotent_jobs.dagster.results import output_metadata
 from idempotent_jobs_tests.dagster_defs import NO_RETRY_SPEC, SUMMARY_SPEC, defs
 from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
 from idempotent_jobs_tests.helpers import count

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from idempotent_jobs import InvalidInputError, RunLedger
-from idempotent_jobs.resources import WebhookChannel
+from idempotent_jobs.dagster.resources import WebhookChannel
 from idempotent_jobs_tests.chaos_parts import CHAOS_AUTHORIZATION as SECRET
 from idempotent_jobs_tests.chaos_parts import FAULTS, Receiver
 from idempotent_jobs_tests.helpers import claimed, identity

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import psycopg
 
-from idempotent_jobs.database import start_embedded_postgres, stop_embedded_postgres
-from idempotent_jobs.demo import DEMO_IDENTITY
-from idempotent_jobs.schema import shipped_migrations
+from idempotent_jobs.core.schema import shipped_migrations
+from idempotent_jobs.operator.demo import DEMO_IDENTITY
+from idempotent_jobs.operator.embedded import start_embedded_postgres, stop_embedded_postgres
 
 
 def test_embedded_postgres_starts_reuses_and_keeps_data(tmp_path: Path) -> None:
@@ -37,7 +37,7 @@ def run_cli(
     if home is not None:
         env["IDEMPOTENT_JOBS_HOME"] = str(home)
     return subprocess.run(
-        [sys.executable, "-m", "idempotent_jobs.cli", *args],
+        [sys.executable, "-m", "idempotent_jobs.operator.cli", *args],
         env=env,
         capture_output=True,
         text=True,

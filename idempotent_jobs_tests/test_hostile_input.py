@@ -26,10 +26,10 @@ from idempotent_jobs import (
     RunLedger,
     run_idempotent,
 )
-from idempotent_jobs.identity import MAX_FIELD_LENGTH
-from idempotent_jobs.jobs import COMPETITOR_SUMMARY
-from idempotent_jobs.json_values import MAX_JSON_BYTES
-from idempotent_jobs.resources import WebhookChannel
+from idempotent_jobs.core.identity import MAX_FIELD_LENGTH
+from idempotent_jobs.core.json_values import MAX_JSON_BYTES
+from idempotent_jobs.dagster.resources import WebhookChannel
+from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
 from idempotent_jobs_tests.helpers import Collector, claimed, identity
 
 NINE = datetime(2026, 8, 7, 9, tzinfo=UTC)

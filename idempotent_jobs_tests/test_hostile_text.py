@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from idempotent_jobs import InvalidInputError, ModelUsage, RunIdentity, RunLedger
-from idempotent_jobs.json_values import MAX_JSON_DEPTH, json_fingerprint
+from idempotent_jobs.core.json_values import MAX_JSON_DEPTH, json_fingerprint
 from idempotent_jobs_tests.helpers import Collector, claimed, identity
 
 

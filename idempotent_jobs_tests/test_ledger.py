@@ -569,7 +569,7 @@ def test_every_statement_fits_psycopgs_query_cache() -> None:
     statement must fit, and the trimming that makes them fit must not touch a literal."""
     from psycopg import _queries
 
-    from idempotent_jobs import queries
+    from idempotent_jobs.core import queries
 
     ledger = RunLedger(database_url="postgresql://unused@127.0.0.1:9/x", schema_name="s" * 63)
     templates = {

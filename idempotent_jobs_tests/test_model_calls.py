@@ -16,8 +16,8 @@ from idempotent_jobs import (
     StaleCandidateError,
     run_idempotent,
 )
-from idempotent_jobs.cli import main
-from idempotent_jobs.dagster_results import output_metadata
+from idempotent_jobs.dagster.results import output_metadata
+from idempotent_jobs.operator.cli import main
 from idempotent_jobs_tests.dagster_defs import SUMMARY_SPEC, defs
 from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
 from idempotent_jobs_tests.helpers import Collector, claimed, expire_lease, identity

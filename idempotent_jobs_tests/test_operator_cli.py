@@ -8,9 +8,9 @@ import psycopg
 import pytest
 
 from idempotent_jobs import RunLedger
-from idempotent_jobs.cli import main
-from idempotent_jobs.jobs import COMPETITOR_SUMMARY
-from idempotent_jobs.rerun import partition_for_run, rerun_partition
+from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
+from idempotent_jobs.operator.cli import main
+from idempotent_jobs.operator.rerun import partition_for_run, rerun_partition
 from idempotent_jobs_tests.helpers import expire_lease, identity
 
 

@@ -13,9 +13,10 @@ import pytest
 from psycopg import sql
 
 from idempotent_jobs import LedgerPermissionError, RunIdentity, RunLedger
-from idempotent_jobs.cli_render import escape_controls
-from idempotent_jobs.database import dagster_storage_url, ledger_conninfo
-from idempotent_jobs.jobs import COMPETITOR_SUMMARY
+from idempotent_jobs.core.database import ledger_conninfo
+from idempotent_jobs.dagster.project import dagster_storage_url
+from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
+from idempotent_jobs.operator.render import escape_controls
 from idempotent_jobs_tests.helpers import claimed, identity
 from idempotent_jobs_tests.test_operator_cli import cli_env, run  # noqa: F401 - the fixture
 
@@ -282,7 +283,14 @@ def test_no_command_prints_the_password(tmp_path: Path, server_url: str) -> None
             env.pop("IDEMPOTENT_JOBS_DAGSTER_STORAGE_URL", None)
             env["IDEMPOTENT_JOBS_HOME"] = str(tmp_path / "home")
             done = subprocess.run(
-                [sys.executable, "-m", "idempotent_jobs.cli", "--connect-timeout", "2", *argv],
+                [
+                    sys.executable,
+                    "-m",
+                    "idempotent_jobs.operator.cli",
+                    "--connect-timeout",
+                    "2",
+                    *argv,
+                ],
                 env=env,
                 capture_output=True,
                 text=True,

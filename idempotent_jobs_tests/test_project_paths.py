@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from idempotent_jobs.database import HOME_ENV, project_home, project_root
-from idempotent_jobs.resources import JsonLinesChannel
+from idempotent_jobs.dagster.project import HOME_ENV, project_home, project_root
+from idempotent_jobs.dagster.resources import JsonLinesChannel
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 
@@ -21,7 +21,7 @@ def default_notifications_file(cwd: Path) -> str:
         [
             sys.executable,
             "-c",
-            "from idempotent_jobs.resources import JsonLinesChannel;"
+            "from idempotent_jobs.dagster.resources import JsonLinesChannel;"
             "print(JsonLinesChannel().target())",
         ],
         cwd=cwd,
@@ -73,11 +73,9 @@ def test_fresh_processes_in_different_directories_agree(tmp_path: Path) -> None:
 def test_the_variable_wins_and_commands_pass_it_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from idempotent_jobs.database import (
-        DAGSTER_STORAGE_URL_ENV,
-        DATABASE_URL_ENV,
-        ensure_database_url,
-    )
+    from idempotent_jobs.core.database import DATABASE_URL_ENV
+    from idempotent_jobs.dagster.project import DAGSTER_STORAGE_URL_ENV
+    from idempotent_jobs.operator.embedded import ensure_database_url
 
     monkeypatch.delenv(DAGSTER_STORAGE_URL_ENV, raising=False)  # restored after the test
     monkeypatch.setenv(HOME_ENV, str(tmp_path / "state"))

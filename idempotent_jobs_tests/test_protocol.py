@@ -17,8 +17,8 @@ from idempotent_jobs import (
     RunOutcome,
     run_idempotent,
 )
-from idempotent_jobs.records import Completion, Lease
-from idempotent_jobs.testing import ScriptedModel, assert_run_twice_is_idempotent
+from idempotent_jobs.core.records import Completion, Lease
+from idempotent_jobs.core.testing import ScriptedModel, assert_run_twice_is_idempotent
 from idempotent_jobs_tests.helpers import Collector, count, email, expire_lease, identity
 
 

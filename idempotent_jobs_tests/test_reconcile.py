@@ -7,10 +7,10 @@ import dagster as dg
 import psycopg
 
 from idempotent_jobs import RunLedger
-from idempotent_jobs.dagster_results import output_metadata
-from idempotent_jobs.health import dagster_findings, drift_findings, ledger_findings
-from idempotent_jobs.job_factory import build_idempotent_job
-from idempotent_jobs.reconciliation_job import build_reconciliation_job
+from idempotent_jobs.dagster.health import dagster_findings, drift_findings, ledger_findings
+from idempotent_jobs.dagster.job_factory import build_idempotent_job
+from idempotent_jobs.dagster.reconciliation_job import build_reconciliation_job
+from idempotent_jobs.dagster.results import output_metadata
 from idempotent_jobs_tests.dagster_defs import SUMMARY_SPEC, RecordingModel, defs
 from idempotent_jobs_tests.dagster_harness import (
     DagsterTestEnv,
@@ -149,7 +149,7 @@ def test_many_drifted_runs_are_listed_up_to_a_cap(ledger: RunLedger) -> None:
     from datetime import UTC, datetime
 
     from idempotent_jobs import RunIdentity
-    from idempotent_jobs.health import MAX_DRIFT_FINDINGS
+    from idempotent_jobs.dagster.health import MAX_DRIFT_FINDINGS
 
     config = SUMMARY_SPEC.config("recording-model")
     for n in range(MAX_DRIFT_FINDINGS + 1):

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from idempotent_jobs import RunLedger
-from idempotent_jobs.records import OutboxRecord
-from idempotent_jobs.resources import (
+from idempotent_jobs.core.records import OutboxRecord
+from idempotent_jobs.dagster.resources import (
     FeedCollector,
     JsonLinesChannel,
     LocalExtractiveSummarizer,

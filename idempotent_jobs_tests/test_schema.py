@@ -4,7 +4,7 @@ import psycopg
 import pytest
 
 from idempotent_jobs import InvalidInputError, LedgerError, RunLedger, SchemaNotMigratedError
-from idempotent_jobs.schema import shipped_migrations
+from idempotent_jobs.core.schema import shipped_migrations
 
 EXPECTED_COLUMNS = {
     "runs": (
@@ -158,7 +158,7 @@ def test_the_lean_claims_migration_moves_open_attempts_onto_their_runs(
 ) -> None:
     """0003 keeps history: an open attempt written by the older code is still listed, and the
     next claim closes it as before."""
-    import idempotent_jobs.schema as schema
+    import idempotent_jobs.core.schema as schema
 
     shipped = shipped_migrations()
     monkeypatch.setattr(schema, "shipped_migrations", lambda: shipped[:2])

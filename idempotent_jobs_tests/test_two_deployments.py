@@ -12,7 +12,7 @@ import pytest
 from psycopg import sql
 
 from idempotent_jobs import RunLedger
-from idempotent_jobs.database import dagster_storage_url
+from idempotent_jobs.dagster.project import dagster_storage_url
 from idempotent_jobs_tests import workers
 from idempotent_jobs_tests.conftest import admin_execute, database_conninfo
 from idempotent_jobs_tests.dagster_defs import SUMMARY_SPEC

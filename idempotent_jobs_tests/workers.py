@@ -86,7 +86,7 @@ def execute_partition(
 ) -> None:
     """Run one partition of the test code location in this process (a separate Dagster run)."""
     os.environ.update(env)
-    from idempotent_jobs.dagster_results import output_metadata
+    from idempotent_jobs.dagster.results import output_metadata
     from idempotent_jobs_tests.dagster_defs import defs
 
     result = defs.resolve_job_def(job_name).execute_in_process(

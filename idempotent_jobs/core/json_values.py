@@ -1,0 +1,115 @@
+"""Turn values bound for a JSONB column into JSON text, or say clearly why they cannot be stored.
+
+Everything stored must be readable back, by every reader, for as long as it is kept. So the
+checks happen here, before any write, as an :class:`InvalidInputError` naming the field:
+- PostgreSQL's JSONB refuses NaN, infinities and the NUL character (Python's ``json`` would
+  write the first two);
+- UTF-8 has no lone surrogates, so text holding one cannot be sent at all;
+- nesting is limited to :data:`MAX_JSON_DEPTH` levels, a constant that does not depend on how
+  deep the caller's stack happens to be: a value stored 990 levels deep would make every later
+  read raise ``RecursionError``;
+- dict keys become JSON strings, so two keys that become the same string (``1`` and ``"1"``)
+  would silently lose one value: refused;
+- the JSON text is at most :data:`MAX_JSON_BYTES`.
+
+The text is canonical (keys sorted, no spaces, UTF-8), so :func:`json_fingerprint` of equal values
+is equal wherever it is computed.
+"""
+
+import hashlib
+import json
+import math
+from typing import Any
+
+from idempotent_jobs.core.errors import InvalidInputError
+
+MAX_JSON_BYTES = 64 * 1024 * 1024
+MAX_JSON_DEPTH = 100
+
+
+def _check_text(text: str, field: str) -> None:
+    if "\x00" in text:
+        raise InvalidInputError(field, "contains a NUL character, which PostgreSQL cannot store")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInputError(
+            field, "contains a lone surrogate character, which is not valid UTF-8"
+        ) from None
+
+
+def _key_text(key: object, field: str) -> str:
+    """A dict key as JSON writes it (``json.dumps`` converts these scalar keys to strings)."""
+    if isinstance(key, str):
+        _check_text(key, field)
+        return key
+    if key is None or isinstance(key, bool):
+        return json.dumps(key)
+    if isinstance(key, int):
+        return str(key)
+    if isinstance(key, float):
+        if not math.isfinite(key):
+            raise InvalidInputError(field, f"has a dict key {key!r}, which JSON cannot hold")
+        return float.__repr__(key)
+    raise InvalidInputError(
+        field, f"has a dict key of type {type(key).__name__}; keys must be strings"
+    )
+
+
+def _plain(value: Any, field: str, depth: int) -> Any:
+    """A copy of ``value`` made only of JSON types with string keys; raise if it has no such."""
+    if depth > MAX_JSON_DEPTH:
+        raise InvalidInputError(field, f"is nested more than {MAX_JSON_DEPTH} levels deep")
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, str):
+        _check_text(value, field)
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidInputError(field, f"is not storable as JSON: holds {value!r}")
+        return value
+    if isinstance(value, dict):
+        plain: dict[str, Any] = {}
+        for key, item in value.items():
+            text = _key_text(key, field)
+            if text in plain:
+                raise InvalidInputError(
+                    field, f"has two keys that are both {text!r} as JSON text (e.g. 1 and '1')"
+                )
+            plain[text] = _plain(item, field, depth + 1)
+        return plain
+    if isinstance(value, list | tuple):
+        return [_plain(item, field, depth + 1) for item in value]
+    raise InvalidInputError(field, f"is not JSON-serialisable: holds a {type(value).__name__}")
+
+
+def canonical_json(value: Any, field: str) -> str:
+    """``value`` as canonical JSON text (sorted keys, no spaces), after every check above."""
+    text = json.dumps(
+        _plain(value, field, 1),
+        allow_nan=False,
+        ensure_ascii=False,
+        separators=(",", ":"),
+        sort_keys=True,
+    )
+    if len(text.encode("utf-8")) > MAX_JSON_BYTES:
+        raise InvalidInputError(field, f"is larger than {MAX_JSON_BYTES} bytes as JSON")
+    return text
+
+
+def dump_json_object(value: Any, field: str) -> str:
+    """Return ``value`` (a dict) as canonical JSON text for a JSONB column."""
+    if not isinstance(value, dict):
+        raise InvalidInputError(field, f"must be a JSON object (dict), got {type(value).__name__}")
+    return canonical_json(value, field)
+
+
+def text_fingerprint(text: str) -> str:
+    """sha256 (hex) of canonical JSON text made by :func:`canonical_json`."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def json_fingerprint(value: Any, field: str = "value") -> str:
+    """sha256 (hex) of the canonical JSON of ``value``: equal values, equal fingerprints."""
+    return text_fingerprint(canonical_json(value, field))

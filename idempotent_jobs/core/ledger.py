@@ -1,0 +1,833 @@
+"""The run ledger: a Dagster resource, usable without Dagster, backed by its own PostgreSQL schema.
+
+PostgreSQL is the only authority: uniqueness is a constraint, the lease is one atomic UPDATE whose
+expiry is the database clock, and every write after a claim is fenced by owner and epoch (see
+``queries.py``). Each method is one statement on an autocommit connection, so a method is one round
+trip and one transaction, and safe to retry when the connection drops: a statement that landed
+before the drop is recognised on the retry instead of being applied twice. Lease-only writes do not
+wait for the WAL flush unless ``durable_lease_commits`` is set (why that is safe: ``queries.py``).
+"""
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, LiteralString, TypeVar
+
+import dagster as dg
+import psycopg
+from psycopg import sql
+from psycopg.rows import RowFactory, class_row, dict_row, tuple_row
+from psycopg_pool import ConnectionPool, PoolTimeout
+from pydantic import Field, PrivateAttr
+
+from idempotent_jobs.core import queries
+from idempotent_jobs.core.database import ledger_conninfo, redact
+from idempotent_jobs.core.errors import (
+    IdentityConflictError,
+    InvalidInputError,
+    LeaseLostError,
+    LedgerConnectionError,
+    LedgerError,
+    LedgerPermissionError,
+    RunNotFoundError,
+    SchemaNotMigratedError,
+    StaleCandidateError,
+)
+from idempotent_jobs.core.identity import RunIdentity, normalize_text
+from idempotent_jobs.core.json_values import dump_json_object, text_fingerprint
+from idempotent_jobs.core.records import (
+    AttemptRecord,
+    Basis,
+    CallOrigin,
+    CallOutcome,
+    Completion,
+    DeliveryReport,
+    JobConfig,
+    Lease,
+    ModelCallRecord,
+    ModelUsage,
+    OutboxRecord,
+    RevisionRecord,
+    RunRecord,
+    RunStatus,
+)
+from idempotent_jobs.core.schema import apply_migrations, check_schema_name, verify_migrations
+
+Row = TypeVar("Row")
+
+MAX_LEASE_SECONDS = 24 * 3600.0
+MAX_ERROR_CHARS = 4000
+MAX_NAME_CHARS = 200
+MAX_CHANNEL_CHARS = 100
+MAX_REASON_CHARS = 2000
+_NO_USAGE = ModelUsage()
+
+
+def _check_name(field: str, value: object, limit: int = MAX_NAME_CHARS) -> str:
+    """A short free-text column (worker id, caller run id, step, model, requested_by)."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInputError(field, "must be a non-empty string")
+    if len(value) > limit:
+        raise InvalidInputError(field, f"must be at most {limit} characters, got {len(value)}")
+    if not value.isprintable():
+        raise InvalidInputError(field, "must not contain control or other unprintable characters")
+    return value
+
+
+def _check_limit(limit: object) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise InvalidInputError("limit", f"must be a whole number, got {limit!r}")
+    if limit < 1:
+        raise InvalidInputError("limit", f"must be at least 1, got {limit}")
+    return limit
+
+
+def _optional_name(field: str, value: str | None) -> str | None:
+    return None if value is None else _check_name(field, value)
+
+
+def _check_worker_id(worker_id: str) -> str:
+    return _check_name("worker_id", worker_id)
+
+
+def _check_lease_seconds(lease_seconds: float) -> float:
+    if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, int | float):
+        raise InvalidInputError("lease_seconds", "must be a number of seconds")
+    if not 0 < lease_seconds <= MAX_LEASE_SECONDS:
+        raise InvalidInputError("lease_seconds", f"must be > 0 and <= {MAX_LEASE_SECONDS:.0f}")
+    return float(lease_seconds)
+
+
+def _check_channel(field: str, channel: object) -> None:
+    """A channel name is part of the idempotency key ``<run_id>:<channel>[:r<revision>]``, so a
+    ``:`` in it could produce another channel's key (``ops:r1`` at revision 0 is ``ops`` at 1)."""
+    if not isinstance(channel, str) or not channel.strip() or not channel.isprintable():
+        raise InvalidInputError(field, f"channel name {channel!r} is not valid")
+    if ":" in channel:
+        raise InvalidInputError(
+            field, f"channel name {channel!r} must not contain ':' (it separates the key's parts)"
+        )
+    if len(channel) > MAX_CHANNEL_CHARS:
+        raise InvalidInputError(
+            field, f"channel name {channel[:20]!r}... is longer than {MAX_CHANNEL_CHARS}"
+        )
+
+
+def _notifications_json(notifications: Mapping[str, Any] | None) -> str:
+    notifications = dict(notifications or {})
+    for channel, payload in notifications.items():
+        _check_channel("notifications", channel)
+        dump_json_object(payload, f"notifications[{channel!r}]")
+    return dump_json_object(notifications, "notifications")
+
+
+def _identity_params(identity: RunIdentity) -> dict[str, Any]:
+    return {
+        "run_id": identity.run_id,
+        "job_name": identity.job_name,
+        "subject_id": identity.subject_id,
+        "scheduled_at": identity.scheduled_at,
+        "version": identity.version,
+    }
+
+
+def _check_identity(record: RunRecord, identity: RunIdentity) -> None:
+    stored = (record.job_name, record.subject_id, record.scheduled_at, record.version)
+    wanted = (identity.job_name, identity.subject_id, identity.scheduled_at, identity.version)
+    if stored != wanted:
+        raise IdentityConflictError(
+            f"run {identity.run_id} is stored with different identity fields"
+        )
+
+
+def _permission_error(
+    exc: psycopg.errors.InsufficientPrivilege, schema_name: str
+) -> LedgerPermissionError:
+    return LedgerPermissionError(
+        f"the database role lacks a privilege: {exc.diag.message_primary or exc}. The ledger "
+        f"needs USAGE on schema {schema_name} and SELECT, INSERT, UPDATE, DELETE on its tables "
+        "(migrate needs CREATE on the database, or run it as the schema's owner)"
+    )
+
+
+def _stale(run_id: str, candidate: Basis, current: Basis) -> StaleCandidateError:
+    def show(basis: Basis) -> str:
+        checkpoint = (basis.input_fingerprint or "none")[:12]
+        return f"revision {basis.revision}, checkpoint {checkpoint}"
+
+    return StaleCandidateError(
+        f"run {run_id}: the answer was computed on {show(candidate)}, the run is now on "
+        f"{show(current)}; it was not accepted and nothing was sent"
+    )
+
+
+def _origin(origin: CallOrigin | None) -> dict[str, Any]:
+    origin = origin or CallOrigin()
+    return {
+        "call_step_key": _optional_name("step_key", origin.step_key),
+        "call_dagster_run_id": _optional_name("dagster_run_id", origin.dagster_run_id),
+        "call_retry": origin.retry_number,
+    }
+
+
+def _fence(lease: Lease) -> dict[str, Any]:
+    return {"run_id": lease.run_id, "worker_id": lease.worker_id, "epoch": lease.epoch}
+
+
+def _model_name(name: str | None) -> str | None:
+    """The model name a provider reported, kept to 200 printable characters: it arrives with an
+    answer already paid for, so it is trimmed rather than refused."""
+    if name is None:
+        return None
+    text = "".join(ch if ch.isprintable() else "?" for ch in str(name))
+    return text[:MAX_NAME_CHARS]
+
+
+def _usage(usage: ModelUsage | None) -> dict[str, Any]:
+    usage = usage or _NO_USAGE
+    return {
+        "model_name": _model_name(usage.model_name),
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+    }
+
+
+class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
+    """Durable record of logical runs: registration, fenced leases, checkpoint, commit, outbox.
+
+    In Dagster, configure ``database_url=dg.EnvVar("IDEMPOTENT_JOBS_DATABASE_URL")``; outside it,
+    ``RunLedger(database_url=...)`` works the same and opens its pool on first use (``close()`` or
+    a ``with`` block closes it). Opening verifies the schema and never runs DDL: call
+    :meth:`migrate` (or ``idempotent-jobs migrate``) once per database.
+    """
+
+    database_url: str = Field(
+        description="PostgreSQL URL of the ledger database (use an EnvVar: it may hold a password)",
+        repr=False,
+    )
+    schema_name: str = Field(
+        default="idempotent_jobs", description="PostgreSQL schema holding the ledger's tables"
+    )
+    pool_min_size: int = Field(default=1, description="Connections kept open by the pool")
+    pool_max_size: int = Field(default=4, description="Most connections the pool opens")
+    connect_timeout_seconds: float = Field(
+        default=10.0, description="How long to wait for a connection before failing"
+    )
+    connection_retries: int = Field(
+        default=3, description="Retries of a statement whose connection broke (all are idempotent)"
+    )
+    durable_lease_commits: bool = Field(
+        default=False,
+        description=(
+            "Wait for the WAL flush on lease-only writes too (claim, checkpoint, renew, release). "
+            "Off, those commit without waiting: visible at once, lost only if the server crashes "
+            "within a few hundred ms, which the fence makes harmless. Results, outbox rows and "
+            "failures always wait for the flush."
+        ),
+    )
+
+    _pool: ConnectionPool | None = PrivateAttr(default=None)
+    _sql: dict[str, LiteralString] = PrivateAttr(default_factory=dict)
+    _open_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        self.open()
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        self.close()
+
+    def _conninfo(self) -> str:
+        return ledger_conninfo(self.database_url, self.connect_timeout_seconds)
+
+    def _connection_error(self, doing: str, exc: psycopg.Error) -> LedgerError:
+        """The typed error for ``exc``, its real cause in one line, no password in it."""
+        if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+            return _permission_error(exc, self.schema_name)
+        text = " ".join(redact(str(exc), self.database_url).split())  # libpq's lines, one line
+        if isinstance(exc, psycopg.OperationalError):
+            return LedgerConnectionError(f"could not {doing}: {text}")
+        return LedgerError(f"could not {doing}: {text}")
+
+    def _connect(self, doing: str) -> psycopg.Connection:
+        """One direct connection: fails at once with the server's reason (wrong password,
+        missing database, bad sslmode), where a pool would retry until its timeout."""
+        try:
+            return psycopg.connect(self._conninfo(), autocommit=True)
+        except psycopg.Error as exc:
+            raise self._connection_error(doing, exc) from None
+
+    def open(self) -> None:
+        """Open the connection pool and verify the schema; a no-op when already open."""
+        with self._open_lock:
+            if self._pool is not None:
+                return
+            check_schema_name(self.schema_name)
+            conninfo = self._conninfo()
+            with self._connect("connect to the ledger database") as probe:
+                try:
+                    verify_migrations(probe, self.schema_name)
+                except psycopg.Error as exc:
+                    raise self._connection_error("read the ledger schema", exc) from None
+            pool = ConnectionPool(
+                conninfo=conninfo,
+                min_size=self.pool_min_size,
+                max_size=max(self.pool_max_size, self.pool_min_size),
+                kwargs={"autocommit": True, "prepare_threshold": 0},
+                timeout=self.connect_timeout_seconds,
+                name="idempotent_jobs.core.ledger",
+                open=False,
+            )
+            try:
+                pool.open(wait=True, timeout=self.connect_timeout_seconds)
+            except PoolTimeout:
+                pool.close()
+                raise LedgerConnectionError(
+                    f"could not connect to the ledger database within "
+                    f"{self.connect_timeout_seconds:g}s"
+                ) from None
+            except BaseException:
+                pool.close()
+                raise
+            self._pool = pool
+
+    def close(self) -> None:
+        """Close the pool this ledger opened (it can be opened again)."""
+        with self._open_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    def __enter__(self) -> "RunLedger":
+        self.open()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def migrate(self) -> list[str]:
+        """Apply missing migrations (idempotent, serialised by an advisory lock); return them."""
+        check_schema_name(self.schema_name)
+        with self._connect("connect to migrate the ledger") as conn:
+            try:
+                applied = apply_migrations(conn, self.schema_name)
+            except psycopg.Error as exc:
+                raise self._connection_error("migrate the ledger", exc) from None
+        return [f"{m.version:04d}_{m.name}" for m in applied]
+
+    # -- statements --------------------------------------------------------------------------
+
+    def _query(self, template: LiteralString) -> LiteralString:
+        """The statement with the quoted schema name, rendered once per ledger.
+
+        A plain string (not a ``Composed``) lets psycopg reuse its parsed and prepared form
+        instead of composing the statement again on every call. Indentation is dropped: psycopg
+        caches the conversion of statements up to 4,096 characters only, and the claim's
+        statement is longer than that indented.
+        """
+        query = self._sql.get(template)
+        if query is None:
+            rendered = sql.SQL(template).format(schema=sql.Identifier(self.schema_name))
+            # Constants plus a validated, quoted identifier: a literal in all but type. No
+            # statement has a comment or a string literal spanning lines, so lines can be trimmed.
+            text = rendered.as_string(None)
+            query = "\n".join(line.strip() for line in text.splitlines() if line.strip())
+            self._sql[template] = query
+        return query
+
+    def _pool_or_open(self) -> ConnectionPool:
+        if self._pool is None:
+            self.open()
+        assert self._pool is not None
+        return self._pool
+
+    def _fetch(
+        self,
+        template: LiteralString,
+        params: Mapping[str, Any],
+        row_factory: RowFactory[Row],
+    ) -> list[Row]:
+        """Run one statement, retrying on a broken connection; return its rows.
+
+        Every runtime statement returns rows (a SELECT, or a write with RETURNING).
+        """
+        pool = self._pool_or_open()
+        query = self._query(template)
+        for attempt in range(self.connection_retries + 1):
+            conn: psycopg.Connection | None = None
+            try:
+                with pool.connection() as conn, conn.cursor(row_factory=row_factory) as cur:
+                    cur.execute(query, params)
+                    return cur.fetchall()
+            except psycopg.errors.UniqueViolation as exc:
+                if exc.diag.constraint_name == "runs_identity_key":
+                    raise IdentityConflictError(
+                        "a run with the same job, subject, window and version is stored under "
+                        "another run id"
+                    ) from None
+                raise
+            except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+                raise SchemaNotMigratedError() from None
+            except psycopg.errors.InsufficientPrivilege as exc:
+                raise _permission_error(exc, self.schema_name) from None
+            except psycopg.OperationalError as exc:
+                broken = conn is None or conn.broken or isinstance(exc, PoolTimeout)
+                if not broken or attempt == self.connection_retries:
+                    text = redact(str(exc), self.database_url)
+                    raise LedgerConnectionError(
+                        f"ledger statement failed ({type(exc).__name__}): {text}"
+                    ) from None
+                pool.check()  # drop the other connections the same outage broke
+                time.sleep(min(0.2 * 2**attempt, 2.0))
+        raise AssertionError("unreachable")
+
+    def _rows(self, template: LiteralString, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        return self._fetch(template, params, tuple_row)
+
+    def _lease_write(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``params`` of a lease-only write plus its commit mode (see queries._LEASE_COMMIT)."""
+        params["lease_commit"] = None if self.durable_lease_commits else "off"
+        return params
+
+    # -- registration and leases -------------------------------------------------------------
+
+    def register(self, identity: RunIdentity) -> RunRecord:
+        """Create the run's row if it is new; return the stored record either way."""
+        params = _identity_params(identity)
+        try:
+            rows = self._fetch(queries.REGISTER, params, class_row(RunRecord))
+        except IdentityConflictError:
+            # ON CONFLICT (run_id) arbitrates on the primary key only: two first registrations
+            # racing can trip runs_identity_key instead. The winner has committed by now, so
+            # the retry takes the DO UPDATE path; a real conflict raises again.
+            rows = self._fetch(queries.REGISTER, params, class_row(RunRecord))
+        record = rows[0]
+        _check_identity(record, identity)
+        return record
+
+    def begin(
+        self,
+        identity: RunIdentity,
+        worker_id: str,
+        lease_seconds: float,
+        *,
+        dagster_run_id: str | None = None,
+        step_key: str | None = None,
+    ) -> tuple[RunRecord, Lease | None]:
+        """:meth:`register` and :meth:`claim` in one round trip (one statement).
+
+        Returns the record and the new lease, or the record and ``None`` when the run is
+        completed or another worker holds it (then only its updated_at moves). Raises
+        :class:`IdentityConflictError` like :meth:`register`.
+        """
+        lease_seconds = _check_lease_seconds(lease_seconds)
+        params = self._lease_write(
+            {
+                **_identity_params(identity),
+                "worker_id": _check_worker_id(worker_id),
+                "lease_seconds": lease_seconds,
+                "dagster_run_id": _optional_name("dagster_run_id", dagster_run_id),
+                "step_key": _optional_name("step_key", step_key),
+            }
+        )
+        try:
+            rows = self._fetch(queries.BEGIN, params, dict_row)
+        except IdentityConflictError:  # racing first inserts: see register()
+            rows = []
+        if not rows:  # a first registration raced this one and has committed: it is seen now
+            rows = self._fetch(queries.BEGIN, params, dict_row)
+        if not rows:
+            raise LedgerError(f"run {identity.run_id} was deleted while being registered")
+        claimed = rows[0].pop("claimed")
+        record = RunRecord(**rows[0])
+        _check_identity(record, identity)
+        if not claimed:
+            return record, None
+        lease = Lease(
+            record.run_id,
+            worker_id,
+            record.lease_epoch,
+            record.lock_expires_at,
+            lease_seconds,
+            record.raw_input,
+            record.attempts,
+            record.revision,
+            record.input_fingerprint,
+        )
+        return record, lease
+
+    def claim(
+        self,
+        run_id: str,
+        worker_id: str,
+        lease_seconds: float,
+        *,
+        dagster_run_id: str | None = None,
+        step_key: str | None = None,
+    ) -> Lease | None:
+        """Take the run's lease; ``None`` if another worker holds it or the run is completed."""
+        lease_seconds = _check_lease_seconds(lease_seconds)
+        rows = self._rows(
+            queries.CLAIM,
+            self._lease_write(
+                {
+                    "run_id": run_id,
+                    "worker_id": _check_worker_id(worker_id),
+                    "lease_seconds": lease_seconds,
+                    "dagster_run_id": _optional_name("dagster_run_id", dagster_run_id),
+                    "step_key": _optional_name("step_key", step_key),
+                }
+            ),
+        )
+        if not rows:
+            return None
+        epoch, expires_at, raw_input, attempts, revision, fingerprint = rows[0]
+        return Lease(
+            run_id,
+            worker_id,
+            epoch,
+            expires_at,
+            lease_seconds,
+            raw_input,
+            attempts,
+            revision,
+            fingerprint,
+        )
+
+    def renew(self, lease: Lease) -> Lease:
+        """Extend the lease by its duration from now (database clock); raise if it was lost.
+
+        Also how a later step (another process, even) takes over a lease handed on to it: the
+        owner and epoch are the capability, and the returned lease carries the checkpoint.
+        """
+        params = self._lease_write({**_fence(lease), "lease_seconds": lease.lease_seconds})
+        rows = self._rows(queries.RENEW, params)
+        if not rows:
+            raise LeaseLostError()
+        expires_at, raw_input, attempts, revision, fingerprint, _ = rows[0]
+        return replace(
+            lease,
+            expires_at=expires_at,
+            stored_raw_input=raw_input,
+            attempts=attempts,
+            revision=revision,
+            input_fingerprint=fingerprint,
+        )
+
+    def checkpoint(self, lease: Lease, raw_input: dict[str, Any]) -> Lease:
+        """Checkpoint the collected input; the first stored value wins. Returns the lease with
+        the stored checkpoint and its fingerprint: the :class:`Basis` of an answer computed on
+        it."""
+        text = dump_json_object(raw_input, "raw_input")
+        params = self._lease_write(
+            {**_fence(lease), "raw_input": text, "input_fingerprint": text_fingerprint(text)}
+        )
+        rows = self._rows(queries.SAVE_RAW_INPUT, params)
+        if not rows:
+            raise LeaseLostError()
+        stored, fingerprint, _ = rows[0]
+        return replace(lease, stored_raw_input=stored, input_fingerprint=fingerprint)
+
+    def save_raw_input(self, lease: Lease, raw_input: dict[str, Any]) -> dict[str, Any]:
+        """Checkpoint the collected input; the first stored value wins and is returned."""
+        stored = self.checkpoint(lease, raw_input).stored_raw_input
+        assert stored is not None
+        return stored
+
+    def complete(
+        self,
+        lease: Lease,
+        output: dict[str, Any],
+        notifications: Mapping[str, dict[str, Any]] | None = None,
+        usage: ModelUsage | None = None,
+        *,
+        basis: Basis | None = None,
+        config: JobConfig | None = None,
+        origin: CallOrigin | None = None,
+    ) -> Completion:
+        """Accept ``output`` and queue ``notifications`` in one transaction.
+
+        ``basis`` is what the output was computed against (default: the lease's revision and
+        checkpoint, right when the lease is the one the output was computed under). The output
+        is accepted only while the run is still on that basis; otherwise nothing of it is
+        stored or sent, the lease is given back, the attempt is recorded ``superseded``, and
+        :class:`StaleCandidateError` is raised. ``config`` is recorded with the result, and
+        the model call that produced ``output`` (``usage``, made at ``origin``) in
+        ``model_calls``, as accepted or stale.
+
+        If the run was already completed, return the stored output: ``accepted`` tells whether
+        it was this lease's (a retry after a lost answer) or another attempt's. If the lease was
+        lost before completion, raise :class:`LeaseLostError` and write nothing.
+        """
+        basis = basis or lease.basis
+        config = config or JobConfig()
+        parts = dict(config.parts)
+        params = {
+            **_fence(lease),
+            **_usage(usage),
+            **_origin(origin),
+            "output": dump_json_object(output, "output"),
+            "notifications": _notifications_json(notifications),
+            "revision": basis.revision,
+            "input_fingerprint": basis.input_fingerprint,
+            "config_fingerprint": config.fingerprint if parts else None,
+            "config_parts": dump_json_object(parts, "config") if parts else None,
+        }
+        rows = self._rows(queries.COMPLETE, params)
+        if rows:
+            accepted, stored, revision, fingerprint = rows[0]
+            if accepted:
+                return Completion(stored, True, parts or None)
+            raise _stale(lease.run_id, basis, Basis(revision, fingerprint))
+        record = self.get(lease.run_id)
+        if record is not None and record.status == "completed" and record.output is not None:
+            mine = record.lease_epoch == lease.epoch
+            return Completion(record.output, mine, record.config_parts)
+        if (
+            record is not None
+            and record.lease_epoch == lease.epoch
+            and record.status == "pending"
+            and not basis.holds_for(record.revision, record.input_fingerprint)
+        ):  # refused as stale by a statement whose answer was lost; the retry found it so
+            raise _stale(lease.run_id, basis, Basis(record.revision, record.input_fingerprint))
+        raise LeaseLostError()
+
+    def fail(
+        self,
+        lease: Lease,
+        error: str,
+        usage: ModelUsage | None = None,
+        *,
+        call: CallOutcome | None = None,
+        origin: CallOrigin | None = None,
+    ) -> None:
+        """Record a failed attempt and free the run for a retry; raise if the lease was lost.
+
+        ``call`` says a model call ended this way (``failed``: it raised; ``rejected``: the
+        validator refused its answer); it is recorded with ``usage`` in ``model_calls``.
+        """
+        error = str(error)[:MAX_ERROR_CHARS] or "unknown error"
+        if call not in (None, "failed", "rejected"):
+            raise InvalidInputError("call", f"must be 'failed' or 'rejected', got {call!r}")
+        params = {
+            **_fence(lease),
+            **_usage(usage),
+            **_origin(origin),
+            "error": error,
+            "call_outcome": call,
+        }
+        rows = self._rows(queries.FAIL, params)
+        if rows:
+            return
+        record = self.get(lease.run_id)
+        landed_before = (
+            record is not None
+            and record.status == "failed"
+            and record.lease_epoch == lease.epoch
+            and record.last_error == error
+        )
+        if not landed_before:
+            raise LeaseLostError()
+
+    def release(self, lease: Lease) -> None:
+        """Give the lease back without an outcome; raise if it was already lost."""
+        if self._rows(queries.RELEASE, self._lease_write(_fence(lease))):
+            return
+        record = self.get(lease.run_id)
+        landed_before = (
+            record is not None
+            and record.status == "pending"
+            and record.lease_epoch == lease.epoch
+            and record.lock_owner is None
+        )
+        if not landed_before:
+            raise LeaseLostError()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def get(self, run_id: str) -> RunRecord | None:
+        """The stored record of a run, or ``None``."""
+        rows = self._fetch(queries.GET_RUN, {"run_id": run_id}, class_row(RunRecord))
+        return rows[0] if rows else None
+
+    def attempts(self, run_id: str) -> list[AttemptRecord]:
+        """Every successful claim of the run, oldest first."""
+        return self._fetch(queries.LIST_ATTEMPTS, {"run_id": run_id}, class_row(AttemptRecord))
+
+    def model_calls(self, run_id: str) -> list[ModelCallRecord]:
+        """Every recorded model call of the run, oldest first (see :class:`CallCosts`)."""
+        return self._fetch(queries.LIST_MODEL_CALLS, {"run_id": run_id}, class_row(ModelCallRecord))
+
+    def outbox(
+        self, run_id: str | None = None, *, pending_only: bool = False, limit: int = 1000
+    ) -> list[OutboxRecord]:
+        """Outbox rows, optionally of one run and/or only those not delivered yet."""
+        return self._fetch(
+            queries.LIST_OUTBOX,
+            {"run_id": run_id, "pending_only": pending_only, "limit": _check_limit(limit)},
+            class_row(OutboxRecord),
+        )
+
+    def list_runs(
+        self,
+        *,
+        job_name: str | None = None,
+        subject_id: str | None = None,
+        status: RunStatus | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int | None = 100,
+    ) -> list[RunRecord]:
+        """Runs, newest window first (``limit=None``: all); ``since``/``until`` bound the
+        window start, ``until`` exclusive. ``job_name`` and ``subject_id`` are compared as the
+        identity stores them (stripped, Unicode NFC)."""
+        params = {
+            "job_name": None if job_name is None else normalize_text(job_name),
+            "subject_id": None if subject_id is None else normalize_text(subject_id),
+            "status": status,
+            "since": since,
+            "until": until,
+            "limit": None if limit is None else _check_limit(limit),
+        }
+        return self._fetch(queries.LIST_RUNS, params, class_row(RunRecord))
+
+    def resolve_run_id(self, prefix: str) -> str:
+        """The one run id starting with ``prefix`` (hex); raise if none or several match."""
+        prefix = prefix.strip().lower()
+        if not prefix or any(c not in "0123456789abcdef" for c in prefix) or len(prefix) > 64:
+            raise InvalidInputError("run_id", f"{prefix!r} is not a run id or a hex prefix of one")
+        matches = [r[0] for r in self._rows(queries.RUN_IDS_BY_PREFIX, {"prefix": prefix})]
+        if len(matches) != 1:
+            many = "several runs" if matches else "no run"
+            raise RunNotFoundError(f"run id prefix {prefix!r} matches {many}")
+        return str(matches[0])
+
+    def revisions(self, run_id: str) -> list[RevisionRecord]:
+        """The accepted results a run had before each explicit revision, oldest first."""
+        return self._fetch(queries.LIST_REVISIONS, {"run_id": run_id}, class_row(RevisionRecord))
+
+    def revise(
+        self,
+        run_id: str,
+        reason: str,
+        *,
+        channels: Sequence[str] = (),
+        recollect: bool = False,
+        requested_by: str | None = None,
+    ) -> RunRecord:
+        """Reopen a completed run for recomputation: the only way a result is ever replaced.
+
+        The accepted output moves to ``run_revisions`` with ``reason``; the run becomes pending
+        under the next revision, keeping its raw input unless ``recollect``. The next completion
+        queues notifications only for ``channels`` (none: the new result is stored silently).
+        """
+        if not isinstance(reason, str) or not reason.strip():
+            raise InvalidInputError("reason", "must say why the result is recomputed")
+        if len(reason.strip()) > MAX_REASON_CHARS:
+            raise InvalidInputError("reason", f"must be at most {MAX_REASON_CHARS} characters")
+        if isinstance(channels, str):
+            raise InvalidInputError("channels", "must be a list of channel names, not one string")
+        for channel in channels:
+            _check_channel("channels", channel)
+        params = {
+            "run_id": run_id,
+            "reason": reason.strip(),
+            "channels": list(dict.fromkeys(channels)),
+            "recollect": bool(recollect),
+            "requested_by": _optional_name("requested_by", requested_by),
+        }
+        rows = self._fetch(queries.REVISE, params, class_row(RunRecord))
+        if rows:
+            return rows[0]
+        record = self.get(run_id)
+        if record is None:
+            raise RunNotFoundError(f"run {run_id} is not registered")
+        raise InvalidInputError(
+            "run_id", f"only a completed run can be revised; {run_id} is {record.status}"
+        )
+
+    def drifted(
+        self, job_name: str, version: str, config: JobConfig, *, limit: int = 1000
+    ) -> list[RunRecord]:
+        """Completed runs of ``job_name``/``version`` whose result was computed under another
+        configuration than ``config`` (newest window first)."""
+        params = {
+            "job_name": normalize_text(job_name),
+            "version": normalize_text(version),
+            "config_fingerprint": config.fingerprint,
+            "limit": _check_limit(limit),
+        }
+        return self._fetch(queries.DRIFTED_RUNS, params, class_row(RunRecord))
+
+    def expired_leases(self) -> list[RunRecord]:
+        """Running runs whose lease expired (by the database clock) without completion."""
+        return self._fetch(queries.EXPIRED_LEASES, {}, class_row(RunRecord))
+
+    def stale_outbox(self, older_than_seconds: float) -> list[OutboxRecord]:
+        """Undelivered notifications queued more than ``older_than_seconds`` ago."""
+        params = {"older_than_seconds": float(older_than_seconds)}
+        return self._fetch(queries.STALE_OUTBOX, params, class_row(OutboxRecord))
+
+    def failed_past_retries(self, max_attempts: int) -> list[RunRecord]:
+        """Failed runs that have used ``max_attempts`` claims or more."""
+        params = {"max_attempts": max_attempts}
+        return self._fetch(queries.FAILED_PAST_RETRIES, params, class_row(RunRecord))
+
+    # -- delivery ----------------------------------------------------------------------------
+
+    def deliver_outbox(
+        self,
+        send: Callable[[OutboxRecord], None],
+        *,
+        run_id: str | None = None,
+        limit: int = 100,
+    ) -> DeliveryReport:
+        """Send undelivered notifications once each, keyed ``<run_id>:<channel>``.
+
+        Each row is locked (``FOR UPDATE SKIP LOCKED``) while ``send`` runs, so concurrent
+        deliverers never send the same row at once. A crash between a successful send and the
+        mark re-sends later with the same key: receivers deduplicate on it.
+        """
+        delivered: list[OutboxRecord] = []
+        failed: list[tuple[OutboxRecord, str]] = []
+        for candidate in self.outbox(run_id, pending_only=True, limit=limit):
+            with self._transaction() as conn:
+                key = {
+                    "run_id": candidate.run_id,
+                    "channel": candidate.channel,
+                    "revision": candidate.revision,
+                }
+                with conn.cursor(row_factory=class_row(OutboxRecord)) as cur:
+                    row = cur.execute(self._query(queries.LOCK_UNDELIVERED), key).fetchone()
+                if row is None:  # delivered meanwhile, or another deliverer holds it
+                    continue
+                try:
+                    send(row)
+                except Exception as exc:  # the receiver's failure is recorded, not raised
+                    reason = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+                    conn.execute(
+                        self._query(queries.MARK_DELIVERY_FAILED), {**key, "error": reason}
+                    )
+                    failed.append((row, reason))
+                    continue
+                conn.execute(self._query(queries.MARK_DELIVERED), key)
+                delivered.append(row)
+        return DeliveryReport(delivered, failed)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[psycopg.Connection]:
+        """A transaction in pipeline mode: BEGIN travels with the first statement, COMMIT with
+        the last, so a lock-send-mark delivery costs two round trips instead of four."""
+        pool = self._pool_or_open()
+        try:
+            with pool.connection() as conn, conn.pipeline(), conn.transaction():
+                yield conn
+        except psycopg.OperationalError as exc:
+            raise LedgerConnectionError(f"ledger transaction failed: {exc}") from exc
+
+
+__all__ = ["RunLedger"]

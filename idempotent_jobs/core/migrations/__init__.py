@@ -1,0 +1,1 @@
+"""Versioned SQL migrations, shipped as package data; applied by ``idempotent_jobs.core.schema``."""

@@ -1,0 +1,287 @@
+"""What the ledger hands back: plain frozen records, one per table row or claim."""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from idempotent_jobs.core.json_values import json_fingerprint
+
+RunStatus = Literal["pending", "running", "completed", "failed"]
+AttemptOutcome = Literal["completed", "failed", "lease_lost", "superseded"]
+
+
+@dataclass(frozen=True)
+class Basis:
+    """What a candidate answer was computed against: the run's revision and the fingerprint of
+    the raw-input checkpoint it read (``None`` for a checkpoint stored before fingerprints)."""
+
+    revision: int
+    input_fingerprint: str | None
+
+    def holds_for(self, revision: int, input_fingerprint: str | None) -> bool:
+        """Whether a run now on ``revision`` and checkpoint ``input_fingerprint`` is still on
+        this basis (no fingerprint here: computed before any checkpoint, the revision decides).
+        """
+        fingerprint_holds = self.input_fingerprint in (None, input_fingerprint)
+        return self.revision == revision and fingerprint_holds
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Proof of a successful claim. Every later write names the owner *and* the epoch.
+
+    ``epoch`` is a fencing token: each successful claim of the run adds one, so a worker whose
+    lease was taken over can never write again, even if it still believes it holds the lease.
+    ``stored_raw_input`` is the checkpoint found at claim time (``None`` if not collected yet).
+    ``expires_at`` is ``None`` for a lease rebuilt from a hand-over ticket until it is renewed.
+    ``attempts`` is the run's claim count as of this claim or renewal (for reporting).
+    ``revision`` and ``input_fingerprint`` are the run's as of this claim, renewal or checkpoint:
+    the :class:`Basis` of an answer computed on ``stored_raw_input``.
+    """
+
+    run_id: str
+    worker_id: str
+    epoch: int
+    expires_at: datetime | None
+    lease_seconds: float
+    stored_raw_input: dict[str, Any] | None = None
+    attempts: int = 0
+    revision: int = 0
+    input_fingerprint: str | None = None
+
+    @property
+    def basis(self) -> Basis:
+        return Basis(self.revision, self.input_fingerprint)
+
+    def ticket(self) -> dict[str, Any]:
+        """The JSON-able part another step (or process) needs to take the lease over."""
+        return {
+            "run_id": self.run_id,
+            "worker_id": self.worker_id,
+            "epoch": self.epoch,
+            "lease_seconds": self.lease_seconds,
+            "revision": self.revision,
+            "input_fingerprint": self.input_fingerprint,
+        }
+
+    @classmethod
+    def from_ticket(cls, ticket: dict[str, Any]) -> "Lease":
+        return cls(
+            ticket["run_id"],
+            ticket["worker_id"],
+            int(ticket["epoch"]),
+            None,
+            float(ticket["lease_seconds"]),
+            # A ticket from before revisions were carried: renewing the lease reads them.
+            revision=int(ticket.get("revision", 0)),
+            input_fingerprint=ticket.get("input_fingerprint"),
+        )
+
+
+@dataclass(frozen=True)
+class ModelUsage:
+    """What a model call cost, recorded on the attempt that made it."""
+
+    model_name: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class CallOrigin:
+    """Where a model call was made: the step (op) that made it, its Dagster run and op retry.
+    The attempt names the step that *claimed* the lease, which may be an earlier one."""
+
+    step_key: str | None = None
+    dagster_run_id: str | None = None
+    retry_number: int | None = None
+
+
+CallOutcome = Literal["accepted", "stale", "rejected", "failed"]
+
+
+@dataclass(frozen=True)
+class ModelCallRecord:
+    """One row of ``model_calls``: a model call, what it cost and what became of its answer."""
+
+    call_id: int
+    run_id: str
+    lease_epoch: int
+    revision: int
+    worker_id: str
+    dagster_run_id: str | None
+    step_key: str | None
+    retry_number: int | None
+    model_name: str | None
+    input_tokens: int | None
+    output_tokens: int | None
+    outcome: CallOutcome
+    error: str | None
+    called_at: datetime
+
+    @property
+    def tokens(self) -> int:
+        return (self.input_tokens or 0) + (self.output_tokens or 0)
+
+
+@dataclass(frozen=True)
+class CallCosts:
+    """What a logical run's model calls cost: the accepted answers' tokens, and the rest."""
+
+    calls: int
+    accepted_calls: int
+    accepted_tokens: int
+    wasted_tokens: int
+
+    @classmethod
+    def of(cls, calls: "list[ModelCallRecord]") -> "CallCosts":
+        accepted = [c for c in calls if c.outcome == "accepted"]
+        return cls(
+            len(calls),
+            len(accepted),
+            sum(c.tokens for c in accepted),
+            sum(c.tokens for c in calls if c.outcome != "accepted"),
+        )
+
+    def summary(self) -> str:
+        """The one-line answer to "what did the retries of this run cost?"."""
+        wasted = self.calls - self.accepted_calls
+        return (
+            f"{self.calls} model call(s): {self.accepted_tokens:,} tokens accepted, "
+            f"{self.wasted_tokens:,} wasted on {wasted} call(s) not accepted"
+        )
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One row of ``runs``: the durable record of a logical run."""
+
+    run_id: str
+    job_name: str
+    subject_id: str
+    scheduled_at: datetime
+    version: str
+    status: RunStatus
+    raw_input: dict[str, Any] | None
+    output: dict[str, Any] | None
+    lock_owner: str | None
+    lock_expires_at: datetime | None
+    lease_epoch: int
+    attempts: int
+    last_error: str | None
+    created_at: datetime
+    updated_at: datetime
+    completed_at: datetime | None
+    revision: int = 0
+    input_fingerprint: str | None = None
+    config_fingerprint: str | None = None
+    config_parts: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One row of the ``attempts`` view: one successful claim and how it ended.
+
+    ``outcome`` and ``ended_at`` are ``None`` for the claim still open (its details live on the
+    run until it ends; ended claims are rows of ``run_attempts``).
+    """
+
+    run_id: str
+    lease_epoch: int
+    worker_id: str
+    dagster_run_id: str | None
+    step_key: str | None
+    started_at: datetime
+    ended_at: datetime | None
+    outcome: AttemptOutcome | None
+    error: str | None
+    model_name: str | None
+    input_tokens: int | None
+    output_tokens: int | None
+
+
+@dataclass(frozen=True)
+class OutboxRecord:
+    """One row of ``notification_outbox``: a side effect to perform once per (run, channel)."""
+
+    run_id: str
+    channel: str
+    payload: dict[str, Any]
+    created_at: datetime
+    delivered_at: datetime | None
+    delivery_attempts: int
+    last_error: str | None
+    revision: int = 0
+
+    @property
+    def idempotency_key(self) -> str:
+        """The key receivers deduplicate on: a re-sent notification carries the same one.
+
+        ``<run_id>:<channel>``; a revised result's notification adds ``:r<revision>``.
+        """
+        base = f"{self.run_id}:{self.channel}"
+        return base if self.revision == 0 else f"{base}:r{self.revision}"
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """The configuration an answer is computed under, beyond the run's identity.
+
+    The identity (job, subject, window, version) deliberately leaves these out: changing the
+    prompt, the model or the validator without bumping ``version`` reuses completed runs. Each
+    accepted result records this, so such a reuse is reported instead of silent. Each part is a
+    short text; a long one (a prompt) is kept as its sha256.
+    """
+
+    parts: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, *, prompt: str, model: str, validator: str) -> "JobConfig":
+        return cls({"prompt": json_fingerprint(prompt), "model": model, "validator": validator})
+
+    @property
+    def fingerprint(self) -> str:
+        return json_fingerprint(dict(self.parts), "config")
+
+    def changed_since(self, stored: Mapping[str, str] | None) -> list[str]:
+        """The parts that differ from a stored result's ``config_parts`` (``[]``: none, or
+        nothing stored to compare with)."""
+        if stored is None:
+            return []
+        names = sorted(set(self.parts) | set(stored))
+        return [n for n in names if self.parts.get(n) != stored.get(n)]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The answer of ``complete``: the accepted output, whether this lease produced it, and
+    the configuration parts it was computed under."""
+
+    output: dict[str, Any]
+    accepted: bool
+    config_parts: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class DeliveryReport:
+    """What one outbox delivery pass sent, and what failed with the reason."""
+
+    delivered: list[OutboxRecord]
+    failed: list[tuple[OutboxRecord, str]]
+
+
+@dataclass(frozen=True)
+class RevisionRecord:
+    """One row of ``run_revisions``: an accepted result replaced on an operator's request."""
+
+    run_id: str
+    revision: int
+    reason: str
+    channels: list[str]
+    previous_output: dict[str, Any]
+    previous_completed_at: datetime
+    previous_epoch: int
+    recollect: bool
+    requested_by: str | None
+    requested_at: datetime

@@ -1,0 +1,160 @@
+"""What an operator should look at: ledger health (``doctor``) and ledger-vs-Dagster
+reconciliation (``reconcile``, and the ``ledger_reconciliation`` job in the UI)."""
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import dagster as dg
+
+from idempotent_jobs.core.errors import InvalidInputError
+from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
+
+Severity = Literal["info", "problem"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing found: ``problem`` findings make ``doctor``/``reconcile`` exit non-zero."""
+
+    kind: str
+    severity: Severity
+    detail: str
+    run_id: str | None = None
+    partition: str | None = None
+    dagster_run_ids: list[str] = field(default_factory=list)
+
+
+def ledger_findings(
+    ledger: RunLedger, *, outbox_older_than_seconds: float, max_attempts: int
+) -> list[Finding]:
+    """Expired leases, notifications undelivered too long, runs failed past their retries."""
+    findings = [
+        Finding(
+            "expired_lease",
+            "problem",
+            f"{r.job_name}/{r.subject_id}@{r.scheduled_at.isoformat()} held by {r.lock_owner}, "
+            f"lease expired at {r.lock_expires_at}",
+            r.run_id,
+        )
+        for r in ledger.expired_leases()
+    ]
+    findings += [
+        Finding(
+            "undelivered_outbox",
+            "problem",
+            f"{row.idempotency_key} queued {row.created_at}, {row.delivery_attempts} attempts"
+            + (f", last error: {row.last_error}" if row.last_error else ""),
+            row.run_id,
+        )
+        for row in ledger.stale_outbox(outbox_older_than_seconds)
+    ]
+    findings += [
+        Finding(
+            "failed_past_retries",
+            "problem",
+            f"{r.job_name}/{r.subject_id}@{r.scheduled_at.isoformat()} failed after "
+            f"{r.attempts} attempts: {r.last_error}",
+            r.run_id,
+        )
+        for r in ledger.failed_past_retries(max_attempts)
+    ]
+    return findings
+
+
+MAX_DRIFT_FINDINGS = 50
+
+
+def drift_findings(
+    ledger: RunLedger, specs: Sequence[IdempotentJobSpec], model_name: str
+) -> list[Finding]:
+    """Completed runs whose result was computed under another prompt, model or validator than
+    the job has now (info): reused as they are until revised or the version is bumped."""
+    findings: list[Finding] = []
+    for spec in specs:
+        config = spec.config(model_name)
+        # One more than are listed, to know whether there are more; rows carry their payloads.
+        drifted = ledger.drifted(
+            spec.identity_job_name, spec.version, config, limit=MAX_DRIFT_FINDINGS + 1
+        )
+        for record in drifted[:MAX_DRIFT_FINDINGS]:
+            changed = ", ".join(config.changed_since(record.config_parts))
+            findings.append(
+                Finding(
+                    "config_drift",
+                    "info",
+                    f"{spec.name} {record.subject_id}@{record.scheduled_at.isoformat()}: "
+                    f"computed under another {changed}; reused as it is. To recompute: "
+                    f"`idempotent-jobs revise {record.run_id[:12]} --reason ...`, or bump "
+                    f"version {spec.version!r} of {spec.name}",
+                    record.run_id,
+                )
+            )
+        if len(drifted) > MAX_DRIFT_FINDINGS:
+            findings.append(
+                Finding(
+                    "config_drift",
+                    "info",
+                    f"{spec.name}: more than {MAX_DRIFT_FINDINGS} runs were computed under "
+                    "another configuration; the others are left out here (`runs list --json` "
+                    "shows each run's config_parts)",
+                )
+            )
+    return findings
+
+
+def _partition_runs(instance: dg.DagsterInstance, job_name: str) -> dict[str, list[dg.DagsterRun]]:
+    runs: dict[str, list[dg.DagsterRun]] = defaultdict(list)
+    for record in instance.get_run_records(filters=dg.RunsFilter(job_name=job_name)):
+        partition = record.dagster_run.tags.get("dagster/partition")
+        if partition:
+            runs[partition].append(record.dagster_run)
+    return runs
+
+
+def dagster_findings(
+    ledger: RunLedger, instance: dg.DagsterInstance, specs: Sequence[IdempotentJobSpec]
+) -> list[Finding]:
+    """Partitions run by several Dagster runs (info), and Dagster runs that succeeded while the
+    ledger holds no accepted result for their partition (problem)."""
+    findings: list[Finding] = []
+    for spec in specs:
+        # One read of the job's ledger runs, not one per partition.
+        records = {
+            r.run_id: r for r in ledger.list_runs(job_name=spec.identity_job_name, limit=None)
+        }
+        for partition, runs in sorted(_partition_runs(instance, spec.name).items()):
+            try:
+                run_id = spec.identity_for(partition).run_id
+            except InvalidInputError as exc:
+                findings.append(Finding("unknown_partition", "problem", str(exc), None, partition))
+                continue
+            ids = sorted(r.run_id for r in runs)
+            if len(runs) > 1:
+                findings.append(
+                    Finding(
+                        "several_dagster_runs",
+                        "info",
+                        f"{spec.name} {partition}: {len(runs)} Dagster runs, one logical run",
+                        run_id,
+                        partition,
+                        ids,
+                    )
+                )
+            succeeded = sorted(r.run_id for r in runs if r.status == dg.DagsterRunStatus.SUCCESS)
+            record = records.get(run_id)
+            if succeeded and (record is None or record.status != "completed"):
+                state = record.status if record else "missing"
+                findings.append(
+                    Finding(
+                        "success_without_result",
+                        "problem",
+                        f"{spec.name} {partition}: Dagster run succeeded, ledger run is {state}",
+                        run_id,
+                        partition,
+                        succeeded,
+                    )
+                )
+    return findings

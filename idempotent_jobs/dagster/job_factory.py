@@ -1,0 +1,35 @@
+"""Build a partitioned, scheduled Dagster job of ops collect -> transform -> persist -> deliver.
+
+The ops are thin: the ledger decides. Each op execution claims or takes over the run's lease
+(owner + epoch, handed from step to step within one Dagster run), so schedules, backfills,
+retries, re-execution from failure and overlapping launches all address the same ledger row.
+"""
+
+import dagster as dg
+
+from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
+from idempotent_jobs.dagster.ops import build_ops
+
+
+def build_idempotent_job(
+    spec: IdempotentJobSpec, executor_def: dg.ExecutorDefinition | None = None
+) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
+    """The partitioned job and its schedule (one run request per subject for the last window,
+    run key = partition key). ``executor_def`` defaults to Dagster's (multiprocess: each op in
+    its own process, the lease handed on between them by owner and epoch)."""
+    collect, transform, persist, deliver = build_ops(spec)
+
+    @dg.job(
+        name=spec.name,
+        partitions_def=spec.partitions_def,
+        description=spec.description or None,
+        tags=spec.tags(),
+        executor_def=executor_def,
+    )
+    def idempotent_job() -> None:
+        collected = collect.alias("collect")()
+        deliver.alias("deliver")(persist.alias("persist")(transform.alias("transform")(collected)))
+
+    schedule = dg.build_schedule_from_partitioned_job(idempotent_job, name=f"{spec.name}_schedule")
+    assert isinstance(schedule, dg.ScheduleDefinition)
+    return idempotent_job, schedule

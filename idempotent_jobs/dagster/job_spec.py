@@ -1,0 +1,95 @@
+"""The specification of one scheduled AI job: identity, partitions, prompt, channels, leases."""
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import dagster as dg
+
+from idempotent_jobs.core.identity import RunIdentity
+from idempotent_jobs.core.records import JobConfig
+from idempotent_jobs.dagster.partitions import identity_for_partition, window_by_subject
+
+JSONDict = dict[str, Any]
+
+
+def callable_name(function: Callable[..., object]) -> str:
+    """``module.qualname`` of a function (of its class for other callables): stable across
+    processes and deploys as long as the code keeps the name."""
+    named = function if hasattr(function, "__qualname__") else type(function)
+    return f"{getattr(named, '__module__', '?')}.{getattr(named, '__qualname__', repr(named))}"
+
+
+def default_payload(identity: RunIdentity, output: JSONDict) -> JSONDict:
+    """The notification sent for an accepted result, on every channel."""
+    return {
+        "job": identity.job_name,
+        "subject": identity.subject_id,
+        "window_start": identity.scheduled_at.isoformat(),
+        "summary": output.get("summary"),
+    }
+
+
+def default_validate(output: JSONDict) -> bool:
+    """Accept an output with a non-empty text summary."""
+    summary = output.get("summary")
+    return isinstance(summary, str) and bool(summary.strip())
+
+
+@dataclass(frozen=True)
+class IdempotentJobSpec:
+    """What makes one scheduled AI job: its identity, its partitions and its steps' policy.
+
+    ``identity_job_name`` and ``version`` go into every run id: change ``version`` on purpose
+    to recompute everything, never implicitly. ``channels`` are resource keys of
+    :class:`~idempotent_jobs.dagster.resources.NotificationChannel` resources.
+    """
+
+    name: str
+    identity_job_name: str
+    version: str
+    window: dg.TimeWindowPartitionsDefinition
+    subjects: Sequence[str]
+    prompt: str
+    channels: Sequence[str] = ("report_file",)
+    validate: Callable[[JSONDict], object] = default_validate
+    payload: Callable[[RunIdentity, JSONDict], JSONDict] = default_payload
+    lease_seconds: float = 300.0
+    wait_seconds: float | None = None
+    model_retry: dg.RetryPolicy = field(
+        default_factory=lambda: dg.RetryPolicy(
+            max_retries=3, delay=2.0, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS
+        )
+    )
+    description: str = ""
+
+    @property
+    def partitions_def(self) -> dg.MultiPartitionsDefinition:
+        return window_by_subject(self.window, self.subjects)
+
+    @property
+    def holder_wait_seconds(self) -> float:
+        """How long a step waits for another worker's lease before failing (default 2 leases)."""
+        return self.wait_seconds if self.wait_seconds is not None else 2 * self.lease_seconds
+
+    def identity_for(self, partition_key: str) -> RunIdentity:
+        return identity_for_partition(
+            self.partitions_def, partition_key, self.identity_job_name, self.version
+        )
+
+    def notifications(self, identity: RunIdentity, output: JSONDict) -> Mapping[str, JSONDict]:
+        payload = self.payload(identity, output)
+        return {channel: payload for channel in self.channels}
+
+    def config(self, model_name: str) -> JobConfig:
+        """What an answer of this job is computed under besides its identity: recorded with
+        each accepted result, compared when a completed run is reused."""
+        return JobConfig.of(
+            prompt=self.prompt, model=model_name, validator=callable_name(self.validate)
+        )
+
+    def tags(self) -> dict[str, str]:
+        return {
+            "idempotent_jobs/job": self.identity_job_name,
+            "idempotent_jobs/version": self.version,
+        }

@@ -1,0 +1,70 @@
+"""``ledger_reconciliation``: the ledger compared with Dagster's runs, visible in the UI.
+
+Scheduled every 15 minutes (and launchable by hand): the op's metadata lists every finding; the
+run fails when one is a problem, so it shows red on the overview and in the run list. It is never
+retried (``dagster/max_retries`` 0): the next tick checks again.
+"""
+
+from collections.abc import Sequence
+
+import dagster as dg
+
+from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.dagster.health import dagster_findings, drift_findings, ledger_findings
+from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
+from idempotent_jobs.dagster.resources import SummaryModel
+
+
+class ReconcileConfig(dg.Config):
+    outbox_age_seconds: float = 900.0
+    max_attempts: int = 3
+
+
+def build_reconciliation_job(
+    specs: Sequence[IdempotentJobSpec],
+) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
+    @dg.op(name="reconcile_ledger")
+    def reconcile_ledger(
+        context: dg.OpExecutionContext,
+        config: ReconcileConfig,
+        ledger: RunLedger,
+        model: SummaryModel,
+    ) -> None:
+        findings = (
+            dagster_findings(ledger, context.instance, specs)
+            + ledger_findings(
+                ledger,
+                outbox_older_than_seconds=config.outbox_age_seconds,
+                max_attempts=config.max_attempts,
+            )
+            + drift_findings(ledger, specs, model.model_name)
+        )
+        problems = [f for f in findings if f.severity == "problem"]
+        lines = ["| severity | kind | ledger run | detail |", "| --- | --- | --- | --- |"]
+        lines += [
+            f"| {f.severity} | {f.kind} | {(f.run_id or '-')[:12]} | {f.detail} |" for f in findings
+        ]
+        metadata: dict[str, dg.MetadataValue] = {
+            "problems": dg.MetadataValue.int(len(problems)),
+            "informational": dg.MetadataValue.int(len(findings) - len(problems)),
+            "findings": dg.MetadataValue.md("\n".join(lines)),
+        }
+        for finding in findings:
+            log = context.log.warning if finding.severity == "problem" else context.log.info
+            log(f"{finding.kind}: {finding.detail}")
+        if problems:
+            raise dg.Failure(description=f"{len(problems)} ledger problem(s)", metadata=metadata)
+        context.add_output_metadata(metadata)
+
+    # One check, one run, one verdict: dagster.yaml's run retries would otherwise turn every
+    # standing problem into three red runs per tick.
+    @dg.job(name="ledger_reconciliation", description=__doc__, tags={"dagster/max_retries": "0"})
+    def ledger_reconciliation() -> None:
+        reconcile_ledger()
+
+    schedule = dg.ScheduleDefinition(
+        name="ledger_reconciliation_schedule",
+        job=ledger_reconciliation,
+        cron_schedule="*/15 * * * *",
+    )
+    return ledger_reconciliation, schedule

@@ -1,0 +1,29 @@
+"""Dagster resources: each abstract, with an offline default and a real implementation."""
+
+from idempotent_jobs.dagster.resources.channels import (
+    JsonLinesChannel,
+    NotificationChannel,
+    WebhookChannel,
+)
+from idempotent_jobs.dagster.resources.collectors import (
+    DocumentCollector,
+    FeedCollector,
+    SampleDocumentsCollector,
+)
+from idempotent_jobs.dagster.resources.models import (
+    LocalExtractiveSummarizer,
+    OpenAICompatibleModel,
+    SummaryModel,
+)
+
+__all__ = [
+    "DocumentCollector",
+    "FeedCollector",
+    "JsonLinesChannel",
+    "LocalExtractiveSummarizer",
+    "NotificationChannel",
+    "OpenAICompatibleModel",
+    "SampleDocumentsCollector",
+    "SummaryModel",
+    "WebhookChannel",
+]

@@ -1,1 +1,0 @@
-"""Versioned SQL migrations, shipped as package data; applied by ``idempotent_jobs.schema``."""

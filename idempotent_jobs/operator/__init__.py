@@ -1,0 +1,1 @@
+"""What an operator runs: the CLI, health findings, the demo, ``dev`` and embedded PostgreSQL."""

@@ -1,0 +1,551 @@
+"""The ``idempotent-jobs`` command line: tables by default, ``--json`` for scripts."""
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from idempotent_jobs.core.database import DATABASE_URL_ENV, redact
+from idempotent_jobs.core.errors import InvalidInputError, LedgerError, RunNotFoundError
+from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.records import CallCosts
+from idempotent_jobs.operator.embedded import ensure_database_url
+from idempotent_jobs.operator.render import escape_controls, table, to_json
+
+
+def _ledger(args: argparse.Namespace) -> RunLedger:
+    return RunLedger(
+        database_url=ensure_database_url(),
+        schema_name=args.schema,
+        connect_timeout_seconds=args.connect_timeout,
+    )
+
+
+def _when(text: str) -> datetime:
+    value = datetime.fromisoformat(text)
+    if value.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} needs a timezone, e.g. 2026-08-07T00:00Z")
+    return value
+
+
+def _positive(kind: type[int] | type[float]) -> Any:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+        return value
+
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
+def _emit(args: argparse.Namespace, data: Any, human: str) -> None:
+    print(to_json(data) if args.json else human)
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    applied = _ledger(args).migrate()
+    print(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from idempotent_jobs.operator.dagster_demo import run_dagster_demo
+    from idempotent_jobs.operator.demo import run_demo
+
+    def say(line: str) -> None:  # model answers are printed: escape what a terminal acts on
+        print(escape_controls(line))
+
+    ledger = _ledger(args)
+    ledger.migrate()
+    with ledger:
+        run_demo(ledger, say)
+        print()
+        run_dagster_demo(ledger, say)
+    return 0
+
+
+def _dev(args: argparse.Namespace) -> int:
+    from idempotent_jobs.operator.dev import run_dev
+
+    return run_dev(args.host, args.port)
+
+
+def _runs_list(args: argparse.Namespace) -> int:
+    with _ledger(args) as ledger:
+        runs = ledger.list_runs(
+            job_name=args.job,
+            subject_id=args.subject,
+            status=args.status,
+            since=args.since,
+            until=args.until,
+            limit=args.limit,
+        )
+    rows = [
+        (
+            r.run_id[:12],
+            r.job_name,
+            r.subject_id,
+            r.scheduled_at,
+            r.version,
+            r.status,
+            r.lease_epoch,
+            r.attempts,
+            r.revision,
+            r.lock_owner,
+            r.last_error,
+        )
+        for r in runs
+    ]
+    headers = [
+        "run",
+        "job",
+        "subject",
+        "window",
+        "version",
+        "status",
+        "epoch",
+        "attempts",
+        "revision",
+        "lease owner",
+        "last error",
+    ]
+    _emit(args, runs, table(headers, rows))
+    return 0
+
+
+def _runs_show(args: argparse.Namespace) -> int:
+    with _ledger(args) as ledger:
+        run_id = ledger.resolve_run_id(args.run_id)
+        record = ledger.get(run_id)
+        if record is None:
+            print(f"idempotent-jobs: no run {run_id}", file=sys.stderr)
+            return 1
+        attempts = ledger.attempts(run_id)
+        calls = ledger.model_calls(run_id)
+        outbox = ledger.outbox(run_id)
+        revisions = ledger.revisions(run_id)
+    costs = CallCosts.of(calls)
+    data = {
+        "run": record,
+        "attempts": attempts,
+        "model_calls": calls,
+        "costs": costs,
+        "outbox": outbox,
+        "revisions": revisions,
+    }
+    identity = [
+        ("run id", record.run_id),
+        ("job", record.job_name),
+        ("subject", record.subject_id),
+        ("window start", record.scheduled_at),
+        ("version", record.version),
+        ("status", record.status),
+        ("epoch", record.lease_epoch),
+        ("attempts", record.attempts),
+        ("revision", record.revision),
+        ("lease owner", record.lock_owner),
+        ("lease expires", record.lock_expires_at),
+        ("completed at", record.completed_at),
+        ("input fingerprint", record.input_fingerprint),
+        ("config fingerprint", record.config_fingerprint),
+        ("config", record.config_parts),
+        ("last error", record.last_error),
+        ("output", record.output),
+    ]
+    attempt_rows = [
+        (
+            a.lease_epoch,
+            a.worker_id,
+            a.dagster_run_id,
+            a.step_key,
+            a.outcome,
+            a.error,
+            a.model_name,
+            a.input_tokens,
+            a.output_tokens,
+            f"{(a.ended_at - a.started_at).total_seconds():.3f}s" if a.ended_at else "-",
+        )
+        for a in attempts
+    ]
+    call_rows = [
+        (
+            c.called_at,
+            c.revision,
+            c.lease_epoch,
+            c.step_key,
+            c.dagster_run_id,
+            c.retry_number,
+            c.model_name,
+            c.input_tokens,
+            c.output_tokens,
+            c.outcome,
+            c.error,
+        )
+        for c in calls
+    ]
+    outbox_rows = [
+        (o.idempotency_key, o.created_at, o.delivered_at, o.delivery_attempts, o.last_error)
+        for o in outbox
+    ]
+    revision_rows = [
+        (v.revision, v.requested_at, v.reason, ",".join(v.channels) or "-", v.previous_output)
+        for v in revisions
+    ]
+    human = "\n".join(
+        [
+            table(["field", "value"], identity),
+            "",
+            "attempts:",
+            table(
+                [
+                    "epoch",
+                    "worker",
+                    "dagster run",
+                    "step",
+                    "outcome",
+                    "error",
+                    "model",
+                    "in tokens",
+                    "out tokens",
+                    "duration",
+                ],
+                attempt_rows,
+            ),
+            "",
+            "model calls:",
+            table(
+                [
+                    "called",
+                    "revision",
+                    "epoch",
+                    "step",
+                    "dagster run",
+                    "retry",
+                    "model",
+                    "in tokens",
+                    "out tokens",
+                    "outcome",
+                    "error",
+                ],
+                call_rows,
+            ),
+            f"cost: {costs.summary()}",
+            "",
+            "outbox:",
+            table(["key", "queued", "delivered", "tries", "last error"], outbox_rows),
+            "",
+            "revisions:",
+            table(
+                ["revision", "requested", "reason", "channels", "previous output"], revision_rows
+            ),
+        ]
+    )
+    _emit(args, data, human)
+    return 0
+
+
+def _outbox_list(args: argparse.Namespace) -> int:
+    with _ledger(args) as ledger:
+        run_id = ledger.resolve_run_id(args.run) if args.run else None
+        rows = ledger.outbox(run_id, pending_only=args.pending, limit=args.limit)
+    human = table(
+        ["key", "queued", "delivered", "tries", "last error", "payload"],
+        [
+            (
+                o.idempotency_key,
+                o.created_at,
+                o.delivered_at,
+                o.delivery_attempts,
+                o.last_error,
+                o.payload,
+            )
+            for o in rows
+        ],
+    )
+    _emit(args, rows, human)
+    return 0
+
+
+def _outbox_deliver(args: argparse.Namespace) -> int:
+    from idempotent_jobs.operator.channels_config import configured_channels
+
+    with _ledger(args) as ledger, configured_channels() as channels:
+        run_id = ledger.resolve_run_id(args.run) if args.run else None
+
+        def send(row: Any) -> None:
+            channel = channels.get(row.channel)
+            if channel is None:
+                raise LedgerError(f"no notification channel resource named {row.channel!r}")
+            channel.send(row)
+
+        report = ledger.deliver_outbox(send, run_id=run_id, limit=args.limit)
+    human = table(
+        ["key", "result"],
+        [(r.idempotency_key, "delivered") for r in report.delivered]
+        + [(r.idempotency_key, f"failed: {reason}") for r, reason in report.failed],
+    )
+    _emit(args, report, human)
+    return 1 if report.failed else 0
+
+
+def _print_findings(args: argparse.Namespace, findings: list[Any], checks: list[str]) -> int:
+    problems = [f for f in findings if f.severity == "problem"]
+    human = "\n".join(
+        [
+            *checks,
+            "",
+            table(
+                ["severity", "kind", "run", "detail"],
+                [(f.severity, f.kind, (f.run_id or "-")[:12], f.detail) for f in findings],
+            ),
+        ]
+        + [f"\n{len(problems)} problem(s), {len(findings) - len(problems)} informational"]
+    )
+    _emit(args, {"checks": checks, "findings": findings, "problems": len(problems)}, human)
+    return 1 if problems else 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from idempotent_jobs.dagster.health import ledger_findings
+
+    ledger = _ledger(args)
+    checks = []
+    try:
+        ledger.open()
+    except LedgerError as exc:
+        checks.append(
+            f"problem: ledger database: {type(exc).__name__}: {escape_controls(str(exc))}"
+        )
+        _emit(args, {"checks": checks, "findings": [], "problems": 1}, "\n".join(checks))
+        return 1
+    with ledger:
+        checks += ["ok: database reachable", "ok: migrations current"]
+        findings = ledger_findings(
+            ledger, outbox_older_than_seconds=args.outbox_age, max_attempts=args.max_attempts
+        )
+    return _print_findings(args, findings, checks)
+
+
+def _reconcile(args: argparse.Namespace) -> int:
+    import dagster as dg
+
+    from idempotent_jobs.dagster.health import dagster_findings, drift_findings, ledger_findings
+    from idempotent_jobs.location.jobs import JOB_SPECS
+    from idempotent_jobs.operator.channels_config import configured_model_name
+    from idempotent_jobs.operator.dagster_home import prepare_dagster_home
+
+    specs = [s for s in JOB_SPECS if args.job in (None, s.name)]
+    if not specs:
+        names = ", ".join(s.name for s in JOB_SPECS)
+        raise InvalidInputError("--job", f"no job named {args.job!r} here; the jobs are: {names}")
+    ensure_database_url()
+    home = prepare_dagster_home()
+    with _ledger(args) as ledger, dg.DagsterInstance.from_config(str(home)) as instance:
+        findings = (
+            dagster_findings(ledger, instance, specs)
+            + ledger_findings(
+                ledger, outbox_older_than_seconds=args.outbox_age, max_attempts=args.max_attempts
+            )
+            + drift_findings(ledger, specs, configured_model_name())
+        )
+    return _print_findings(args, findings, [f"jobs: {', '.join(s.name for s in specs)}"])
+
+
+def _revise(args: argparse.Namespace) -> int:
+    """Everything that can be checked is checked before the one write (the revise itself)."""
+    with _ledger(args) as ledger:
+        run_id = ledger.resolve_run_id(args.run_id)
+        record = ledger.get(run_id)
+        if record is None:
+            raise RunNotFoundError(f"run {run_id} is not registered")
+        if record.status != "completed":
+            raise InvalidInputError(
+                "run_id", f"only a completed run can be revised; {run_id} is {record.status}"
+            )
+        partition = None
+        if args.channel or args.now:
+            from idempotent_jobs.operator.rerun import partition_for_run, rerun_partition, spec_for
+
+            spec = spec_for(record)
+            unknown = [c for c in args.channel if c not in spec.channels]
+            if unknown:
+                raise InvalidInputError(
+                    "--channel",
+                    f"{', '.join(map(repr, unknown))} is not a channel of job {spec.name}; "
+                    f"its channels: {', '.join(spec.channels) or 'none'}",
+                )
+            if args.now:
+                partition = partition_for_run(record)
+        record = ledger.revise(
+            run_id,
+            args.reason,
+            channels=args.channel,
+            recollect=args.recollect,
+            requested_by=args.requested_by,
+        )
+        if partition is not None:
+            rerun_partition(*partition)
+            record = ledger.get(run_id) or record
+    done = "recomputed" if args.now else "reopened"
+    human = (
+        f"run {record.run_id} {done} as revision {record.revision}: status={record.status}"
+        f"\nnotify on completion: {escape_controls(', '.join(args.channel)) or 'no channel'}"
+    )
+    if not args.now:
+        human += "\nlaunch its partition in Dagster (or pass --now) to recompute it"
+    _emit(args, record, human)
+    return 0
+
+
+def _drill(args: argparse.Namespace) -> int:
+    from idempotent_jobs.dagster import drill
+
+    calls = 0 if args.drill_command == "off" else args.calls
+    path = drill.arm(calls)
+    human = (
+        f"the next {calls} model call(s) of this code location will fail (drill file {path})"
+        if calls
+        else "drill off: model calls go through"
+    )
+    _emit(args, {"fail_model_calls": calls, "file": str(path)}, human)
+    return 0
+
+
+# -- parser -----------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="idempotent-jobs",
+        description="Scheduled AI jobs that are safe to run more than once. The database is "
+        "IDEMPOTENT_JOBS_DATABASE_URL, or an embedded PostgreSQL when it is unset.",
+    )
+    parser.add_argument("--schema", default="idempotent_jobs", help="ledger schema name")
+    parser.add_argument(
+        "--connect-timeout",
+        type=_positive(float),
+        default=10.0,
+        help="seconds to wait for the database (libpq counts whole seconds: rounded up)",
+    )
+    json_flag = argparse.ArgumentParser(add_help=False)
+    json_flag.add_argument("--json", action="store_true", help="machine-readable output")
+    health = argparse.ArgumentParser(add_help=False)
+    health.add_argument(
+        "--outbox-age",
+        type=float,
+        default=900.0,
+        help="seconds after which an undelivered notification is a problem",
+    )
+    health.add_argument(
+        "--max-attempts",
+        type=int,
+        default=3,
+        help="a failed run with this many attempts is a problem",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    commands.add_parser("migrate", help="create or upgrade the ledger schema").set_defaults(
+        handler=_migrate
+    )
+    commands.add_parser("demo", help="run the demo and show the ledger").set_defaults(handler=_demo)
+    dev = commands.add_parser("dev", help="the Dagster UI and daemon wired to the ledger")
+    dev.add_argument("--host", default="127.0.0.1")
+    dev.add_argument("--port", type=int, default=3000)
+    dev.set_defaults(handler=_dev)
+
+    runs = commands.add_parser("runs", help="logical runs in the ledger").add_subparsers(
+        dest="runs_command", required=True
+    )
+    listing = runs.add_parser("list", parents=[json_flag], help="list runs")
+    listing.add_argument("--job", help="identity job name, e.g. competitor-summary")
+    listing.add_argument("--subject")
+    listing.add_argument("--status", choices=["pending", "running", "completed", "failed"])
+    listing.add_argument("--since", type=_when, help="window start >= this (ISO, with zone)")
+    listing.add_argument("--until", type=_when, help="window start < this (ISO, with zone)")
+    listing.add_argument("--limit", type=_positive(int), default=100)
+    listing.set_defaults(handler=_runs_list)
+    show = runs.add_parser("show", parents=[json_flag], help="one run: attempts, outbox")
+    show.add_argument("run_id", help="run id (or a unique prefix)")
+    show.set_defaults(handler=_runs_show)
+
+    outbox = commands.add_parser("outbox", help="notifications").add_subparsers(
+        dest="outbox_command", required=True
+    )
+    olist = outbox.add_parser("list", parents=[json_flag], help="list outbox rows")
+    olist.add_argument("--pending", action="store_true", help="only undelivered rows")
+    olist.add_argument("--run", help="only this run (id or prefix)")
+    olist.add_argument("--limit", type=_positive(int), default=1000)
+    olist.set_defaults(handler=_outbox_list)
+    deliver = outbox.add_parser("deliver", parents=[json_flag], help="send pending rows")
+    deliver.add_argument("--run", help="only this run (id or prefix)")
+    deliver.add_argument("--limit", type=_positive(int), default=100)
+    deliver.set_defaults(handler=_outbox_deliver)
+
+    commands.add_parser(
+        "doctor", parents=[json_flag, health], help="check the ledger; non-zero if unhealthy"
+    ).set_defaults(handler=_doctor)
+    reconcile = commands.add_parser(
+        "reconcile", parents=[json_flag, health], help="compare the ledger with Dagster's runs"
+    )
+    reconcile.add_argument("--job", help="Dagster job name (default: all)")
+    reconcile.set_defaults(handler=_reconcile)
+
+    revise = commands.add_parser(
+        "revise", parents=[json_flag], help="recompute a completed run (kept in history)"
+    )
+    revise.add_argument("run_id", help="run id (or a unique prefix)")
+    revise.add_argument("--reason", required=True, help="why the accepted result is replaced")
+    revise.add_argument(
+        "--channel",
+        action="append",
+        default=[],
+        help="notify this channel of the new result (repeatable; default none)",
+    )
+    revise.add_argument("--recollect", action="store_true", help="collect the input again")
+    revise.add_argument("--requested-by", default=None, help="who asks (kept in history)")
+    revise.add_argument(
+        "--now", action="store_true", help="recompute now, running the partition in this process"
+    )
+    revise.set_defaults(handler=_revise)
+
+    drill = commands.add_parser(
+        "drill", help="failure drills that need no code change"
+    ).add_subparsers(dest="drill_command", required=True)
+    fail = drill.add_parser(
+        "fail-model-calls", parents=[json_flag], help="make the next N model calls fail"
+    )
+    fail.add_argument("calls", type=_positive(int), help="how many calls fail")
+    fail.set_defaults(handler=_drill)
+    drill.add_parser("off", parents=[json_flag], help="end the drill").set_defaults(handler=_drill)
+    return parser
+
+
+def _fail(exc: BaseException) -> int:
+    """One line on stderr, exit 2: the error's type and text, controls escaped, no password."""
+    text = redact(str(exc), os.environ.get(DATABASE_URL_ENV))
+    print(f"idempotent-jobs: {type(exc).__name__}: {escape_controls(text)}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.handler(args)
+    except (LedgerError, psycopg.Error) as exc:
+        return _fail(exc)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

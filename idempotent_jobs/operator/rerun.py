@@ -1,0 +1,51 @@
+"""Run the Dagster partition of a ledger run in this process (``revise --now``)."""
+
+from zoneinfo import ZoneInfo
+
+import dagster as dg
+
+from idempotent_jobs.core.errors import LedgerError
+from idempotent_jobs.core.records import RunRecord
+from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
+
+
+def spec_for(record: RunRecord) -> IdempotentJobSpec:
+    from idempotent_jobs.location.jobs import JOB_SPECS
+
+    for spec in JOB_SPECS:
+        if (spec.identity_job_name, spec.version) == (record.job_name, record.version):
+            return spec
+    raise LedgerError(
+        f"no job of this code location has identity {record.job_name}/{record.version}"
+    )
+
+
+def partition_key_for(spec: IdempotentJobSpec, record: RunRecord) -> str:
+    zone = ZoneInfo(spec.window.timezone or "UTC")
+    window_key = record.scheduled_at.astimezone(zone).strftime(spec.window.fmt)
+    return f"{record.subject_id}|{window_key}"
+
+
+def partition_for_run(record: RunRecord) -> tuple[IdempotentJobSpec, str]:
+    """The job and partition key of this code location that compute ``record``; raise
+    :class:`LedgerError` if there is none (checked before ``revise --now`` writes anything)."""
+    spec = spec_for(record)
+    key = partition_key_for(spec, record)
+    try:
+        maps_back = spec.identity_for(key).run_id == record.run_id
+    except LedgerError:
+        maps_back = False
+    if not maps_back:
+        raise LedgerError(
+            f"run {record.run_id} maps to no partition of job {spec.name} "
+            f"(subject {record.subject_id!r} at {record.scheduled_at.isoformat()})"
+        )
+    return spec, key
+
+
+def rerun_partition(spec: IdempotentJobSpec, key: str) -> dg.ExecuteInProcessResult:
+    """Execute the job's partition ``key`` once, in process; raise if the run fails."""
+    from idempotent_jobs.location.definitions import defs
+
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    return defs.resolve_job_def(spec.name).execute_in_process(partition_key=key, run_config=quiet)
