@@ -17,13 +17,14 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any, LiteralString
+from typing import Any
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from idempotent_jobs import RunIdentity, RunLedger, run_idempotent
+from idempotent_jobs.core.executor import Executor
 from idempotent_jobs.operator.embedded import database_url
 
 ROWS: list[tuple[str, str, str, str]] = []
@@ -47,25 +48,32 @@ def _counted(started: float, statements: int) -> None:
     COUNTS["seconds"] += time.perf_counter() - started
 
 
-class CountingLedger(RunLedger):
-    """Counts statements (each is one round trip) and the time of everything the ledger does:
-    opening and closing its pool, every statement, every delivery transaction. Kept in the
-    module-level ``COUNTS`` (Dagster copies resources, so not on the instance)."""
+class CountingExecutor(Executor):
+    """Counts statements (each is one round trip) and times them and every delivery
+    transaction, in the module-level ``COUNTS``."""
 
-    def _fetch(self, template: LiteralString, params: Any, row_factory: Any) -> Any:
+    def fetch(self, name: str, params: Any, row_factory: Any) -> Any:
         started = time.perf_counter()
         try:
-            return super()._fetch(template, params, row_factory)
+            return super().fetch(name, params, row_factory)
         finally:
             _counted(started, 1)
 
     @contextmanager
-    def _transaction(self) -> Iterator[psycopg.Connection]:
+    def transaction(self) -> Iterator[psycopg.Connection]:
         # A delivery transaction, including the channel's send (a local file write here).
         started = time.perf_counter()
-        with super()._transaction() as conn:
+        with super().transaction() as conn:
             yield conn
         _counted(started, 0)
+
+
+class CountingLedger(RunLedger):
+    """A ledger whose statements are counted, and whose pool's opening and closing are timed
+    too. Kept in the module-level ``COUNTS`` (Dagster copies resources, so not on the
+    instance)."""
+
+    executor_class = CountingExecutor
 
     def open(self) -> None:
         started = time.perf_counter()
@@ -112,7 +120,7 @@ def bench_database() -> Iterator[str]:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     url = make_conninfo(server, dbname=name)
     try:
-        RunLedger(database_url=url).migrate()
+        RunLedger(url).migrate()
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("CREATE TABLE bench_rows (id int PRIMARY KEY, n bigint NOT NULL)")
             conn.execute("INSERT INTO bench_rows SELECT g, 0 FROM generate_series(0, 99999) g")
@@ -145,7 +153,7 @@ def notify(output: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def per_run(url: str, runs: int) -> None:
-    ledger = CountingLedger(database_url=url, pool_min_size=1, pool_max_size=1)
+    ledger = CountingLedger(url, pool_min_size=1, pool_max_size=1)
     with ledger, psycopg.connect(url, autocommit=True) as conn:
         run_idempotent(ledger, ident("warm", 0), collect=noop_collect, transform=noop_model)
         ledger.stats.update(statements=0, seconds=0.0)
@@ -204,7 +212,7 @@ def per_run(url: str, runs: int) -> None:
 
 
 def _claim_worker(url: str, offset: int, hot: bool, seconds: float, out: Any) -> None:
-    ledger = RunLedger(database_url=url, pool_min_size=1, pool_max_size=1)
+    ledger = RunLedger(url, pool_min_size=1, pool_max_size=1)
     done = 0
     with ledger:
         deadline = time.monotonic() + seconds
@@ -243,7 +251,7 @@ def _rate(target: Callable[..., None], url: str, hot: bool, seconds: float) -> f
 
 
 def contention(url: str, seconds: float) -> None:
-    ledger = RunLedger(database_url=url)
+    ledger = RunLedger(url)
     with ledger:
         for i in range(16):
             ledger.register(ident("hot", i))
@@ -266,7 +274,7 @@ def contention(url: str, seconds: float) -> None:
 
 def merged_vs_sequential(url: str, runs: int) -> None:
     # The baseline: the four steps as separate statements, each a durable autocommit.
-    with RunLedger(database_url=url, durable_lease_commits=True) as durable:
+    with RunLedger(url, durable_lease_commits=True) as durable:
         started = time.perf_counter()
         for n in range(runs):
             i = ident("sequential", n)
@@ -276,7 +284,7 @@ def merged_vs_sequential(url: str, runs: int) -> None:
             durable.save_raw_input(lease, {"documents": ["d"]})
             durable.complete(lease, {"summary": "s"}, notify({"summary": "s"}))
         sequential = runs / (time.perf_counter() - started)
-    ledger = RunLedger(database_url=url)
+    ledger = RunLedger(url)
     with ledger:
         started = time.perf_counter()
         for n in range(runs):
@@ -308,7 +316,7 @@ def dagster_fraction(url: str, runs: int) -> None:
     quiet = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
     fractions = []
     for n in range(runs):
-        ledger = CountingLedger(database_url=url)
+        ledger = CountingLedger(url)
         COUNTS.update(statements=0, seconds=0.0)
         key = f"workspace-acme|{(datetime(2026, 8, 1) + timedelta(days=n)):%Y-%m-%d}"
         started = time.perf_counter()
@@ -328,7 +336,7 @@ def dagster_fraction(url: str, runs: int) -> None:
 
 
 def _hold(url: str, run_id: str, lease: float, ready: Any) -> None:
-    ledger = RunLedger(database_url=url)
+    ledger = RunLedger(url)
     with ledger:
         assert ledger.claim(run_id, "doomed", lease) is not None
         ready.set()
@@ -337,7 +345,7 @@ def _hold(url: str, run_id: str, lease: float, ready: Any) -> None:
 
 def reclaim_after_kill(url: str, lease: float) -> None:
     ctx = multiprocessing.get_context("forkserver")
-    ledger = RunLedger(database_url=url)
+    ledger = RunLedger(url)
     with ledger:
         run_id = ledger.register(ident("reclaim", 0)).run_id
         ready = ctx.Event()

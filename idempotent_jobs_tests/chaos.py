@@ -75,7 +75,7 @@ class Chaos:
         self.restarts = 0
         self.pgdata = workdir / "pgdata"
         self.url = start_embedded_postgres(self.pgdata)
-        RunLedger(database_url=self.url).migrate()
+        RunLedger(self.url).migrate()
         params = psycopg.conninfo.conninfo_to_dict(self.url)
         self.socket_path = f"{params['host']}/.s.PGSQL.{params.get('port') or 5432}"
         self.trap = Receiver()  # where redirects point: it must never see a request
@@ -130,7 +130,7 @@ class Chaos:
             self.wait_for(
                 lambda: (
                     conn.execute(
-                        "SELECT lock_expires_at < now() FROM idempotent_jobs.runs"
+                        "SELECT lease_expires_at < now() FROM idempotent_jobs.runs"
                         " WHERE run_id = %s",
                         (run_id,),
                     ).fetchone()
@@ -235,7 +235,7 @@ class Chaos:
         process, marker = self.pause_in_model_call(trial, fallback=True)
         self.recover(trial)
         recollect = self.rng.random() < 0.5
-        with RunLedger(database_url=self.url) as ledger:
+        with RunLedger(self.url) as ledger:
             ledger.revise(run_id, "chaos: recompute", channels=["hook"], recollect=recollect)
         # Without recollect the checkpoint is kept: the new revision never calls collect.
         points = [p for p in CRASH_POINTS if recollect or p != "during_collect"]
@@ -275,7 +275,7 @@ class Chaos:
             authorization=CHAOS_AUTHORIZATION,
             timeout_seconds=WEBHOOK_TIMEOUT,
         )
-        with RunLedger(database_url=self.url) as ledger:
+        with RunLedger(self.url) as ledger:
             for _ in range(len(faults) + 2):  # the CLI's `outbox deliver`, or the op's retries
                 if not ledger.outbox(run_id, pending_only=True):
                     break

@@ -119,7 +119,7 @@ def run_worker(spec: dict[str, Any]) -> None:
         return {"summary": f"answer from {os.getpid()}", "input": raw["documents"][0]}
 
     ledger = ChaosLedger(
-        database_url=spec["database_url"],
+        spec["database_url"],
         pool_min_size=1,
         pool_max_size=2,
         connect_timeout_seconds=10,

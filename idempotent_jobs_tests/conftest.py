@@ -64,7 +64,7 @@ def admin_execute(server_url: str, statement: sql.Composable) -> None:
 def template_database(server_url: str) -> Iterator[str]:
     name = f"ij_template_{uuid.uuid4().hex[:12]}"
     admin_execute(server_url, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    RunLedger(database_url=database_conninfo(server_url, name)).migrate()
+    RunLedger(database_conninfo(server_url, name)).migrate()
     yield name
     admin_execute(
         server_url, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
@@ -100,7 +100,7 @@ def database(server_url: str, template_database: str) -> Iterator[str]:
 
 @pytest.fixture
 def ledger(database: str) -> Iterator[RunLedger]:
-    with RunLedger(database_url=database) as opened:
+    with RunLedger(database) as opened:
         yield opened
 
 

@@ -16,12 +16,12 @@ from dagster_celery import celery_executor
 
 from idempotent_jobs.core.database import DATABASE_URL_ENV
 from idempotent_jobs.core.identity import RunIdentity
-from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.protocol import ModelAnswer
 from idempotent_jobs.core.records import ModelUsage
 from idempotent_jobs.dagster.job_factory import build_idempotent_job
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 from idempotent_jobs.dagster.reconciliation_job import build_reconciliation_job
+from idempotent_jobs.dagster.resource import RunLedgerResource
 from idempotent_jobs.dagster.resources import (
     DocumentCollector,
     JsonLinesChannel,
@@ -119,7 +119,7 @@ defs = dg.Definitions(
     jobs=[job for job, _ in built],
     schedules=[schedule for _, schedule in built],
     resources={
-        "ledger": RunLedger(database_url=dg.EnvVar(DATABASE_URL_ENV)),
+        "ledger": RunLedgerResource(database_url=dg.EnvVar(DATABASE_URL_ENV)),
         "model": RecordingModel(calls_dir=dg.EnvVar("IJ_TEST_DIR")),
         "collector": RecordingCollector(calls_dir=dg.EnvVar("IJ_TEST_DIR")),
         "report_file": JsonLinesChannel(path=dg.EnvVar("IJ_TEST_NOTIFICATIONS")),

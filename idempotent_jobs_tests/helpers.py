@@ -15,8 +15,8 @@ def identity(subject: str = "workspace-acme", hour: int = 9) -> RunIdentity:
 def expire_lease(db: psycopg.Connection, run_id: str) -> None:
     """Move the lease's expiry into the past by the database clock (time passing, without sleep)."""
     db.execute(
-        "UPDATE idempotent_jobs.runs SET lock_expires_at = now() - interval '1 millisecond'"
-        " WHERE run_id = %s AND lock_owner IS NOT NULL",
+        "UPDATE idempotent_jobs.runs SET lease_expires_at = now() - interval '1 millisecond'"
+        " WHERE run_id = %s AND lease_owner IS NOT NULL",
         (run_id,),
     )
 

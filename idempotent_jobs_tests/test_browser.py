@@ -289,7 +289,7 @@ def test_every_used_by_path_from_the_ui(
             assert calls_of(home, drilled) == ["failed"] * 4 + ["accepted"]
             steps = query(
                 home,
-                "SELECT step_key FROM idempotent_jobs.attempts WHERE run_id = %s",
+                "SELECT caller_step FROM idempotent_jobs.attempts WHERE run_id = %s",
                 COMPETITOR_SUMMARY.identity_for(drilled).run_id,
             )
             assert [s for (s,) in steps].count("collect") == 1, "collect ran once"

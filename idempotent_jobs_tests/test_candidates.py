@@ -51,7 +51,7 @@ def test_a_stale_answer_never_becomes_a_revisions_result(
 
     record = ledger.get(ident.run_id)
     assert record is not None
-    assert (record.status, record.output, record.lock_owner) == ("pending", None, None)
+    assert (record.status, record.output, record.lease_owner) == ("pending", None, None)
     assert record.raw_input == (None if recollect else {"documents": ["before"]})
     assert [(o.revision, o.channel) for o in ledger.outbox(ident.run_id)] == [(0, "email")]
     last = ledger.attempts(ident.run_id)[-1]

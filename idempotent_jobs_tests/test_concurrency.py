@@ -113,7 +113,7 @@ def test_first_registrations_racing_on_one_identity_all_succeed(
 ) -> None:
     """Racing first INSERTs can trip the identity constraint instead of ON CONFLICT (run_id)."""
     racers, rounds = 8, 15
-    ledgers = [RunLedger(database_url=database, pool_max_size=1) for _ in range(racers)]
+    ledgers = [RunLedger(database, pool_max_size=1) for _ in range(racers)]
     barrier = threading.Barrier(racers)
     errors: list[BaseException] = []
     leases: list[tuple[int, int]] = []

@@ -126,7 +126,11 @@ def test_the_multiprocess_executor_hands_the_lease_over_between_processes(
     assert epochs == {"collect": 1, "transform": 1, "persist": 1}
     ident = NO_RETRY_SPEC.identity_for(PARTITION)
     [attempt] = ledger.attempts(ident.run_id)
-    assert (attempt.lease_epoch, attempt.outcome, attempt.step_key) == (1, "completed", "collect")
+    assert (attempt.lease_epoch, attempt.outcome, attempt.caller_step) == (
+        1,
+        "completed",
+        "collect",
+    )
     assert dagster_env.model_calls() == 1 and len(dagster_env.delivered()) == 1
 
 

@@ -245,7 +245,7 @@ def test_no_secret_in_errors_or_logs(caplog: pytest.LogCaptureFixture) -> None:
     secret = "s3cr3t-Pa55"
     caplog.set_level(logging.DEBUG)
     ledger = RunLedger(
-        database_url=f"postgresql://ledger:{secret}@127.0.0.1:9/ledger", connect_timeout_seconds=1
+        f"postgresql://ledger:{secret}@127.0.0.1:9/ledger", connect_timeout_seconds=1
     )
     with pytest.raises(LedgerConnectionError) as info:
         ledger.open()
@@ -277,9 +277,9 @@ def test_a_role_that_may_not_create_the_schema_gets_a_clear_error(
         with pytest.raises(
             LedgerPermissionError, match="lacks a privilege: permission denied for database"
         ):
-            RunLedger(database_url=url, connect_timeout_seconds=2).migrate()
+            RunLedger(url, connect_timeout_seconds=2).migrate()
         with pytest.raises(LedgerError) as info:
-            RunLedger(database_url=url, connect_timeout_seconds=2).migrate()
+            RunLedger(url, connect_timeout_seconds=2).migrate()
         assert "Pa55-in-url" not in str(info.value)
     finally:
         with psycopg.connect(server_url, autocommit=True) as conn:

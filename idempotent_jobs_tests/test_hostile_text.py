@@ -96,10 +96,13 @@ def test_the_fingerprint_is_canonical() -> None:
         ("reason", lambda ledger, run_id: ledger.revise(run_id, "x" * 2001)),
         ("channels", lambda ledger, run_id: ledger.revise(run_id, "r", channels=["c" * 101])),
         ("worker_id", lambda ledger, run_id: ledger.claim(run_id, "w" * 201, 30)),
-        ("step_key", lambda ledger, run_id: ledger.claim(run_id, "w", 30, step_key="s" * 201)),
         (
-            "dagster_run_id",
-            lambda ledger, run_id: ledger.claim(run_id, "w", 30, dagster_run_id="d\nx"),
+            "caller_step",
+            lambda ledger, run_id: ledger.claim(run_id, "w", 30, caller_step="s" * 201),
+        ),
+        (
+            "caller_run_id",
+            lambda ledger, run_id: ledger.claim(run_id, "w", 30, caller_run_id="d\nx"),
         ),
     ],
 )

@@ -71,15 +71,15 @@ def test_same_id_with_other_fields_is_a_conflict(ledger: RunLedger, db: psycopg.
 def test_a_held_lease_cannot_be_claimed(ledger: RunLedger, db: psycopg.Connection) -> None:
     ident = identity()
     ledger.register(ident)
-    lease = ledger.claim(ident.run_id, "w1", 30, dagster_run_id="dr-1", step_key="collect")
+    lease = ledger.claim(ident.run_id, "w1", 30, caller_run_id="dr-1", caller_step="collect")
     assert lease is not None and lease.epoch == 1
     assert lease.expires_at > db_now(db) + timedelta(seconds=25)
     assert ledger.claim(ident.run_id, "w2", 30) is None
     record = ledger.get(ident.run_id)
     assert record is not None
-    assert (record.status, record.lock_owner, record.lease_epoch) == ("running", "w1", 1)
+    assert (record.status, record.lease_owner, record.lease_epoch) == ("running", "w1", 1)
     [attempt] = ledger.attempts(ident.run_id)
-    assert (attempt.worker_id, attempt.dagster_run_id, attempt.step_key, attempt.outcome) == (
+    assert (attempt.worker_id, attempt.caller_run_id, attempt.caller_step, attempt.outcome) == (
         "w1",
         "dr-1",
         "collect",
@@ -164,7 +164,7 @@ def test_complete_commits_output_attempt_and_outbox_together(
     assert done.accepted and done.output == {"summary": "s"}
     record = ledger.get(ident.run_id)
     assert record is not None
-    assert (record.status, record.lock_owner, record.lock_expires_at) == ("completed", None, None)
+    assert (record.status, record.lease_owner, record.lease_expires_at) == ("completed", None, None)
     assert record.completed_at is not None
     [attempt] = ledger.attempts(ident.run_id)
     assert (attempt.outcome, attempt.model_name, attempt.input_tokens, attempt.output_tokens) == (
@@ -234,7 +234,7 @@ def test_a_failed_run_is_retried_without_duplicate_outbox_rows(
     ledger.fail(first, "TimeoutError: model timed out")  # a retried fail that already landed
     record = ledger.get(ident.run_id)
     assert record is not None
-    assert (record.status, record.last_error, record.lock_owner) == (
+    assert (record.status, record.last_error, record.lease_owner) == (
         "failed",
         "TimeoutError: model timed out",
         None,
@@ -256,7 +256,7 @@ def test_release_frees_the_run_for_another_worker(ledger: RunLedger) -> None:
     ledger.release(lease)
     ledger.release(lease)  # a retried release that already landed
     record = ledger.get(ident.run_id)
-    assert record is not None and (record.status, record.lock_owner) == ("pending", None)
+    assert record is not None and (record.status, record.lease_owner) == ("pending", None)
     other = ledger.claim(ident.run_id, "w2", 30)
     assert other is not None and other.epoch == 2
     assert [a.outcome for a in ledger.attempts(ident.run_id)] == ["superseded", None]
@@ -349,7 +349,7 @@ def test_a_connection_dropped_during_commit_resolves_to_one_outcome(
         for _ in range(10_000):
             row = db.execute(
                 "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
-                ("%WITH done AS%",),
+                ("%WITH basis AS%",),
             ).fetchone()
             if row:
                 pid = row[0]
@@ -421,7 +421,7 @@ def test_a_failed_delivery_is_recorded_and_retried(ledger: RunLedger) -> None:
 
 def test_secrets_stay_out_of_errors_and_repr() -> None:
     url = "postgresql://ledger:s3cr3t-pw@127.0.0.1:9/ledger"
-    ledger = RunLedger(database_url=url, connect_timeout_seconds=1)
+    ledger = RunLedger(url, connect_timeout_seconds=1)
     assert "s3cr3t" not in repr(ledger)
     with pytest.raises(LedgerConnectionError) as info:
         ledger.open()
@@ -433,19 +433,23 @@ def test_begin_registers_and_claims_in_one_statement(
     ledger: RunLedger, db: psycopg.Connection
 ) -> None:
     ident = identity()
-    record, lease = ledger.begin(ident, "w1", 30, dagster_run_id="dr", step_key="collect")
+    record, lease = ledger.begin(ident, "w1", 30, caller_run_id="dr", caller_step="collect")
     assert lease is not None and (lease.epoch, lease.worker_id) == (1, "w1")
-    assert (record.status, record.lock_owner, record.lease_epoch, record.attempts) == (
+    assert (record.status, record.lease_owner, record.lease_epoch, record.attempts) == (
         "running",
         "w1",
         1,
         1,
     )
     [attempt] = ledger.attempts(ident.run_id)
-    assert (attempt.lease_epoch, attempt.dagster_run_id, attempt.step_key) == (1, "dr", "collect")
+    assert (attempt.lease_epoch, attempt.caller_run_id, attempt.caller_step) == (1, "dr", "collect")
 
     held, none = ledger.begin(ident, "w2", 30)
-    assert none is None and (held.status, held.lock_owner, held.lease_epoch) == ("running", "w1", 1)
+    assert none is None and (held.status, held.lease_owner, held.lease_epoch) == (
+        "running",
+        "w1",
+        1,
+    )
     assert len(ledger.attempts(ident.run_id)) == 1
 
     expire_lease(db, ident.run_id)
@@ -474,7 +478,7 @@ def test_begin_refuses_a_mismatched_identity(ledger: RunLedger, db: psycopg.Conn
     with pytest.raises(IdentityConflictError):
         ledger.begin(ident, "w1", 30)
     row = db.execute(
-        "SELECT status, lock_owner, lease_epoch FROM idempotent_jobs.runs WHERE run_id = %s",
+        "SELECT status, lease_owner, lease_epoch FROM idempotent_jobs.runs WHERE run_id = %s",
         (ident.run_id,),
     ).fetchone()
     assert row == ("pending", None, 0), "a mismatched row is never claimed"
@@ -493,19 +497,23 @@ def test_a_claim_writes_one_row_and_the_attempt_when_it_ends(
 ) -> None:
     ident = identity()
     ledger.register(ident)
-    lease = ledger.claim(ident.run_id, "w1", 30, dagster_run_id="d-1", step_key="collect")
+    lease = ledger.claim(ident.run_id, "w1", 30, caller_run_id="d-1", caller_step="collect")
     assert lease is not None
     # While the claim is open its details live on the run; no attempt row is written yet.
     assert count(db, "run_attempts", ident.run_id) == 0
     [open_attempt] = ledger.attempts(ident.run_id)
-    assert (open_attempt.dagster_run_id, open_attempt.step_key, open_attempt.outcome) == (
+    assert (open_attempt.caller_run_id, open_attempt.caller_step, open_attempt.outcome) == (
         "d-1",
         "collect",
         None,
     )
     ledger.complete(lease, {"summary": "s"}, usage=ModelUsage("m", 3, 4))
     [ended] = ledger.attempts(ident.run_id)
-    assert (ended.dagster_run_id, ended.step_key, ended.outcome) == ("d-1", "collect", "completed")
+    assert (ended.caller_run_id, ended.caller_step, ended.outcome) == (
+        "d-1",
+        "collect",
+        "completed",
+    )
     assert ended.started_at == open_attempt.started_at and ended.ended_at is not None
     assert (ended.model_name, ended.input_tokens, ended.output_tokens) == ("m", 3, 4)
     assert count(db, "run_attempts", ident.run_id) == 1
@@ -516,19 +524,19 @@ def test_the_claim_that_supersedes_a_vanished_holder_records_its_attempt(
 ) -> None:
     ident = identity()
     ledger.register(ident)
-    gone = ledger.claim(ident.run_id, "gone", 30, dagster_run_id="d-1", step_key="transform")
+    gone = ledger.claim(ident.run_id, "gone", 30, caller_run_id="d-1", caller_step="transform")
     assert gone is not None
     expire_lease(db, ident.run_id)
-    assert ledger.claim(ident.run_id, "w2", 30, dagster_run_id="d-2") is not None
+    assert ledger.claim(ident.run_id, "w2", 30, caller_run_id="d-2") is not None
     lost, current = ledger.attempts(ident.run_id)
-    assert (lost.worker_id, lost.dagster_run_id, lost.step_key, lost.outcome) == (
+    assert (lost.worker_id, lost.caller_run_id, lost.caller_step, lost.outcome) == (
         "gone",
         "d-1",
         "transform",
         "lease_lost",
     )
     assert lost.ended_at is not None and lost.ended_at >= lost.started_at
-    assert (current.worker_id, current.dagster_run_id, current.outcome) == ("w2", "d-2", None)
+    assert (current.worker_id, current.caller_run_id, current.outcome) == ("w2", "d-2", None)
 
 
 def test_polling_a_held_run_writes_nothing(ledger: RunLedger, db: psycopg.Connection) -> None:
@@ -546,9 +554,9 @@ def test_lease_commit_mode_stays_inside_its_statement(database: str, durable: bo
     """Lease writes may commit without waiting for the flush; the setting never leaks into the
     pooled connection's session, where the final commit must wait."""
     with RunLedger(
-        database_url=database, pool_min_size=1, pool_max_size=1, durable_lease_commits=durable
+        database, pool_min_size=1, pool_max_size=1, durable_lease_commits=durable
     ) as ledger:
-        pool = ledger._pool_or_open()
+        pool = ledger._db._pool_or_open()
         with pool.connection() as conn:
             default = conn.execute("SHOW synchronous_commit").fetchone()
         ident = identity()
@@ -562,29 +570,3 @@ def test_lease_commit_mode_stays_inside_its_statement(database: str, durable: bo
         stored = ledger.get(ident.run_id)
         assert stored is not None and stored.raw_input == {"documents": ["d"]}
 
-
-def test_every_statement_fits_psycopgs_query_cache() -> None:
-    """psycopg reuses its conversion of a statement only up to a fixed length; longer ones are
-    converted again on every execute. Rendered with the longest schema name, every runtime
-    statement must fit, and the trimming that makes them fit must not touch a literal."""
-    from psycopg import _queries
-
-    from idempotent_jobs.core import queries
-
-    ledger = RunLedger(database_url="postgresql://unused@127.0.0.1:9/x", schema_name="s" * 63)
-    templates = {
-        name: value
-        for name, value in vars(queries).items()
-        if name.isupper() and not name.startswith("_") and "{schema}" in value
-    }
-    assert "BEGIN" in templates and "COMPLETE" in templates
-    # _query trims every line: that is only safe while no string literal spans lines.
-    spanning = [
-        name
-        for name, template in templates.items()
-        if "$$" in template or any(line.count("'") % 2 for line in template.splitlines())
-    ]
-    assert spanning == []
-    lengths = {name: len(ledger._query(template)) for name, template in templates.items()}
-    too_long = {n: k for n, k in lengths.items() if k > _queries.MAX_CACHED_STATEMENT_LENGTH}
-    assert too_long == {}

@@ -50,11 +50,11 @@ def test_failed_rejected_and_accepted_calls_are_all_recorded(ledger: RunLedger) 
     for expected in (TimeoutError, Exception, None):
         kwargs: dict[str, Any] = {"collect": Collector(), "transform": model, "validate": validate}
         if expected is None:
-            outcome = run_idempotent(ledger, ident, step_key="transform", **kwargs)
+            outcome = run_idempotent(ledger, ident, caller_step="transform", **kwargs)
             assert outcome.executed
         else:
             with pytest.raises(expected):
-                run_idempotent(ledger, ident, step_key="transform", **kwargs)
+                run_idempotent(ledger, ident, caller_step="transform", **kwargs)
 
     calls = ledger.model_calls(ident.run_id)
     assert [(c.outcome, c.model_name, c.input_tokens, c.output_tokens) for c in calls] == [
@@ -63,7 +63,7 @@ def test_failed_rejected_and_accepted_calls_are_all_recorded(ledger: RunLedger) 
         ("accepted", "m-1", 130, 20),
     ]
     assert [c.lease_epoch for c in calls] == [1, 2, 3]
-    assert {c.step_key for c in calls} == {"transform"}
+    assert {c.caller_step for c in calls} == {"transform"}
     assert calls[0].error == "TimeoutError: provider timed out"
     assert calls[1].error is not None and calls[1].error.startswith("OutputRejectedError")
     costs = CallCosts.of(calls)
@@ -101,7 +101,7 @@ def test_a_stale_answer_is_recorded_as_a_wasted_call(
         ("accepted", 0, 10),
         ("stale", 0, 40),
     ]
-    assert (calls[1].step_key, calls[1].dagster_run_id, calls[1].retry_number) == (
+    assert (calls[1].caller_step, calls[1].caller_run_id, calls[1].retry_number) == (
         "transform",
         "dagster-run-1",
         2,
@@ -125,15 +125,15 @@ def test_the_call_is_recorded_with_the_step_that_made_it_and_persist_reports_tot
     assert result.success
     ident = SUMMARY_SPEC.identity_for("workspace-acme|2026-08-07")
     calls = ledger.model_calls(ident.run_id)
-    assert [(c.step_key, c.retry_number, c.outcome) for c in calls] == [
+    assert [(c.caller_step, c.retry_number, c.outcome) for c in calls] == [
         ("transform", 0, "failed"),
         ("transform", 1, "accepted"),
     ]
-    assert {c.dagster_run_id for c in calls} == {result.run_id}
+    assert {c.caller_run_id for c in calls} == {result.run_id}
     assert calls[1].model_name == "recording-model"
     assert (calls[1].input_tokens, calls[1].output_tokens) == (102, 10)
     attempts = ledger.attempts(ident.run_id)
-    assert attempts[0].step_key == "collect", "the attempt names the step that claimed"
+    assert attempts[0].caller_step == "collect", "the attempt names the step that claimed"
 
     persisted = output_metadata(result)["persist"]
     assert (persisted["model_calls"], persisted["tokens_accepted"]) == (2, 112)

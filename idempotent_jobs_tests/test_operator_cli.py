@@ -51,7 +51,7 @@ def planted(ledger: RunLedger, db: psycopg.Connection) -> dict[str, str]:
     assert ledger.claim(runs["running"].run_id, "live-worker", 600) is not None
     assert ledger.claim(runs["expired"].run_id, "dead-worker", 600) is not None
     expire_lease(db, runs["expired"].run_id)
-    lease = ledger.claim(runs["completed"].run_id, "w", 60, dagster_run_id="dagster-1")
+    lease = ledger.claim(runs["completed"].run_id, "w", 60, caller_run_id="dagster-1")
     assert lease is not None
     ledger.complete(lease, {"summary": "done"}, {"report_file": {"n": 1}, "fax": {"n": 2}})
     db.execute(
@@ -109,7 +109,7 @@ def test_runs_show_tells_the_whole_story(
     assert [a["outcome"] for a in shown["attempts"]] == ["failed"] * 3
     assert [a["worker_id"] for a in shown["attempts"]] == ["w0", "w1", "w2"]
     completed = as_json(capsys, "runs", "show", planted["completed"])
-    assert completed["attempts"][0]["dagster_run_id"] == "dagster-1"
+    assert completed["attempts"][0]["caller_run_id"] == "dagster-1"
     assert sorted(o["channel"] for o in completed["outbox"]) == ["fax", "report_file"]
     code, out = run(capsys, "runs", "show", "ffff")
     assert code == 2 and "matches no run" in out

@@ -102,7 +102,7 @@ def test_table_cells_escape_what_a_terminal_would_act_on(
         "UPDATE idempotent_jobs.runs SET last_error = %s WHERE run_id = %s", (HOSTILE, ident.run_id)
     )
     db.execute(
-        "UPDATE idempotent_jobs.run_attempts SET worker_id = %s, step_key = %s, error = %s,"
+        "UPDATE idempotent_jobs.run_attempts SET worker_id = %s, caller_step = %s, error = %s,"
         " model_name = %s",
         (HOSTILE, HOSTILE, HOSTILE, HOSTILE),
     )
@@ -161,8 +161,8 @@ def test_cli_filters_strip_and_normalise_like_the_identity(
 def test_migrate_and_open_accept_a_sqlalchemy_style_url(fresh_database: str) -> None:
     url = dagster_storage_url(fresh_database)
     assert url.startswith("postgresql+psycopg2://")
-    assert RunLedger(database_url=url).migrate() != []
-    with RunLedger(database_url=url) as ledger:
+    assert RunLedger(url).migrate() != []
+    with RunLedger(url) as ledger:
         assert ledger.list_runs() == []
 
 
@@ -190,7 +190,7 @@ def test_wrong_database_and_bad_sslmode_fail_at_once_with_the_real_cause(
     for url, cause in ((missing, 'database "no_such_db_ij" does not exist'), (bad_ssl, "sslmode")):
         started = time.monotonic()
         with pytest.raises(Exception) as info:
-            RunLedger(database_url=url, connect_timeout_seconds=8).open()
+            RunLedger(url, connect_timeout_seconds=8).open()
         assert time.monotonic() - started < 4, "reported at once, not after the timeout"
         assert cause in str(info.value)
 
@@ -219,7 +219,7 @@ def test_a_role_without_grants_is_told_which_privilege_it_lacks(
     grantless_role: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with pytest.raises(LedgerPermissionError, match="permission denied for schema idempotent_jobs"):
-        RunLedger(database_url=grantless_role).open()
+        RunLedger(grantless_role).open()
     monkeypatch.setenv("IDEMPOTENT_JOBS_DATABASE_URL", grantless_role)
     code, out = run(capsys, "runs", "list")
     assert code == 2 and "LedgerPermissionError" in out and "USAGE on schema" in out, out
@@ -246,7 +246,7 @@ def test_reads_are_utc_whatever_the_servers_time_zone(
         " VALUES (%s, 'job', 'far', '9999-12-31 23:00+00', 'v1')",
         ("e" * 64,),
     )
-    with RunLedger(database_url=database) as ledger:
+    with RunLedger(database) as ledger:
         [far] = ledger.list_runs()
     assert far.scheduled_at.year == 9999 and far.scheduled_at.utcoffset().total_seconds() == 0  # type: ignore[union-attr]
 

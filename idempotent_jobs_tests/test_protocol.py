@@ -90,11 +90,11 @@ class CommitThenLoseTheAnswer(RunLedger):
 
 
 def test_a_timeout_after_the_final_commit_returns_the_stored_result(
-    ledger: RunLedger, db: psycopg.Connection
+    ledger: RunLedger, database: str, db: psycopg.Connection
 ) -> None:
     model = ScriptedModel()
     collector = Collector()
-    flaky = CommitThenLoseTheAnswer(database_url=ledger.database_url)
+    flaky = CommitThenLoseTheAnswer(database)
     try:
         with pytest.raises(TimeoutError):
             run_idempotent(
@@ -180,7 +180,7 @@ def test_the_heartbeat_keeps_the_lease_through_a_long_model_call(
     def rival() -> None:
         assert in_model.wait(timeout=60)
         first_expiry = db.execute(
-            "SELECT lock_expires_at FROM idempotent_jobs.runs WHERE run_id = %s",
+            "SELECT lease_expires_at FROM idempotent_jobs.runs WHERE run_id = %s",
             (identity().run_id,),
         ).fetchone()
         assert first_expiry is not None
@@ -225,7 +225,7 @@ def test_a_lease_lost_during_the_model_call_never_commits(
         )
     record = ledger.get(identity().run_id)
     assert record is not None
-    assert (record.status, record.output, record.lock_owner, record.lease_epoch) == (
+    assert (record.status, record.output, record.lease_owner, record.lease_epoch) == (
         "running",
         None,
         "new-owner",

@@ -8,18 +8,18 @@ from idempotent_jobs.core.schema import shipped_migrations
 
 EXPECTED_COLUMNS = {
     "runs": (
-        "run_id job_name subject_id scheduled_at version status raw_input output lock_owner "
-        "lock_expires_at lease_epoch attempts last_error created_at updated_at completed_at "
-        "revision lease_started_at lease_dagster_run_id lease_step_key input_fingerprint "
+        "run_id job_name subject_id scheduled_at version status raw_input output lease_owner "
+        "lease_expires_at lease_epoch attempts last_error created_at updated_at completed_at "
+        "revision lease_started_at lease_caller_run_id lease_caller_step input_fingerprint "
         "config_fingerprint config_parts"
     ).split(),
     # A view: the ended attempts plus the open one, whose details live on the run.
     "attempts": (
-        "run_id lease_epoch worker_id dagster_run_id step_key started_at ended_at outcome error "
+        "run_id lease_epoch worker_id caller_run_id caller_step started_at ended_at outcome error "
         "model_name input_tokens output_tokens"
     ).split(),
     "run_attempts": (
-        "run_id lease_epoch worker_id dagster_run_id step_key started_at ended_at outcome error "
+        "run_id lease_epoch worker_id caller_run_id caller_step started_at ended_at outcome error "
         "model_name input_tokens output_tokens"
     ).split(),
     "notification_outbox": (
@@ -56,7 +56,7 @@ def constraints(conninfo: str, schema: str) -> set[str]:
 
 
 def test_migrations_create_the_designed_tables(fresh_database: str) -> None:
-    applied = RunLedger(database_url=fresh_database).migrate()
+    applied = RunLedger(fresh_database).migrate()
     assert applied == [f"{m.version:04d}_{m.name}" for m in shipped_migrations()]
     found = columns(fresh_database, "idempotent_jobs")
     assert {t: found[t] for t in EXPECTED_COLUMNS} == EXPECTED_COLUMNS
@@ -66,7 +66,7 @@ def test_migrations_create_the_designed_tables(fresh_database: str) -> None:
 
 
 def test_migrating_twice_is_a_no_op(fresh_database: str) -> None:
-    ledger = RunLedger(database_url=fresh_database)
+    ledger = RunLedger(fresh_database)
     assert ledger.migrate() != []
     before = columns(fresh_database, "idempotent_jobs")
     assert ledger.migrate() == []
@@ -80,7 +80,7 @@ def _migrate_in_child(
 ) -> None:
     barrier.wait()
     try:
-        out.put(RunLedger(database_url=conninfo).migrate())
+        out.put(RunLedger(conninfo).migrate())
     except Exception as exc:  # reported to the parent, which fails the test
         out.put(repr(exc))
 
@@ -107,7 +107,7 @@ def test_concurrent_migrations_apply_once(fresh_database: str) -> None:
 
 
 def test_an_unmigrated_database_is_refused_at_open(fresh_database: str) -> None:
-    ledger = RunLedger(database_url=fresh_database)
+    ledger = RunLedger(fresh_database)
     with pytest.raises(SchemaNotMigratedError, match="idempotent-jobs migrate"):
         ledger.open()
     ledger.migrate()
@@ -119,14 +119,14 @@ def test_a_missing_migration_is_refused_at_open(database: str) -> None:
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("DELETE FROM idempotent_jobs.schema_migrations")
     with pytest.raises(SchemaNotMigratedError, match="lacks migrations 0001_initial"):
-        RunLedger(database_url=database).open()
+        RunLedger(database).open()
 
 
 def test_an_edited_migration_is_detected(database: str) -> None:
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("UPDATE idempotent_jobs.schema_migrations SET checksum = 'edited'")
     with pytest.raises(LedgerError, match="changed after it was applied"):
-        RunLedger(database_url=database).migrate()
+        RunLedger(database).migrate()
 
 
 def test_a_newer_schema_than_the_code_is_refused(database: str) -> None:
@@ -136,11 +136,11 @@ def test_a_newer_schema_than_the_code_is_refused(database: str) -> None:
             " VALUES (9999, 'future', 'x')"
         )
     with pytest.raises(SchemaNotMigratedError, match="newer than the code"):
-        RunLedger(database_url=database).open()
+        RunLedger(database).open()
 
 
 def test_a_custom_schema_is_independent(database: str) -> None:
-    other = RunLedger(database_url=database, schema_name="tenant_b_ledger")
+    other = RunLedger(database, schema="tenant_b_ledger")
     assert other.migrate() == [f"{m.version:04d}_{m.name}" for m in shipped_migrations()]
     found = columns(database, "tenant_b_ledger")
     assert {t: found[t] for t in EXPECTED_COLUMNS} == EXPECTED_COLUMNS
@@ -149,20 +149,20 @@ def test_a_custom_schema_is_independent(database: str) -> None:
 @pytest.mark.parametrize("name", ["Ledger", "a-b", "x; DROP TABLE y", "", "9abc"])
 def test_bad_schema_names_are_refused(name: str) -> None:
     with pytest.raises(InvalidInputError) as info:
-        RunLedger(database_url="postgresql://unused", schema_name=name).migrate()
+        RunLedger("postgresql://unused", schema=name).migrate()
     assert info.value.field == "schema_name"
 
 
 def test_the_lean_claims_migration_moves_open_attempts_onto_their_runs(
     fresh_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """0003 keeps history: an open attempt written by the older code is still listed, and the
-    next claim closes it as before."""
+    """0003 keeps history: an open attempt written by the older code (in 0002's column names)
+    is still listed, and the next claim closes it as before."""
     import idempotent_jobs.core.schema as schema
 
     shipped = shipped_migrations()
     monkeypatch.setattr(schema, "shipped_migrations", lambda: shipped[:2])
-    RunLedger(database_url=fresh_database).migrate()
+    RunLedger(fresh_database).migrate()
     run_id, abandoned = "a" * 64, "b" * 64
     with psycopg.connect(fresh_database, autocommit=True) as conn:
         for rid, status in ((run_id, "running"), (abandoned, "failed")):
@@ -185,10 +185,10 @@ def test_the_lean_claims_migration_moves_open_attempts_onto_their_runs(
                 (rid,),
             )
     monkeypatch.setattr(schema, "shipped_migrations", lambda: shipped)
-    assert RunLedger(database_url=fresh_database).migrate()[0] == "0003_lean_claims"
-    with RunLedger(database_url=fresh_database) as ledger:
+    assert RunLedger(fresh_database).migrate()[0] == "0003_lean_claims"
+    with RunLedger(fresh_database) as ledger:
         [open_attempt] = ledger.attempts(run_id)
-        assert (open_attempt.worker_id, open_attempt.dagster_run_id, open_attempt.step_key) == (
+        assert (open_attempt.worker_id, open_attempt.caller_run_id, open_attempt.caller_step) == (
             "old",
             "d1",
             "collect",

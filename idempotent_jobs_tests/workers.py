@@ -31,7 +31,7 @@ def race_run_idempotent(
         release_winner.wait(timeout=120)
         return {"summary": f"answer from {os.getpid()}"}
 
-    with RunLedger(database_url=conninfo) as ledger:
+    with RunLedger(conninfo) as ledger:
         barrier.wait()
         outcome = run_idempotent(
             ledger,
@@ -58,7 +58,7 @@ def race_claim(
     barrier: multiprocessing.synchronize.Barrier,
     out: "multiprocessing.Queue[int | None]",
 ) -> None:
-    with RunLedger(database_url=conninfo) as ledger:
+    with RunLedger(conninfo) as ledger:
         barrier.wait()
         lease = ledger.claim(run_id, f"worker-{os.getpid()}", 60)
     out.put(lease.epoch if lease else None)
@@ -66,7 +66,7 @@ def race_claim(
 
 def hold_lease_then_hang(conninfo: str, run_id: str, lease_seconds: float) -> None:
     """Claim, print the expiry, then hang until killed (a worker that dies holding a lease)."""
-    with RunLedger(database_url=conninfo) as ledger:
+    with RunLedger(conninfo) as ledger:
         lease = ledger.claim(run_id, f"doomed-{os.getpid()}", lease_seconds)
         assert lease is not None
         sys.stdout.write(f"{lease.epoch} {lease.expires_at.isoformat()}\n")

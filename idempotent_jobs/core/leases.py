@@ -16,8 +16,8 @@ def acquire(
     lease_seconds: float,
     *,
     wait_seconds: float = 0.0,
-    dagster_run_id: str | None = None,
-    step_key: str | None = None,
+    caller_run_id: str | None = None,
+    caller_step: str | None = None,
 ) -> Lease | RunRecord:
     """Claim the run, polling for up to ``wait_seconds`` while another worker holds it.
 
@@ -28,7 +28,7 @@ def acquire(
     pause = 0.1
     while True:
         lease = ledger.claim(
-            run_id, worker_id, lease_seconds, dagster_run_id=dagster_run_id, step_key=step_key
+            run_id, worker_id, lease_seconds, caller_run_id=caller_run_id, caller_step=caller_step
         )
         if lease is not None:
             return lease
@@ -51,8 +51,8 @@ def take_over(
     lease_seconds: float,
     *,
     wait_seconds: float = 0.0,
-    dagster_run_id: str | None = None,
-    step_key: str | None = None,
+    caller_run_id: str | None = None,
+    caller_step: str | None = None,
 ) -> Lease | RunRecord:
     """Continue under the lease an earlier step handed on (same epoch), or else claim anew.
 
@@ -71,6 +71,6 @@ def take_over(
         worker_id,
         lease_seconds,
         wait_seconds=wait_seconds,
-        dagster_run_id=dagster_run_id,
-        step_key=step_key,
+        caller_run_id=caller_run_id,
+        caller_step=caller_step,
     )

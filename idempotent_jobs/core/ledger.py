@@ -1,41 +1,32 @@
-"""The run ledger: a Dagster resource, usable without Dagster, backed by its own PostgreSQL schema.
+"""The run ledger: durable run records in their own PostgreSQL schema, usable without Dagster.
 
 PostgreSQL is the only authority: uniqueness is a constraint, the lease is one atomic UPDATE whose
 expiry is the database clock, and every write after a claim is fenced by owner and epoch (see
-``queries.py``). Each method is one statement on an autocommit connection, so a method is one round
-trip and one transaction, and safe to retry when the connection drops: a statement that landed
-before the drop is recognised on the retry instead of being applied twice. Lease-only writes do not
-wait for the WAL flush unless ``durable_lease_commits`` is set (why that is safe: ``queries.py``).
+``sql/ledger.sql``). Each method is one statement on an autocommit connection (the
+:class:`~idempotent_jobs.core.executor.Executor` runs it), so a method is one round trip and one
+transaction, and safe to retry when the connection drops. Lease-only writes do not wait for the WAL
+flush unless ``durable_lease_commits`` is set (why that is safe: ``sql/ledger.sql``).
 """
 
-import threading
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, LiteralString, TypeVar
+from typing import Any, TypeVar
 
-import dagster as dg
-import psycopg
-from psycopg import sql
-from psycopg.rows import RowFactory, class_row, dict_row, tuple_row
-from psycopg_pool import ConnectionPool, PoolTimeout
-from pydantic import Field, PrivateAttr
+from psycopg import Cursor
+from psycopg.rows import RowMaker, dict_row
+from psycopg_pool import ConnectionPool
 
-from idempotent_jobs.core import queries
-from idempotent_jobs.core.database import ledger_conninfo, redact
 from idempotent_jobs.core.errors import (
     IdentityConflictError,
     InvalidInputError,
     LeaseLostError,
-    LedgerConnectionError,
     LedgerError,
-    LedgerPermissionError,
     RunNotFoundError,
-    SchemaNotMigratedError,
     StaleCandidateError,
 )
+from idempotent_jobs.core.executor import DEFAULT_SCHEMA, Executor
 from idempotent_jobs.core.identity import RunIdentity, normalize_text
 from idempotent_jobs.core.json_values import dump_json_object, text_fingerprint
 from idempotent_jobs.core.records import (
@@ -54,9 +45,30 @@ from idempotent_jobs.core.records import (
     RunRecord,
     RunStatus,
 )
-from idempotent_jobs.core.schema import apply_migrations, check_schema_name, verify_migrations
 
 Row = TypeVar("Row")
+
+
+def record_from(cls: Callable[..., Row], row: Mapping[str, Any]) -> Row:
+    """A record from a row's columns, ignoring columns the record has no field for (a
+    ``SELECT *`` keeps working when a later migration adds one)."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: v for k, v in row.items() if k in names})
+
+
+def record_row(cls: Callable[..., Row]) -> Callable[[Cursor[Any]], RowMaker[Row]]:
+    """A psycopg row factory building ``cls`` records with :func:`record_from`."""
+
+    def factory(cursor: Cursor[Any]) -> RowMaker[Row]:
+        make_dict = dict_row(cursor)
+
+        def make(values: Sequence[Any]) -> Row:
+            return record_from(cls, make_dict(values))
+
+        return make
+
+    return factory
+
 
 MAX_LEASE_SECONDS = 24 * 3600.0
 MAX_ERROR_CHARS = 4000
@@ -143,16 +155,6 @@ def _check_identity(record: RunRecord, identity: RunIdentity) -> None:
         )
 
 
-def _permission_error(
-    exc: psycopg.errors.InsufficientPrivilege, schema_name: str
-) -> LedgerPermissionError:
-    return LedgerPermissionError(
-        f"the database role lacks a privilege: {exc.diag.message_primary or exc}. The ledger "
-        f"needs USAGE on schema {schema_name} and SELECT, INSERT, UPDATE, DELETE on its tables "
-        "(migrate needs CREATE on the database, or run it as the schema's owner)"
-    )
-
-
 def _stale(run_id: str, candidate: Basis, current: Basis) -> StaleCandidateError:
     def show(basis: Basis) -> str:
         checkpoint = (basis.input_fingerprint or "none")[:12]
@@ -167,8 +169,8 @@ def _stale(run_id: str, candidate: Basis, current: Basis) -> StaleCandidateError
 def _origin(origin: CallOrigin | None) -> dict[str, Any]:
     origin = origin or CallOrigin()
     return {
-        "call_step_key": _optional_name("step_key", origin.step_key),
-        "call_dagster_run_id": _optional_name("dagster_run_id", origin.dagster_run_id),
+        "call_caller_step": _optional_name("caller_step", origin.caller_step),
+        "call_caller_run_id": _optional_name("caller_run_id", origin.caller_run_id),
         "call_retry": origin.retry_number,
     }
 
@@ -195,112 +197,64 @@ def _usage(usage: ModelUsage | None) -> dict[str, Any]:
     }
 
 
-class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
+class RunLedger:
     """Durable record of logical runs: registration, fenced leases, checkpoint, commit, outbox.
 
-    In Dagster, configure ``database_url=dg.EnvVar("IDEMPOTENT_JOBS_DATABASE_URL")``; outside it,
-    ``RunLedger(database_url=...)`` works the same and opens its pool on first use (``close()`` or
-    a ``with`` block closes it). Opening verifies the schema and never runs DDL: call
-    :meth:`migrate` (or ``idempotent-jobs migrate``) once per database.
+    ``RunLedger(conninfo)`` takes a PostgreSQL URL or libpq conninfo string (it may hold a
+    password: it is never shown). The pool opens on first use (``close()`` or a ``with`` block
+    closes it), or pass ``pool=`` a psycopg ``ConnectionPool`` of autocommit connections that
+    you open and close. Opening verifies the schema and never runs DDL: call :meth:`migrate` (or
+    ``idempotent-jobs migrate``) once per database. In Dagster, the
+    :class:`~idempotent_jobs.dagster.resource.RunLedgerResource` creates one per run.
+
+    ``durable_lease_commits``: wait for the WAL flush on lease-only writes too (claim,
+    checkpoint, renew, release). Off, those commit without waiting: visible at once, lost only if
+    the server crashes within a few hundred ms, which the fence makes harmless. Results, outbox
+    rows and failures always wait for the flush.
     """
 
-    database_url: str = Field(
-        description="PostgreSQL URL of the ledger database (use an EnvVar: it may hold a password)",
-        repr=False,
-    )
-    schema_name: str = Field(
-        default="idempotent_jobs", description="PostgreSQL schema holding the ledger's tables"
-    )
-    pool_min_size: int = Field(default=1, description="Connections kept open by the pool")
-    pool_max_size: int = Field(default=4, description="Most connections the pool opens")
-    connect_timeout_seconds: float = Field(
-        default=10.0, description="How long to wait for a connection before failing"
-    )
-    connection_retries: int = Field(
-        default=3, description="Retries of a statement whose connection broke (all are idempotent)"
-    )
-    durable_lease_commits: bool = Field(
-        default=False,
-        description=(
-            "Wait for the WAL flush on lease-only writes too (claim, checkpoint, renew, release). "
-            "Off, those commit without waiting: visible at once, lost only if the server crashes "
-            "within a few hundred ms, which the fence makes harmless. Results, outbox rows and "
-            "failures always wait for the flush."
-        ),
-    )
+    executor_class: type[Executor] = Executor  # how statements run (a benchmark counts them)
 
-    _pool: ConnectionPool | None = PrivateAttr(default=None)
-    _sql: dict[str, LiteralString] = PrivateAttr(default_factory=dict)
-    _open_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        pool: ConnectionPool | None = None,
+        pool_min_size: int = 1,
+        pool_max_size: int = 4,
+        connect_timeout_seconds: float = 10.0,
+        connection_retries: int = 3,
+        durable_lease_commits: bool = False,
+    ) -> None:
+        self._db = self.executor_class(
+            conninfo,
+            schema=schema,
+            pool=pool,
+            pool_min_size=pool_min_size,
+            pool_max_size=pool_max_size,
+            connect_timeout_seconds=connect_timeout_seconds,
+            connection_retries=connection_retries,
+        )
+        self.durable_lease_commits = durable_lease_commits
+
+    def __repr__(self) -> str:  # the conninfo may hold a password: never shown
+        return f"RunLedger(schema={self.schema!r})"
+
+    @property
+    def schema(self) -> str:
+        """The PostgreSQL schema holding the ledger's tables."""
+        return self._db.schema
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        self.open()
-
-    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
-        self.close()
-
-    def _conninfo(self) -> str:
-        return ledger_conninfo(self.database_url, self.connect_timeout_seconds)
-
-    def _connection_error(self, doing: str, exc: psycopg.Error) -> LedgerError:
-        """The typed error for ``exc``, its real cause in one line, no password in it."""
-        if isinstance(exc, psycopg.errors.InsufficientPrivilege):
-            return _permission_error(exc, self.schema_name)
-        text = " ".join(redact(str(exc), self.database_url).split())  # libpq's lines, one line
-        if isinstance(exc, psycopg.OperationalError):
-            return LedgerConnectionError(f"could not {doing}: {text}")
-        return LedgerError(f"could not {doing}: {text}")
-
-    def _connect(self, doing: str) -> psycopg.Connection:
-        """One direct connection: fails at once with the server's reason (wrong password,
-        missing database, bad sslmode), where a pool would retry until its timeout."""
-        try:
-            return psycopg.connect(self._conninfo(), autocommit=True)
-        except psycopg.Error as exc:
-            raise self._connection_error(doing, exc) from None
-
     def open(self) -> None:
-        """Open the connection pool and verify the schema; a no-op when already open."""
-        with self._open_lock:
-            if self._pool is not None:
-                return
-            check_schema_name(self.schema_name)
-            conninfo = self._conninfo()
-            with self._connect("connect to the ledger database") as probe:
-                try:
-                    verify_migrations(probe, self.schema_name)
-                except psycopg.Error as exc:
-                    raise self._connection_error("read the ledger schema", exc) from None
-            pool = ConnectionPool(
-                conninfo=conninfo,
-                min_size=self.pool_min_size,
-                max_size=max(self.pool_max_size, self.pool_min_size),
-                kwargs={"autocommit": True, "prepare_threshold": 0},
-                timeout=self.connect_timeout_seconds,
-                name="idempotent_jobs.core.ledger",
-                open=False,
-            )
-            try:
-                pool.open(wait=True, timeout=self.connect_timeout_seconds)
-            except PoolTimeout:
-                pool.close()
-                raise LedgerConnectionError(
-                    f"could not connect to the ledger database within "
-                    f"{self.connect_timeout_seconds:g}s"
-                ) from None
-            except BaseException:
-                pool.close()
-                raise
-            self._pool = pool
+        """Verify the schema and open the connection pool; a no-op when already open."""
+        self._db.open()
 
     def close(self) -> None:
         """Close the pool this ledger opened (it can be opened again)."""
-        with self._open_lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.close()
+        self._db.close()
 
     def __enter__(self) -> "RunLedger":
         self.open()
@@ -311,85 +265,10 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
 
     def migrate(self) -> list[str]:
         """Apply missing migrations (idempotent, serialised by an advisory lock); return them."""
-        check_schema_name(self.schema_name)
-        with self._connect("connect to migrate the ledger") as conn:
-            try:
-                applied = apply_migrations(conn, self.schema_name)
-            except psycopg.Error as exc:
-                raise self._connection_error("migrate the ledger", exc) from None
-        return [f"{m.version:04d}_{m.name}" for m in applied]
-
-    # -- statements --------------------------------------------------------------------------
-
-    def _query(self, template: LiteralString) -> LiteralString:
-        """The statement with the quoted schema name, rendered once per ledger.
-
-        A plain string (not a ``Composed``) lets psycopg reuse its parsed and prepared form
-        instead of composing the statement again on every call. Indentation is dropped: psycopg
-        caches the conversion of statements up to 4,096 characters only, and the claim's
-        statement is longer than that indented.
-        """
-        query = self._sql.get(template)
-        if query is None:
-            rendered = sql.SQL(template).format(schema=sql.Identifier(self.schema_name))
-            # Constants plus a validated, quoted identifier: a literal in all but type. No
-            # statement has a comment or a string literal spanning lines, so lines can be trimmed.
-            text = rendered.as_string(None)
-            query = "\n".join(line.strip() for line in text.splitlines() if line.strip())
-            self._sql[template] = query
-        return query
-
-    def _pool_or_open(self) -> ConnectionPool:
-        if self._pool is None:
-            self.open()
-        assert self._pool is not None
-        return self._pool
-
-    def _fetch(
-        self,
-        template: LiteralString,
-        params: Mapping[str, Any],
-        row_factory: RowFactory[Row],
-    ) -> list[Row]:
-        """Run one statement, retrying on a broken connection; return its rows.
-
-        Every runtime statement returns rows (a SELECT, or a write with RETURNING).
-        """
-        pool = self._pool_or_open()
-        query = self._query(template)
-        for attempt in range(self.connection_retries + 1):
-            conn: psycopg.Connection | None = None
-            try:
-                with pool.connection() as conn, conn.cursor(row_factory=row_factory) as cur:
-                    cur.execute(query, params)
-                    return cur.fetchall()
-            except psycopg.errors.UniqueViolation as exc:
-                if exc.diag.constraint_name == "runs_identity_key":
-                    raise IdentityConflictError(
-                        "a run with the same job, subject, window and version is stored under "
-                        "another run id"
-                    ) from None
-                raise
-            except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
-                raise SchemaNotMigratedError() from None
-            except psycopg.errors.InsufficientPrivilege as exc:
-                raise _permission_error(exc, self.schema_name) from None
-            except psycopg.OperationalError as exc:
-                broken = conn is None or conn.broken or isinstance(exc, PoolTimeout)
-                if not broken or attempt == self.connection_retries:
-                    text = redact(str(exc), self.database_url)
-                    raise LedgerConnectionError(
-                        f"ledger statement failed ({type(exc).__name__}): {text}"
-                    ) from None
-                pool.check()  # drop the other connections the same outage broke
-                time.sleep(min(0.2 * 2**attempt, 2.0))
-        raise AssertionError("unreachable")
-
-    def _rows(self, template: LiteralString, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-        return self._fetch(template, params, tuple_row)
+        return self._db.migrate()
 
     def _lease_write(self, params: dict[str, Any]) -> dict[str, Any]:
-        """``params`` of a lease-only write plus its commit mode (see queries._LEASE_COMMIT)."""
+        """``params`` of a lease-only write plus its commit mode (see ``sql/ledger.sql``)."""
         params["lease_commit"] = None if self.durable_lease_commits else "off"
         return params
 
@@ -399,12 +278,12 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         """Create the run's row if it is new; return the stored record either way."""
         params = _identity_params(identity)
         try:
-            rows = self._fetch(queries.REGISTER, params, class_row(RunRecord))
+            rows = self._db.fetch("register", params, record_row(RunRecord))
         except IdentityConflictError:
             # ON CONFLICT (run_id) arbitrates on the primary key only: two first registrations
             # racing can trip runs_identity_key instead. The winner has committed by now, so
             # the retry takes the DO UPDATE path; a real conflict raises again.
-            rows = self._fetch(queries.REGISTER, params, class_row(RunRecord))
+            rows = self._db.fetch("register", params, record_row(RunRecord))
         record = rows[0]
         _check_identity(record, identity)
         return record
@@ -415,8 +294,8 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         worker_id: str,
         lease_seconds: float,
         *,
-        dagster_run_id: str | None = None,
-        step_key: str | None = None,
+        caller_run_id: str | None = None,
+        caller_step: str | None = None,
     ) -> tuple[RunRecord, Lease | None]:
         """:meth:`register` and :meth:`claim` in one round trip (one statement).
 
@@ -430,20 +309,20 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
                 **_identity_params(identity),
                 "worker_id": _check_worker_id(worker_id),
                 "lease_seconds": lease_seconds,
-                "dagster_run_id": _optional_name("dagster_run_id", dagster_run_id),
-                "step_key": _optional_name("step_key", step_key),
+                "caller_run_id": _optional_name("caller_run_id", caller_run_id),
+                "caller_step": _optional_name("caller_step", caller_step),
             }
         )
         try:
-            rows = self._fetch(queries.BEGIN, params, dict_row)
+            rows = self._db.fetch("begin", params, dict_row)
         except IdentityConflictError:  # racing first inserts: see register()
             rows = []
         if not rows:  # a first registration raced this one and has committed: it is seen now
-            rows = self._fetch(queries.BEGIN, params, dict_row)
+            rows = self._db.fetch("begin", params, dict_row)
         if not rows:
             raise LedgerError(f"run {identity.run_id} was deleted while being registered")
-        claimed = rows[0].pop("claimed")
-        record = RunRecord(**rows[0])
+        claimed = rows[0]["claimed"]
+        record = record_from(RunRecord, rows[0])
         _check_identity(record, identity)
         if not claimed:
             return record, None
@@ -451,7 +330,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
             record.run_id,
             worker_id,
             record.lease_epoch,
-            record.lock_expires_at,
+            record.lease_expires_at,
             lease_seconds,
             record.raw_input,
             record.attempts,
@@ -466,20 +345,20 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         worker_id: str,
         lease_seconds: float,
         *,
-        dagster_run_id: str | None = None,
-        step_key: str | None = None,
+        caller_run_id: str | None = None,
+        caller_step: str | None = None,
     ) -> Lease | None:
         """Take the run's lease; ``None`` if another worker holds it or the run is completed."""
         lease_seconds = _check_lease_seconds(lease_seconds)
-        rows = self._rows(
-            queries.CLAIM,
+        rows = self._db.rows(
+            "claim",
             self._lease_write(
                 {
                     "run_id": run_id,
                     "worker_id": _check_worker_id(worker_id),
                     "lease_seconds": lease_seconds,
-                    "dagster_run_id": _optional_name("dagster_run_id", dagster_run_id),
-                    "step_key": _optional_name("step_key", step_key),
+                    "caller_run_id": _optional_name("caller_run_id", caller_run_id),
+                    "caller_step": _optional_name("caller_step", caller_step),
                 }
             ),
         )
@@ -505,7 +384,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         owner and epoch are the capability, and the returned lease carries the checkpoint.
         """
         params = self._lease_write({**_fence(lease), "lease_seconds": lease.lease_seconds})
-        rows = self._rows(queries.RENEW, params)
+        rows = self._db.rows("renew", params)
         if not rows:
             raise LeaseLostError()
         expires_at, raw_input, attempts, revision, fingerprint, _ = rows[0]
@@ -526,7 +405,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         params = self._lease_write(
             {**_fence(lease), "raw_input": text, "input_fingerprint": text_fingerprint(text)}
         )
-        rows = self._rows(queries.SAVE_RAW_INPUT, params)
+        rows = self._db.rows("save_raw_input", params)
         if not rows:
             raise LeaseLostError()
         stored, fingerprint, _ = rows[0]
@@ -577,7 +456,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
             "config_fingerprint": config.fingerprint if parts else None,
             "config_parts": dump_json_object(parts, "config") if parts else None,
         }
-        rows = self._rows(queries.COMPLETE, params)
+        rows = self._db.rows("complete", params)
         if rows:
             accepted, stored, revision, fingerprint = rows[0]
             if accepted:
@@ -620,7 +499,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
             "error": error,
             "call_outcome": call,
         }
-        rows = self._rows(queries.FAIL, params)
+        rows = self._db.rows("fail", params)
         if rows:
             return
         record = self.get(lease.run_id)
@@ -635,14 +514,14 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
 
     def release(self, lease: Lease) -> None:
         """Give the lease back without an outcome; raise if it was already lost."""
-        if self._rows(queries.RELEASE, self._lease_write(_fence(lease))):
+        if self._db.rows("release", self._lease_write(_fence(lease))):
             return
         record = self.get(lease.run_id)
         landed_before = (
             record is not None
             and record.status == "pending"
             and record.lease_epoch == lease.epoch
-            and record.lock_owner is None
+            and record.lease_owner is None
         )
         if not landed_before:
             raise LeaseLostError()
@@ -651,25 +530,25 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
 
     def get(self, run_id: str) -> RunRecord | None:
         """The stored record of a run, or ``None``."""
-        rows = self._fetch(queries.GET_RUN, {"run_id": run_id}, class_row(RunRecord))
+        rows = self._db.fetch("get_run", {"run_id": run_id}, record_row(RunRecord))
         return rows[0] if rows else None
 
     def attempts(self, run_id: str) -> list[AttemptRecord]:
         """Every successful claim of the run, oldest first."""
-        return self._fetch(queries.LIST_ATTEMPTS, {"run_id": run_id}, class_row(AttemptRecord))
+        return self._db.fetch("list_attempts", {"run_id": run_id}, record_row(AttemptRecord))
 
     def model_calls(self, run_id: str) -> list[ModelCallRecord]:
         """Every recorded model call of the run, oldest first (see :class:`CallCosts`)."""
-        return self._fetch(queries.LIST_MODEL_CALLS, {"run_id": run_id}, class_row(ModelCallRecord))
+        return self._db.fetch("list_model_calls", {"run_id": run_id}, record_row(ModelCallRecord))
 
     def outbox(
         self, run_id: str | None = None, *, pending_only: bool = False, limit: int = 1000
     ) -> list[OutboxRecord]:
         """Outbox rows, optionally of one run and/or only those not delivered yet."""
-        return self._fetch(
-            queries.LIST_OUTBOX,
+        return self._db.fetch(
+            "list_outbox",
             {"run_id": run_id, "pending_only": pending_only, "limit": _check_limit(limit)},
-            class_row(OutboxRecord),
+            record_row(OutboxRecord),
         )
 
     def list_runs(
@@ -693,14 +572,14 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
             "until": until,
             "limit": None if limit is None else _check_limit(limit),
         }
-        return self._fetch(queries.LIST_RUNS, params, class_row(RunRecord))
+        return self._db.fetch("list_runs", params, record_row(RunRecord))
 
     def resolve_run_id(self, prefix: str) -> str:
         """The one run id starting with ``prefix`` (hex); raise if none or several match."""
         prefix = prefix.strip().lower()
         if not prefix or any(c not in "0123456789abcdef" for c in prefix) or len(prefix) > 64:
             raise InvalidInputError("run_id", f"{prefix!r} is not a run id or a hex prefix of one")
-        matches = [r[0] for r in self._rows(queries.RUN_IDS_BY_PREFIX, {"prefix": prefix})]
+        matches = [r[0] for r in self._db.rows("run_ids_by_prefix", {"prefix": prefix})]
         if len(matches) != 1:
             many = "several runs" if matches else "no run"
             raise RunNotFoundError(f"run id prefix {prefix!r} matches {many}")
@@ -708,7 +587,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
 
     def revisions(self, run_id: str) -> list[RevisionRecord]:
         """The accepted results a run had before each explicit revision, oldest first."""
-        return self._fetch(queries.LIST_REVISIONS, {"run_id": run_id}, class_row(RevisionRecord))
+        return self._db.fetch("list_revisions", {"run_id": run_id}, record_row(RevisionRecord))
 
     def revise(
         self,
@@ -740,7 +619,7 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
             "recollect": bool(recollect),
             "requested_by": _optional_name("requested_by", requested_by),
         }
-        rows = self._fetch(queries.REVISE, params, class_row(RunRecord))
+        rows = self._db.fetch("revise", params, record_row(RunRecord))
         if rows:
             return rows[0]
         record = self.get(run_id)
@@ -761,21 +640,21 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
             "config_fingerprint": config.fingerprint,
             "limit": _check_limit(limit),
         }
-        return self._fetch(queries.DRIFTED_RUNS, params, class_row(RunRecord))
+        return self._db.fetch("drifted_runs", params, record_row(RunRecord))
 
     def expired_leases(self) -> list[RunRecord]:
         """Running runs whose lease expired (by the database clock) without completion."""
-        return self._fetch(queries.EXPIRED_LEASES, {}, class_row(RunRecord))
+        return self._db.fetch("expired_leases", {}, record_row(RunRecord))
 
     def stale_outbox(self, older_than_seconds: float) -> list[OutboxRecord]:
         """Undelivered notifications queued more than ``older_than_seconds`` ago."""
         params = {"older_than_seconds": float(older_than_seconds)}
-        return self._fetch(queries.STALE_OUTBOX, params, class_row(OutboxRecord))
+        return self._db.fetch("stale_outbox", params, record_row(OutboxRecord))
 
     def failed_past_retries(self, max_attempts: int) -> list[RunRecord]:
         """Failed runs that have used ``max_attempts`` claims or more."""
         params = {"max_attempts": max_attempts}
-        return self._fetch(queries.FAILED_PAST_RETRIES, params, class_row(RunRecord))
+        return self._db.fetch("failed_past_retries", params, record_row(RunRecord))
 
     # -- delivery ----------------------------------------------------------------------------
 
@@ -795,39 +674,26 @@ class RunLedger(dg.ConfigurableResource):  # type: ignore[type-arg]
         delivered: list[OutboxRecord] = []
         failed: list[tuple[OutboxRecord, str]] = []
         for candidate in self.outbox(run_id, pending_only=True, limit=limit):
-            with self._transaction() as conn:
+            with self._db.transaction() as conn:
                 key = {
                     "run_id": candidate.run_id,
                     "channel": candidate.channel,
                     "revision": candidate.revision,
                 }
-                with conn.cursor(row_factory=class_row(OutboxRecord)) as cur:
-                    row = cur.execute(self._query(queries.LOCK_UNDELIVERED), key).fetchone()
+                with conn.cursor(row_factory=record_row(OutboxRecord)) as cur:
+                    row = cur.execute(self._db.query("lock_undelivered"), key).fetchone()
                 if row is None:  # delivered meanwhile, or another deliverer holds it
                     continue
                 try:
                     send(row)
                 except Exception as exc:  # the receiver's failure is recorded, not raised
                     reason = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
-                    conn.execute(
-                        self._query(queries.MARK_DELIVERY_FAILED), {**key, "error": reason}
-                    )
+                    conn.execute(self._db.query("mark_delivery_failed"), {**key, "error": reason})
                     failed.append((row, reason))
                     continue
-                conn.execute(self._query(queries.MARK_DELIVERED), key)
+                conn.execute(self._db.query("mark_delivered"), key)
                 delivered.append(row)
         return DeliveryReport(delivered, failed)
-
-    @contextmanager
-    def _transaction(self) -> Iterator[psycopg.Connection]:
-        """A transaction in pipeline mode: BEGIN travels with the first statement, COMMIT with
-        the last, so a lock-send-mark delivery costs two round trips instead of four."""
-        pool = self._pool_or_open()
-        try:
-            with pool.connection() as conn, conn.pipeline(), conn.transaction():
-                yield conn
-        except psycopg.OperationalError as exc:
-            raise LedgerConnectionError(f"ledger transaction failed: {exc}") from exc
 
 
 __all__ = ["RunLedger"]

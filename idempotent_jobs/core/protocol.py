@@ -96,8 +96,8 @@ def run_idempotent(
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
     heartbeat_seconds: float | None = None,
     wait_seconds: float = 0.0,
-    dagster_run_id: str | None = None,
-    step_key: str | None = None,
+    caller_run_id: str | None = None,
+    caller_step: str | None = None,
     config: JobConfig | None = None,
 ) -> RunOutcome:
     """Run one logical run at most once to completion, however often it is called.
@@ -118,7 +118,7 @@ def run_idempotent(
     config = config or JobConfig()
     worker_id = worker_id or default_worker_id()
     record, lease = ledger.begin(
-        identity, worker_id, lease_seconds, dagster_run_id=dagster_run_id, step_key=step_key
+        identity, worker_id, lease_seconds, caller_run_id=caller_run_id, caller_step=caller_step
     )
     if record.status == "completed":
         changed = tuple(config.changed_since(record.config_parts))
@@ -134,8 +134,8 @@ def run_idempotent(
             worker_id,
             lease_seconds,
             wait_seconds=wait_seconds,
-            dagster_run_id=dagster_run_id,
-            step_key=step_key,
+            caller_run_id=caller_run_id,
+            caller_step=caller_step,
         )
         if isinstance(got, RunRecord):
             if got.status != "completed":
@@ -145,7 +145,7 @@ def run_idempotent(
         lease = got
 
     usage: ModelUsage | None = None
-    origin = CallOrigin(step_key, dagster_run_id)
+    origin = CallOrigin(caller_step, caller_run_id)
     call: CallOutcome | None = None  # how the model call ended, if one was made
     try:
         if lease.stored_raw_input is None:

@@ -93,8 +93,8 @@ class CallOrigin:
     """Where a model call was made: the step (op) that made it, its Dagster run and op retry.
     The attempt names the step that *claimed* the lease, which may be an earlier one."""
 
-    step_key: str | None = None
-    dagster_run_id: str | None = None
+    caller_step: str | None = None
+    caller_run_id: str | None = None
     retry_number: int | None = None
 
 
@@ -110,8 +110,8 @@ class ModelCallRecord:
     lease_epoch: int
     revision: int
     worker_id: str
-    dagster_run_id: str | None
-    step_key: str | None
+    caller_run_id: str | None
+    caller_step: str | None
     retry_number: int | None
     model_name: str | None
     input_tokens: int | None
@@ -165,8 +165,8 @@ class RunRecord:
     status: RunStatus
     raw_input: dict[str, Any] | None
     output: dict[str, Any] | None
-    lock_owner: str | None
-    lock_expires_at: datetime | None
+    lease_owner: str | None
+    lease_expires_at: datetime | None
     lease_epoch: int
     attempts: int
     last_error: str | None
@@ -190,8 +190,8 @@ class AttemptRecord:
     run_id: str
     lease_epoch: int
     worker_id: str
-    dagster_run_id: str | None
-    step_key: str | None
+    caller_run_id: str | None
+    caller_step: str | None
     started_at: datetime
     ended_at: datetime | None
     outcome: AttemptOutcome | None

@@ -35,8 +35,8 @@ def ledger_findings(
         Finding(
             "expired_lease",
             "problem",
-            f"{r.job_name}/{r.subject_id}@{r.scheduled_at.isoformat()} held by {r.lock_owner}, "
-            f"lease expired at {r.lock_expires_at}",
+            f"{r.job_name}/{r.subject_id}@{r.scheduled_at.isoformat()} held by {r.lease_owner}, "
+            f"lease expired at {r.lease_expires_at}",
             r.run_id,
         )
         for r in ledger.expired_leases()

@@ -65,7 +65,7 @@ def _completed_ticket(record: RunRecord | Ticket, result: str = "reused") -> Tic
         "run_id": record["run_id"],
         "completed": True,
         "lease": None,
-        "dagster_run_id": None,
+        "caller_run_id": None,
         "epoch": record["epoch"],
         "attempts": record["attempts"],
         "result": result,
@@ -77,7 +77,7 @@ def _lease_ticket(context: dg.OpExecutionContext, lease: Lease, **extra: Any) ->
         "run_id": lease.run_id,
         "completed": False,
         "lease": lease.ticket(),
-        "dagster_run_id": context.run_id,
+        "caller_run_id": context.run_id,
         "epoch": lease.epoch,
         "attempts": lease.attempts,
         **extra,
@@ -86,7 +86,7 @@ def _lease_ticket(context: dg.OpExecutionContext, lease: Lease, **extra: Any) ->
 
 def _handed_lease(context: dg.OpExecutionContext, ticket: Ticket) -> Lease | None:
     """The lease an upstream step of this very Dagster run handed on, if any."""
-    if ticket.get("lease") and ticket.get("dagster_run_id") == context.run_id:
+    if ticket.get("lease") and ticket.get("caller_run_id") == context.run_id:
         return Lease.from_ticket(ticket["lease"])
     return None
 
@@ -123,7 +123,7 @@ def _report(
 
 def _busy(record: RunRecord) -> LeaseBusyError:
     return LeaseBusyError(
-        f"run {record.run_id} is held by {record.lock_owner} until {record.lock_expires_at}"
+        f"run {record.run_id} is held by {record.lease_owner} until {record.lease_expires_at}"
     )
 
 
@@ -149,8 +149,8 @@ def build_ops(
             _worker_id(context),
             spec.lease_seconds,
             wait_seconds=spec.holder_wait_seconds,
-            dagster_run_id=context.run_id,
-            step_key=context.op.name,
+            caller_run_id=context.run_id,
+            caller_step=context.op.name,
         )
 
     def reused(context: dg.OpExecutionContext, record: RunRecord, model: SummaryModel) -> Ticket:
@@ -160,7 +160,7 @@ def build_ops(
     @dg.op(name=f"{spec.name}_collect", out=dg.Out(Ticket), tags={"kind": "ledger"})
     def collect(
         context: dg.OpExecutionContext,
-        ledger: RunLedger,
+        ledger: dg.ResourceParam[RunLedger],
         collector: DocumentCollector,
         model: SummaryModel,
     ) -> Ticket:
@@ -170,8 +170,8 @@ def build_ops(
             identity,
             _worker_id(context),
             spec.lease_seconds,
-            dagster_run_id=context.run_id,
-            step_key=context.op.name,
+            caller_run_id=context.run_id,
+            caller_step=context.op.name,
         )
         if record.status == "completed":
             return reused(context, record, model)
@@ -200,7 +200,10 @@ def build_ops(
         tags={"kind": "model"},
     )
     def transform(
-        context: dg.OpExecutionContext, collected: Ticket, ledger: RunLedger, model: SummaryModel
+        context: dg.OpExecutionContext,
+        collected: Ticket,
+        ledger: dg.ResourceParam[RunLedger],
+        model: SummaryModel,
     ) -> Ticket:
         """Call the model on the checkpointed input (read from the ledger) under a live lease."""
         run_id = collected["run_id"]
@@ -239,7 +242,9 @@ def build_ops(
         return _report(context, ticket, "model called", answer.usage)
 
     @dg.op(name=f"{spec.name}_persist", out=dg.Out(Ticket), tags={"kind": "ledger"})
-    def persist(context: dg.OpExecutionContext, transformed: Ticket, ledger: RunLedger) -> Ticket:
+    def persist(
+        context: dg.OpExecutionContext, transformed: Ticket, ledger: dg.ResourceParam[RunLedger]
+    ) -> Ticket:
         """Commit the answer, its usage and the outbox rows in one transaction."""
         run_id = transformed["run_id"]
         if transformed["completed"]:

@@ -27,7 +27,7 @@ def build_reconciliation_job(
     def reconcile_ledger(
         context: dg.OpExecutionContext,
         config: ReconcileConfig,
-        ledger: RunLedger,
+        ledger: dg.ResourceParam[RunLedger],
         model: SummaryModel,
     ) -> None:
         findings = (

@@ -3,9 +3,9 @@
 import dagster as dg
 
 from idempotent_jobs.core.database import DATABASE_URL_ENV
-from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.dagster.job_factory import build_idempotent_job
 from idempotent_jobs.dagster.reconciliation_job import build_reconciliation_job
+from idempotent_jobs.dagster.resource import RunLedgerResource
 from idempotent_jobs.dagster.resources import (
     JsonLinesChannel,
     LocalExtractiveSummarizer,
@@ -20,7 +20,7 @@ defs = dg.Definitions(
     jobs=[job for job, _ in built],
     schedules=[schedule for _, schedule in built],
     resources={
-        "ledger": RunLedger(database_url=dg.EnvVar(DATABASE_URL_ENV)),
+        "ledger": RunLedgerResource(database_url=dg.EnvVar(DATABASE_URL_ENV)),
         "model": LocalExtractiveSummarizer(),
         "collector": SampleDocumentsCollector(),
         "report_file": JsonLinesChannel(),

@@ -19,8 +19,8 @@ from idempotent_jobs.operator.render import escape_controls, table, to_json
 
 def _ledger(args: argparse.Namespace) -> RunLedger:
     return RunLedger(
-        database_url=ensure_database_url(),
-        schema_name=args.schema,
+        ensure_database_url(),
+        schema=args.schema,
         connect_timeout_seconds=args.connect_timeout,
     )
 
@@ -102,7 +102,7 @@ def _runs_list(args: argparse.Namespace) -> int:
             r.lease_epoch,
             r.attempts,
             r.revision,
-            r.lock_owner,
+            r.lease_owner,
             r.last_error,
         )
         for r in runs
@@ -154,8 +154,8 @@ def _runs_show(args: argparse.Namespace) -> int:
         ("epoch", record.lease_epoch),
         ("attempts", record.attempts),
         ("revision", record.revision),
-        ("lease owner", record.lock_owner),
-        ("lease expires", record.lock_expires_at),
+        ("lease owner", record.lease_owner),
+        ("lease expires", record.lease_expires_at),
         ("completed at", record.completed_at),
         ("input fingerprint", record.input_fingerprint),
         ("config fingerprint", record.config_fingerprint),
@@ -167,8 +167,8 @@ def _runs_show(args: argparse.Namespace) -> int:
         (
             a.lease_epoch,
             a.worker_id,
-            a.dagster_run_id,
-            a.step_key,
+            a.caller_run_id,
+            a.caller_step,
             a.outcome,
             a.error,
             a.model_name,
@@ -183,8 +183,8 @@ def _runs_show(args: argparse.Namespace) -> int:
             c.called_at,
             c.revision,
             c.lease_epoch,
-            c.step_key,
-            c.dagster_run_id,
+            c.caller_step,
+            c.caller_run_id,
             c.retry_number,
             c.model_name,
             c.input_tokens,

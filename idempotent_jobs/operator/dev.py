@@ -40,7 +40,7 @@ def run_dev(host: str = "127.0.0.1", port: int = 3000) -> int:
     uses_embedded = not os.environ.get(DATABASE_URL_ENV)
     url = ensure_database_url()
     home = prepare_dagster_home()
-    applied = RunLedger(database_url=url).migrate()
+    applied = RunLedger(url).migrate()
     workspace = _workspace_file()
     dagster = Path(sys.executable).with_name("dagster")
     command = [str(dagster), "dev", "-w", str(workspace), "-h", host, "-p", str(port)]

@@ -1,0 +1,240 @@
+"""How the ledger talks to PostgreSQL: a pool, its statements, retries and typed errors.
+
+Every runtime statement is one of ``sql/ledger.sql``'s, rendered once per executor with the quoted
+schema name. Each runs on an autocommit connection, so one call is one round trip and one
+transaction, and safe to retry when the connection breaks: every statement is written so that one
+which landed before the break is recognised on the retry instead of being applied twice.
+"""
+
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, LiteralString, TypeVar
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import RowFactory, tuple_row
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from idempotent_jobs.core.database import ledger_conninfo, redact
+from idempotent_jobs.core.errors import (
+    IdentityConflictError,
+    LedgerConnectionError,
+    LedgerError,
+    LedgerPermissionError,
+    SchemaNotMigratedError,
+)
+from idempotent_jobs.core.schema import apply_migrations, check_schema_name, verify_migrations
+from idempotent_jobs.core.sql import statement
+
+Row = TypeVar("Row")
+
+DEFAULT_SCHEMA = "idempotent_jobs"
+
+
+def permission_error(
+    exc: psycopg.errors.InsufficientPrivilege, schema_name: str
+) -> LedgerPermissionError:
+    return LedgerPermissionError(
+        f"the database role lacks a privilege: {exc.diag.message_primary or exc}. The ledger "
+        f"needs USAGE on schema {schema_name} and SELECT, INSERT, UPDATE, DELETE on its tables "
+        "(migrate needs CREATE on the database, or run it as the schema's owner)"
+    )
+
+
+class Executor:
+    """Runs named statements against one ledger schema through a connection pool.
+
+    The pool is opened on first use (or by :meth:`open`, which first verifies the schema with a
+    direct connection, so a wrong password or a missing database fails at once with the server's
+    reason). A ``pool`` passed in is the caller's: it must be opened by them, with
+    ``autocommit=True`` connections, and is never closed here.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        pool: ConnectionPool | None = None,
+        pool_min_size: int = 1,
+        pool_max_size: int = 4,
+        connect_timeout_seconds: float = 10.0,
+        connection_retries: int = 3,
+    ) -> None:
+        self._url = conninfo
+        self.schema = schema
+        self.pool_min_size = pool_min_size
+        self.pool_max_size = pool_max_size
+        self.connect_timeout_seconds = connect_timeout_seconds
+        self.connection_retries = connection_retries
+        self._pool = pool
+        self._own_pool = pool is None
+        self._verified = False
+        self._rendered: dict[str, LiteralString] = {}
+        self._open_lock = threading.Lock()
+
+    def __repr__(self) -> str:  # the conninfo may hold a password: never shown
+        return f"{type(self).__name__}(schema={self.schema!r})"
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def _conninfo(self) -> str:
+        return ledger_conninfo(self._url, self.connect_timeout_seconds)
+
+    def connection_error(self, doing: str, exc: psycopg.Error) -> LedgerError:
+        """The typed error for ``exc``, its real cause in one line, no password in it."""
+        if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+            return permission_error(exc, self.schema)
+        text = " ".join(redact(str(exc), self._url).split())  # libpq's lines, one line
+        if isinstance(exc, psycopg.OperationalError):
+            return LedgerConnectionError(f"could not {doing}: {text}")
+        return LedgerError(f"could not {doing}: {text}")
+
+    def connect(self, doing: str) -> psycopg.Connection:
+        """One direct connection: fails at once with the server's reason (wrong password,
+        missing database, bad sslmode), where a pool would retry until its timeout."""
+        try:
+            return psycopg.connect(self._conninfo(), autocommit=True)
+        except psycopg.Error as exc:
+            raise self.connection_error(doing, exc) from None
+
+    def open(self) -> None:
+        """Verify the schema and open the pool; a no-op when already open."""
+        with self._open_lock:
+            if self._verified:
+                return
+            check_schema_name(self.schema)
+            if self._pool is not None:  # the caller's pool: verify through it
+                with self._pool.connection() as conn:
+                    self._verify(conn)
+                self._verified = True
+                return
+            with self.connect("connect to the ledger database") as probe:
+                self._verify(probe)
+            pool = ConnectionPool(
+                conninfo=self._conninfo(),
+                min_size=self.pool_min_size,
+                max_size=max(self.pool_max_size, self.pool_min_size),
+                kwargs={"autocommit": True, "prepare_threshold": 0},
+                timeout=self.connect_timeout_seconds,
+                name="idempotent_jobs.ledger",
+                open=False,
+            )
+            try:
+                pool.open(wait=True, timeout=self.connect_timeout_seconds)
+            except PoolTimeout:
+                pool.close()
+                raise LedgerConnectionError(
+                    f"could not connect to the ledger database within "
+                    f"{self.connect_timeout_seconds:g}s"
+                ) from None
+            except BaseException:
+                pool.close()
+                raise
+            self._pool, self._verified = pool, True
+
+    def _verify(self, conn: psycopg.Connection) -> None:
+        try:
+            verify_migrations(conn, self.schema)
+        except psycopg.Error as exc:
+            raise self.connection_error("read the ledger schema", exc) from None
+
+    def close(self) -> None:
+        """Close the pool this executor opened (it can be opened again); a caller's pool is
+        left open."""
+        with self._open_lock:
+            pool = self._pool
+            self._verified = False
+            if self._own_pool:
+                self._pool = None
+        if pool is not None and self._own_pool:
+            pool.close()
+
+    def migrate(self) -> list[str]:
+        """Apply missing migrations (idempotent, serialised by an advisory lock); return them."""
+        check_schema_name(self.schema)
+        with self.connect("connect to migrate the ledger") as conn:
+            try:
+                applied = apply_migrations(conn, self.schema)
+            except psycopg.Error as exc:
+                raise self.connection_error("migrate the ledger", exc) from None
+        return [f"{m.version:04d}_{m.name}" for m in applied]
+
+    # -- statements --------------------------------------------------------------------------
+
+    def query(self, name: str) -> LiteralString:
+        """Statement ``name`` with the quoted schema name, rendered once per executor.
+
+        A plain string (not a ``Composed``) lets psycopg reuse its parsed form instead of
+        composing the statement again on every call.
+        """
+        query = self._rendered.get(name)
+        if query is None:
+            rendered = sql.SQL(statement(name)).format(schema=sql.Identifier(self.schema))
+            # A package constant plus a validated, quoted identifier: a literal in all but type.
+            query = rendered.as_string(None)
+            assert query is not None
+            self._rendered[name] = query
+        return query
+
+    def _pool_or_open(self) -> ConnectionPool:
+        if not self._verified:
+            self.open()
+        assert self._pool is not None
+        return self._pool
+
+    def fetch(
+        self, name: str, params: Mapping[str, Any], row_factory: RowFactory[Row]
+    ) -> list[Row]:
+        """Run statement ``name``, retrying on a broken connection; return its rows.
+
+        Every runtime statement returns rows (a SELECT, or a write with RETURNING) except the
+        outbox marks, which run in :meth:`transaction`.
+        """
+        pool = self._pool_or_open()
+        query = self.query(name)
+        for attempt in range(self.connection_retries + 1):
+            conn: psycopg.Connection | None = None
+            try:
+                with pool.connection() as conn, conn.cursor(row_factory=row_factory) as cur:
+                    cur.execute(query, params)
+                    return cur.fetchall()
+            except psycopg.errors.UniqueViolation as exc:
+                if exc.diag.constraint_name == "runs_identity_key":
+                    raise IdentityConflictError(
+                        "a run with the same job, subject, window and version is stored under "
+                        "another run id"
+                    ) from None
+                raise
+            except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+                raise SchemaNotMigratedError() from None
+            except psycopg.errors.InsufficientPrivilege as exc:
+                raise permission_error(exc, self.schema) from None
+            except psycopg.OperationalError as exc:
+                broken = conn is None or conn.broken or isinstance(exc, PoolTimeout)
+                if not broken or attempt == self.connection_retries:
+                    text = redact(str(exc), self._url)
+                    raise LedgerConnectionError(
+                        f"ledger statement failed ({type(exc).__name__}): {text}"
+                    ) from None
+                pool.check()  # drop the other connections the same outage broke
+                time.sleep(min(0.2 * 2**attempt, 2.0))
+        raise AssertionError("unreachable")
+
+    def rows(self, name: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        return self.fetch(name, params, tuple_row)
+
+    @contextmanager
+    def transaction(self) -> Iterator[psycopg.Connection]:
+        """A transaction in pipeline mode: BEGIN travels with the first statement, COMMIT with
+        the last, so a lock-send-mark delivery costs two round trips instead of four."""
+        pool = self._pool_or_open()
+        try:
+            with pool.connection() as conn, conn.pipeline(), conn.transaction():
+                yield conn
+        except psycopg.OperationalError as exc:
+            raise LedgerConnectionError(
+                f"ledger transaction failed: {redact(str(exc), self._url)}"
+            ) from exc

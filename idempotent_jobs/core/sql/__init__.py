@@ -1,0 +1,70 @@
+"""The ledger's SQL: the named statements of ``ledger.sql``, loaded once.
+
+Each statement in the file starts with ``-- name: <name>`` and a one-line purpose (more comment
+lines may follow); the statement runs to the next ``-- name:``. The text is a package file, never
+built from input, so each statement is typed as a ``LiteralString``: only its ``{schema}``
+placeholder is filled in, with a quoted identifier, and every value is a parameter.
+"""
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import LiteralString, cast
+
+_NAME = re.compile(r"--\s*name:\s*([a-z_]+)\s*")
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One named statement: what it guarantees, in a line, and its text."""
+
+    name: str
+    purpose: str
+    text: LiteralString
+
+
+def parse_statements(source: str) -> dict[str, Statement]:
+    """The statements of a file in the format above; raise ``ValueError`` on a malformed one."""
+    statements: dict[str, Statement] = {}
+    name: str | None = None
+    comments: list[str] = []
+    body: list[str] = []
+
+    def finish() -> None:
+        if name is None:
+            return
+        text = "\n".join(body).strip().rstrip(";").strip()
+        if not comments or not comments[0]:
+            raise ValueError(f"statement {name!r} has no one-line purpose under its name")
+        if not text:
+            raise ValueError(f"statement {name!r} is empty")
+        if name in statements:
+            raise ValueError(f"statement {name!r} is defined twice")
+        # mypy treats LiteralString as str; the cast states what the text is (a package file).
+        literal = cast(LiteralString, text)  # type: ignore[redundant-cast]
+        statements[name] = Statement(name, comments[0], literal)
+
+    for line in source.splitlines():
+        match = _NAME.fullmatch(line.strip())
+        if match:
+            finish()
+            name, comments, body = match[1], [], []
+        elif name is not None and not body and line.startswith("--"):
+            comments.append(line[2:].strip())
+        elif name is not None and (body or line.strip()):
+            body.append(line.rstrip())
+    finish()
+    return statements
+
+
+@cache
+def ledger_statements() -> dict[str, Statement]:
+    """The ledger's statements by name, read from the package once per process."""
+    source = resources.files(__name__).joinpath("ledger.sql").read_text(encoding="utf-8")
+    return parse_statements(source)
+
+
+def statement(name: str) -> LiteralString:
+    """The text of one named statement (``KeyError`` names a statement that does not exist)."""
+    return ledger_statements()[name].text

@@ -1,0 +1,382 @@
+-- Every runtime statement of the ledger. Each starts with `-- name: <name>` and a one-line
+-- purpose; more comment lines may follow before the statement. `{schema}` is replaced by the quoted
+-- schema name once per ledger; every value is a parameter. Every write that follows a claim is
+-- fenced by lease owner AND lease epoch AND status 'running': a worker whose lease was reclaimed
+-- (the epoch moved on) writes nothing. All times are the database's now(): workers pass durations.
+--
+-- Lease-only writes (begin, claim, checkpoint, renew, release) commit without waiting for the WAL
+-- flush unless the ledger asks for durable lease commits: `%(lease_commit)s` NULL keeps the
+-- session's synchronous_commit. Such a commit is visible to every session at once; only a server
+-- crash in the next few hundred milliseconds can lose it, and then the fence refuses the lost
+-- lease's later writes. The accepted result, its outbox rows and failures always wait for the
+-- flush, and their flush makes every earlier lease write durable too (WAL is written in order).
+
+-- name: register
+-- Create the run row if it is new; return the stored row either way.
+-- Idempotent registration: a second one only touches updated_at, never clears output nor moves a
+-- completed run back. The same fields under another run id violate runs_identity_key.
+INSERT INTO {schema}.runs (run_id, job_name, subject_id, scheduled_at, version)
+VALUES (%(run_id)s, %(job_name)s, %(subject_id)s, %(scheduled_at)s, %(version)s)
+ON CONFLICT (run_id) DO UPDATE SET updated_at = now()
+RETURNING *
+
+-- name: begin
+-- Register the run and claim its lease in one round trip.
+-- Register and claim in one statement: a new run is inserted claimed (epoch 1); an existing one is
+-- claimed under the rule of `claim` (and only if its identity fields match), else only updated_at
+-- moves. `claimed` says whether this statement took the lease. No row back: a first registration
+-- raced this one and is committed now; run the statement again.
+WITH inserted AS (
+  INSERT INTO {schema}.runs AS r (run_id, job_name, subject_id, scheduled_at, version, status,
+    lease_owner, lease_expires_at, lease_epoch, attempts, lease_started_at, lease_caller_run_id,
+    lease_caller_step)
+  VALUES (%(run_id)s, %(job_name)s, %(subject_id)s, %(scheduled_at)s, %(version)s, 'running',
+    %(worker_id)s, now() + make_interval(secs => %(lease_seconds)s), 1, 1, now(),
+    %(caller_run_id)s, %(caller_step)s)
+  ON CONFLICT (run_id) DO NOTHING
+  RETURNING r AS run, true AS claimed,
+    set_config('synchronous_commit',
+      COALESCE(%(lease_commit)s::text, current_setting('synchronous_commit')), true)
+), prev AS (
+  SELECT r.run_id, r.status, r.lease_owner, r.lease_epoch, r.lease_started_at,
+    r.lease_caller_run_id, r.lease_caller_step,
+    set_config('synchronous_commit',
+      COALESCE(%(lease_commit)s::text, current_setting('synchronous_commit')), true),
+    (r.status <> 'completed'
+      AND (r.lease_owner IS NULL OR r.lease_expires_at < now() OR r.lease_owner = %(worker_id)s)
+      AND (r.job_name, r.subject_id, r.scheduled_at, r.version)
+        = (%(job_name)s, %(subject_id)s, %(scheduled_at)s::timestamptz, %(version)s)
+    ) AS claimable
+  FROM {schema}.runs AS r
+  WHERE r.run_id = %(run_id)s
+  FOR UPDATE
+), claimed AS (
+  UPDATE {schema}.runs AS r
+  SET status = CASE WHEN prev.claimable THEN 'running' ELSE r.status END,
+    lease_owner = CASE WHEN prev.claimable THEN %(worker_id)s ELSE r.lease_owner END,
+    lease_expires_at = CASE WHEN prev.claimable
+      THEN now() + make_interval(secs => %(lease_seconds)s) ELSE r.lease_expires_at END,
+    lease_epoch = r.lease_epoch + CASE WHEN prev.claimable THEN 1 ELSE 0 END,
+    attempts = r.attempts + CASE WHEN prev.claimable THEN 1 ELSE 0 END,
+    lease_started_at = CASE WHEN prev.claimable THEN now() ELSE r.lease_started_at END,
+    lease_caller_run_id = CASE WHEN prev.claimable
+      THEN %(caller_run_id)s ELSE r.lease_caller_run_id END,
+    lease_caller_step = CASE WHEN prev.claimable
+      THEN %(caller_step)s ELSE r.lease_caller_step END,
+    updated_at = now()
+  FROM prev
+  WHERE r.run_id = prev.run_id
+  RETURNING r AS run, prev.claimable AS claimed, prev.status AS prev_status,
+    prev.lease_owner AS prev_owner, prev.lease_epoch AS prev_epoch,
+    prev.lease_started_at AS prev_started_at, prev.lease_caller_run_id AS prev_caller_run_id,
+    prev.lease_caller_step AS prev_caller_step
+), lost AS (
+  INSERT INTO {schema}.run_attempts (run_id, lease_epoch, worker_id, caller_run_id, caller_step,
+    started_at, ended_at, outcome)
+  SELECT (run).run_id, prev_epoch, prev_owner, prev_caller_run_id, prev_caller_step,
+    COALESCE(prev_started_at, now()), now(),
+    CASE WHEN prev_owner = %(worker_id)s THEN 'superseded' ELSE 'lease_lost' END
+  FROM claimed
+  WHERE claimed AND prev_status = 'running'
+  ON CONFLICT (run_id, lease_epoch) DO NOTHING
+)
+SELECT (run).*, claimed FROM inserted
+UNION ALL
+SELECT (run).*, claimed FROM claimed
+
+-- name: claim
+-- Take the run's lease if it is free, bumping the fencing epoch.
+-- Atomic claim: takes the lease only if the run is not completed and nobody holds an unexpired
+-- lease on it (by the database clock), or the holder is this very worker. Bumps the fencing epoch
+-- and records the attempt it supersedes (a vanished or paused holder's, or this worker's own
+-- earlier one) in one statement. A run it cannot claim is not even locked: polling writes nothing.
+WITH prev AS (
+  SELECT r.run_id, r.status, r.lease_owner, r.lease_epoch, r.lease_started_at,
+    r.lease_caller_run_id, r.lease_caller_step,
+    set_config('synchronous_commit',
+      COALESCE(%(lease_commit)s::text, current_setting('synchronous_commit')), true)
+  FROM {schema}.runs AS r
+  WHERE r.run_id = %(run_id)s AND r.status <> 'completed'
+    AND (r.lease_owner IS NULL OR r.lease_expires_at < now() OR r.lease_owner = %(worker_id)s)
+  FOR UPDATE
+), claimed AS (
+  UPDATE {schema}.runs AS r
+  SET status = 'running',
+    lease_owner = %(worker_id)s,
+    lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+    lease_epoch = r.lease_epoch + 1,
+    attempts = r.attempts + 1,
+    lease_started_at = now(),
+    lease_caller_run_id = %(caller_run_id)s,
+    lease_caller_step = %(caller_step)s,
+    updated_at = now()
+  FROM prev
+  WHERE r.run_id = prev.run_id
+  RETURNING r.run_id, r.lease_epoch, r.lease_expires_at, r.raw_input, r.attempts, r.revision,
+    r.input_fingerprint, prev.status AS prev_status, prev.lease_owner AS prev_owner,
+    prev.lease_epoch AS prev_epoch, prev.lease_started_at AS prev_started_at,
+    prev.lease_caller_run_id AS prev_caller_run_id, prev.lease_caller_step AS prev_caller_step
+), lost AS (
+  INSERT INTO {schema}.run_attempts (run_id, lease_epoch, worker_id, caller_run_id, caller_step,
+    started_at, ended_at, outcome)
+  SELECT run_id, prev_epoch, prev_owner, prev_caller_run_id, prev_caller_step,
+    COALESCE(prev_started_at, now()), now(),
+    CASE WHEN prev_owner = %(worker_id)s THEN 'superseded' ELSE 'lease_lost' END
+  FROM claimed
+  WHERE prev_status = 'running'
+  ON CONFLICT (run_id, lease_epoch) DO NOTHING
+)
+SELECT lease_epoch, lease_expires_at, raw_input, attempts, revision, input_fingerprint
+FROM claimed
+
+-- name: renew
+-- Extend a held lease by its duration from now; hand back the checkpoint.
+-- Heartbeat, or taking over a lease handed on by an earlier step: push the expiry forward by the
+-- lease duration, only while still the owner, and hand back the checkpoint. Not a change of the
+-- run's state, so updated_at stays.
+UPDATE {schema}.runs
+SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+WHERE run_id = %(run_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
+  AND status = 'running'
+RETURNING lease_expires_at, raw_input, attempts, revision, input_fingerprint,
+  set_config('synchronous_commit',
+    COALESCE(%(lease_commit)s::text, current_setting('synchronous_commit')), true)
+
+-- name: save_raw_input
+-- Checkpoint the collected input under the lease; the first value wins.
+-- Checkpoint of the collected input: the first stored value wins and is returned with its
+-- fingerprint (the right-hand sides see the row as it was).
+UPDATE {schema}.runs
+SET raw_input = COALESCE(raw_input, %(raw_input)s::jsonb),
+  input_fingerprint = CASE WHEN raw_input IS NULL THEN %(input_fingerprint)s
+    ELSE input_fingerprint END,
+  updated_at = now()
+WHERE run_id = %(run_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
+  AND status = 'running'
+RETURNING raw_input, input_fingerprint,
+  set_config('synchronous_commit',
+    COALESCE(%(lease_commit)s::text, current_setting('synchronous_commit')), true)
+
+-- name: complete
+-- Accept a candidate answer and queue its notifications, or refuse it as stale.
+-- The final commit, one statement so one transaction: a candidate is accepted only on the revision
+-- and raw-input checkpoint it was computed against (a revise moves the revision, a recollect the
+-- checkpoint; a basis without a fingerprint binds the revision only). Accepted: output, config
+-- fingerprint, the attempt's outcome and usage, the model call, and the outbox rows (one per
+-- channel and revision, never twice; a revised run notifies only the channels its revision named).
+-- Stale: nothing of it is stored or sent, the lease is given back (the run waits, pending, for an
+-- answer on its current basis), and the attempt and the model call end `superseded`/`stale`.
+WITH basis AS (
+  SELECT run_id, (revision = %(revision)s::integer AND input_fingerprint
+      IS NOT DISTINCT FROM COALESCE(%(input_fingerprint)s::text, input_fingerprint)) AS holds
+  FROM {schema}.runs
+  WHERE run_id = %(run_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
+    AND status = 'running'
+  FOR UPDATE
+), done AS (
+  UPDATE {schema}.runs AS r
+  SET status = CASE WHEN basis.holds THEN 'completed' ELSE 'pending' END,
+    output = CASE WHEN basis.holds THEN %(output)s::jsonb ELSE r.output END,
+    completed_at = CASE WHEN basis.holds THEN now() ELSE r.completed_at END,
+    config_fingerprint = CASE WHEN basis.holds
+      THEN %(config_fingerprint)s ELSE r.config_fingerprint END,
+    config_parts = CASE WHEN basis.holds THEN %(config_parts)s::jsonb ELSE r.config_parts END,
+    last_error = CASE WHEN basis.holds THEN NULL ELSE r.last_error END,
+    lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+  FROM basis
+  WHERE r.run_id = basis.run_id AND r.lease_owner = %(worker_id)s
+    AND r.lease_epoch = %(epoch)s AND r.status = 'running'
+  RETURNING r.run_id, r.lease_epoch, r.output, r.revision, r.input_fingerprint,
+    r.lease_started_at, r.lease_caller_run_id, r.lease_caller_step, basis.holds AS accepted
+), attempt AS (
+  INSERT INTO {schema}.run_attempts (run_id, lease_epoch, worker_id, caller_run_id, caller_step,
+    started_at, ended_at, outcome, error, model_name, input_tokens, output_tokens)
+  SELECT run_id, lease_epoch, %(worker_id)s, lease_caller_run_id, lease_caller_step,
+    COALESCE(lease_started_at, now()), now(),
+    CASE WHEN accepted THEN 'completed' ELSE 'superseded' END,
+    CASE WHEN NOT accepted THEN 'stale candidate: computed on revision '
+      || %(revision)s::integer || ', checkpoint '
+      || COALESCE(left(%(input_fingerprint)s::text, 12), 'none')
+      || '; the run is at revision ' || revision || ', checkpoint '
+      || COALESCE(left(input_fingerprint, 12), 'none') END,
+    %(model_name)s, %(input_tokens)s, %(output_tokens)s
+  FROM done
+), call AS (
+  INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
+    caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error)
+  SELECT run_id, lease_epoch, %(revision)s::integer, %(worker_id)s, %(call_caller_run_id)s,
+    %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
+    CASE WHEN accepted THEN 'accepted' ELSE 'stale' END, NULL
+  FROM done
+), outbox AS (
+  INSERT INTO {schema}.notification_outbox (run_id, channel, payload, revision)
+  SELECT done.run_id, n.key, n.value, done.revision
+  FROM done, jsonb_each(%(notifications)s::jsonb) AS n
+  WHERE done.accepted AND (done.revision = 0 OR n.key IN (
+    SELECT unnest(rv.channels) FROM {schema}.run_revisions AS rv
+    WHERE rv.run_id = done.run_id AND rv.revision = done.revision))
+  ON CONFLICT (run_id, channel, revision) DO NOTHING
+)
+SELECT accepted, output, revision, input_fingerprint FROM done
+
+-- name: fail
+-- Record a failed attempt under the lease and free the run for a retry.
+-- A failed attempt: the run becomes claimable again; the reason is kept on run and attempt, and
+-- on the model call's row when a model call failed or its answer was rejected.
+WITH failed AS (
+  UPDATE {schema}.runs
+  SET status = 'failed', last_error = %(error)s, lease_owner = NULL, lease_expires_at = NULL,
+    updated_at = now()
+  WHERE run_id = %(run_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
+    AND status = 'running'
+  RETURNING run_id, lease_epoch, revision, lease_started_at, lease_caller_run_id,
+    lease_caller_step
+), call AS (
+  INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
+    caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error)
+  SELECT run_id, lease_epoch, revision, %(worker_id)s, %(call_caller_run_id)s,
+    %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
+    %(call_outcome)s, %(error)s
+  FROM failed
+  WHERE %(call_outcome)s::text IS NOT NULL
+), attempt AS (
+  INSERT INTO {schema}.run_attempts (run_id, lease_epoch, worker_id, caller_run_id, caller_step,
+    started_at, ended_at, outcome, error, model_name, input_tokens, output_tokens)
+  SELECT run_id, lease_epoch, %(worker_id)s, lease_caller_run_id, lease_caller_step,
+    COALESCE(lease_started_at, now()), now(), 'failed', %(error)s, %(model_name)s,
+    %(input_tokens)s, %(output_tokens)s
+  FROM failed
+)
+SELECT run_id FROM failed
+
+-- name: release
+-- Hand the run back untouched, ending the attempt as superseded (a step that stops early).
+WITH released AS (
+  UPDATE {schema}.runs
+  SET status = 'pending', lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+  WHERE run_id = %(run_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
+    AND status = 'running'
+  RETURNING run_id, lease_epoch, lease_started_at, lease_caller_run_id, lease_caller_step,
+    set_config('synchronous_commit',
+      COALESCE(%(lease_commit)s::text, current_setting('synchronous_commit')), true)
+), attempt AS (
+  INSERT INTO {schema}.run_attempts (run_id, lease_epoch, worker_id, caller_run_id, caller_step,
+    started_at, ended_at, outcome)
+  SELECT run_id, lease_epoch, %(worker_id)s, lease_caller_run_id, lease_caller_step,
+    COALESCE(lease_started_at, now()), now(), 'superseded'
+  FROM released
+)
+SELECT run_id FROM released
+
+-- name: get_run
+-- One run's record.
+SELECT * FROM {schema}.runs WHERE run_id = %(run_id)s
+
+-- name: list_attempts
+-- A run's claims, oldest first: the ended ones and the open one (the `attempts` view).
+SELECT * FROM {schema}.attempts WHERE run_id = %(run_id)s ORDER BY lease_epoch
+
+-- name: list_model_calls
+-- A run's model calls, oldest first.
+SELECT * FROM {schema}.model_calls WHERE run_id = %(run_id)s ORDER BY call_id
+
+-- name: list_outbox
+-- Outbox rows, of one run or all, optionally only the undelivered ones.
+SELECT * FROM {schema}.notification_outbox
+WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s)
+  AND (NOT %(pending_only)s OR delivered_at IS NULL)
+ORDER BY created_at, run_id, channel, revision
+LIMIT %(limit)s
+
+-- name: lock_undelivered
+-- One undelivered row under FOR UPDATE SKIP LOCKED: two deliverers never send it at once.
+SELECT * FROM {schema}.notification_outbox
+WHERE run_id = %(run_id)s AND channel = %(channel)s AND revision = %(revision)s
+  AND delivered_at IS NULL
+FOR UPDATE SKIP LOCKED
+
+-- name: mark_delivered
+-- The row was sent: it is never sent again.
+UPDATE {schema}.notification_outbox
+SET delivered_at = now(), delivery_attempts = delivery_attempts + 1, last_error = NULL
+WHERE run_id = %(run_id)s AND channel = %(channel)s AND revision = %(revision)s
+  AND delivered_at IS NULL
+
+-- name: mark_delivery_failed
+-- The receiver failed: count the attempt and keep the reason; the row stays undelivered.
+UPDATE {schema}.notification_outbox
+SET delivery_attempts = delivery_attempts + 1, last_error = %(error)s
+WHERE run_id = %(run_id)s AND channel = %(channel)s AND revision = %(revision)s
+  AND delivered_at IS NULL
+
+-- name: list_runs
+-- Runs by job, subject, status and window, newest window first; every filter is optional.
+SELECT * FROM {schema}.runs
+WHERE (%(job_name)s::text IS NULL OR job_name = %(job_name)s)
+  AND (%(subject_id)s::text IS NULL OR subject_id = %(subject_id)s)
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(since)s::timestamptz IS NULL OR scheduled_at >= %(since)s)
+  AND (%(until)s::timestamptz IS NULL OR scheduled_at < %(until)s)
+ORDER BY scheduled_at DESC, job_name, subject_id
+LIMIT %(limit)s
+
+-- name: list_revisions
+-- The results a run had before each explicit revision, oldest first.
+SELECT * FROM {schema}.run_revisions WHERE run_id = %(run_id)s ORDER BY revision
+
+-- name: revise
+-- Reopen a completed run for recomputation under the next revision.
+-- The only way a completed run is recomputed: its accepted result moves to run_revisions with the
+-- reason, and the run becomes claimable again under the next revision number.
+WITH current AS (
+  SELECT run_id, revision, output, completed_at, lease_epoch FROM {schema}.runs
+  WHERE run_id = %(run_id)s AND status = 'completed'
+  FOR UPDATE
+), kept AS (
+  INSERT INTO {schema}.run_revisions (run_id, revision, reason, channels, previous_output,
+    previous_completed_at, previous_epoch, recollect, requested_by)
+  SELECT run_id, revision + 1, %(reason)s, %(channels)s, output, completed_at, lease_epoch,
+    %(recollect)s, %(requested_by)s
+  FROM current
+  RETURNING run_id AS revised_run_id, revision AS new_revision
+)
+UPDATE {schema}.runs AS r
+SET status = 'pending', output = NULL, completed_at = NULL, last_error = NULL,
+  revision = new_revision, updated_at = now(), config_fingerprint = NULL, config_parts = NULL,
+  raw_input = CASE WHEN %(recollect)s THEN NULL ELSE r.raw_input END,
+  input_fingerprint = CASE WHEN %(recollect)s THEN NULL ELSE r.input_fingerprint END
+FROM kept
+WHERE r.run_id = revised_run_id
+RETURNING r.*
+
+-- name: expired_leases
+-- Running runs whose lease expired (by the database clock) without an outcome.
+SELECT * FROM {schema}.runs
+WHERE status = 'running' AND lease_expires_at < now()
+ORDER BY lease_expires_at
+
+-- name: stale_outbox
+-- Undelivered notifications queued longer ago than the given number of seconds.
+SELECT * FROM {schema}.notification_outbox
+WHERE delivered_at IS NULL AND created_at < now() - make_interval(secs => %(older_than_seconds)s)
+ORDER BY created_at
+
+-- name: failed_past_retries
+-- Failed runs that have used the given number of claims or more.
+SELECT * FROM {schema}.runs
+WHERE status = 'failed' AND attempts >= %(max_attempts)s
+ORDER BY updated_at
+
+-- name: drifted_runs
+-- Completed runs whose result was computed under another configuration.
+-- Completed runs of a job version whose result was computed under another configuration (runs
+-- completed before configurations were recorded have none and are not compared).
+SELECT * FROM {schema}.runs
+WHERE job_name = %(job_name)s AND version = %(version)s AND status = 'completed'
+  AND config_fingerprint IS NOT NULL AND config_fingerprint <> %(config_fingerprint)s
+ORDER BY scheduled_at DESC, subject_id
+LIMIT %(limit)s
+
+-- name: run_ids_by_prefix
+-- The run ids starting with a hex prefix; two rows back mean "ambiguous".
+SELECT run_id FROM {schema}.runs WHERE run_id LIKE %(prefix)s || '%%' ORDER BY run_id LIMIT 2

@@ -1,0 +1,66 @@
+"""The ledger as a Dagster resource: configuration in Dagster, a plain ``RunLedger`` in the ops.
+
+``RunLedgerResource`` holds the settings (``database_url`` from a ``dg.EnvVar``: it may hold a
+password) and, for each run, creates the core's :class:`RunLedger`, opens it and closes it after
+the run. Ops ask for it as ``ledger: dg.ResourceParam[RunLedger]``.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import dagster as dg
+from pydantic import Field
+
+from idempotent_jobs.core.executor import DEFAULT_SCHEMA
+from idempotent_jobs.core.ledger import RunLedger
+
+
+class RunLedgerResource(dg.ConfigurableResource[RunLedger]):
+    """Creates the run ledger for a Dagster run; see :class:`RunLedger` for what it does."""
+
+    database_url: str = Field(
+        description="PostgreSQL URL of the ledger database (use an EnvVar: it may hold a password)",
+        repr=False,
+    )
+    schema_name: str = Field(
+        default=DEFAULT_SCHEMA, description="PostgreSQL schema holding the ledger's tables"
+    )
+    pool_min_size: int = Field(default=1, description="Connections kept open by the pool")
+    pool_max_size: int = Field(default=4, description="Most connections the pool opens")
+    connect_timeout_seconds: float = Field(
+        default=10.0, description="How long to wait for a connection before failing"
+    )
+    connection_retries: int = Field(
+        default=3, description="Retries of a statement whose connection broke (all are idempotent)"
+    )
+    durable_lease_commits: bool = Field(
+        default=False,
+        description=(
+            "Wait for the WAL flush on lease-only writes too (claim, checkpoint, renew, release). "
+            "Off, those commit without waiting: visible at once, lost only if the server crashes "
+            "within a few hundred ms, which the fence makes harmless. Results, outbox rows and "
+            "failures always wait for the flush."
+        ),
+    )
+
+    def create_resource(self, context: dg.InitResourceContext) -> RunLedger:
+        return self.ledger()
+
+    def ledger(self) -> RunLedger:
+        """A new, unopened ledger with these settings (outside Dagster: close it yourself)."""
+        return RunLedger(
+            self.database_url,
+            schema=self.schema_name,
+            pool_min_size=self.pool_min_size,
+            pool_max_size=self.pool_max_size,
+            connect_timeout_seconds=self.connect_timeout_seconds,
+            connection_retries=self.connection_retries,
+            durable_lease_commits=self.durable_lease_commits,
+        )
+
+    @contextmanager
+    def yield_for_execution(self, context: dg.InitResourceContext) -> Iterator[RunLedger]:
+        """Open the ledger for the run (fails fast on a bad URL or an unmigrated schema) and
+        close its pool when the run's step process is done with it."""
+        with self.create_resource(context) as ledger:
+            yield ledger

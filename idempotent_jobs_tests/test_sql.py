@@ -1,0 +1,85 @@
+"""The ledger's SQL file: every statement named, explained, used, fenced and cacheable."""
+
+import re
+from pathlib import Path
+
+import pytest
+from psycopg import _queries
+
+from idempotent_jobs.core import ledger as ledger_module
+from idempotent_jobs.core.executor import Executor
+from idempotent_jobs.core.sql import ledger_statements, parse_statements
+
+STATEMENTS = ledger_statements()
+
+# Writes that are not fenced by a lease, and why each may not be.
+UNFENCED_WRITES = {
+    "register": "creates or touches the run row; takes no lease",
+    "begin": "takes the lease (register + claim)",
+    "claim": "takes the lease when it is free",
+    "revise": "an operator reopens a completed run, which has no lease",
+    "mark_delivered": "the outbox row is locked FOR UPDATE SKIP LOCKED by its deliverer",
+    "mark_delivery_failed": "the outbox row is locked FOR UPDATE SKIP LOCKED by its deliverer",
+}
+_WRITE = re.compile(r"\b(INSERT INTO|UPDATE|DELETE FROM)\s+\{schema\}\.", re.IGNORECASE)
+_FENCE = (
+    "lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s",
+    "status = 'running'",
+)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_every_write_after_a_claim_carries_the_owner_and_epoch_fence() -> None:
+    writes = {name for name, s in STATEMENTS.items() if _WRITE.search(s.text)}
+    assert set(UNFENCED_WRITES) <= writes
+    fenced = writes - set(UNFENCED_WRITES)
+    assert fenced == {"renew", "save_raw_input", "complete", "fail", "release"}
+    for name in sorted(fenced):
+        text = _one_line(STATEMENTS[name].text)
+        # Each UPDATE of a run row in the statement is fenced; inserts only follow from it.
+        wheres = re.findall(r"UPDATE \{schema\}\.runs .*? WHERE (.*?)(?: RETURNING |$)", text)
+        assert wheres, name
+        for where in wheres:
+            for part in _FENCE:
+                assert part in where.replace("r.", ""), (name, part)
+
+
+def test_every_statement_has_a_purpose_and_every_one_is_used() -> None:
+    source = Path(ledger_module.__file__).read_text(encoding="utf-8")
+    used = set(re.findall(r'_db\.(?:fetch|rows|query)\(\s*"([a-z_]+)"', source))
+    assert used == set(STATEMENTS)
+    for statement in STATEMENTS.values():
+        assert statement.purpose.endswith("."), statement.name
+        assert not statement.text.rstrip().endswith(";")
+
+
+def test_every_statement_fits_psycopgs_query_cache() -> None:
+    """psycopg reuses its conversion of a statement only up to a fixed length; longer ones are
+    converted again on every execute. Rendered with the longest schema name, each must fit."""
+    executor = Executor("postgresql://unused@127.0.0.1:9/x", schema="s" * 63)
+    lengths = {name: len(executor.query(name)) for name in STATEMENTS}
+    too_long = {n: k for n, k in lengths.items() if k > _queries.MAX_CACHED_STATEMENT_LENGTH}
+    assert too_long == {}
+    assert lengths["begin"] > 2000  # written out whole, not glued from fragments
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        ("-- name: a\nSELECT 1", "no one-line purpose"),
+        ("-- name: a\n-- Purpose.\n", "is empty"),
+        ("-- name: a\n-- P.\nSELECT 1\n-- name: a\n-- P.\nSELECT 2", "defined twice"),
+    ],
+)
+def test_a_malformed_statement_file_is_refused(source: str, reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        parse_statements(source)
+
+
+def test_statements_are_parsed_whole() -> None:
+    parsed = parse_statements("-- header\n\n-- name: one\n-- Does one.\n-- More.\nSELECT 1;\n")
+    assert list(parsed) == ["one"]
+    assert (parsed["one"].purpose, parsed["one"].text) == ("Does one.", "SELECT 1")
