@@ -37,9 +37,13 @@ chromium:
 bench: install
 	$(BIN)/python benchmarks/bench_ledger.py
 
+# ruff (rules and format), mypy --strict on the package, tests and benchmarks, and the layer
+# contracts (import-linter, in pyproject.toml): the core imports no Dagster.
 lint: install
-	$(BIN)/ruff check idempotent_jobs idempotent_jobs_tests
+	$(BIN)/ruff check idempotent_jobs idempotent_jobs_tests benchmarks
+	$(BIN)/ruff format --check idempotent_jobs idempotent_jobs_tests benchmarks
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -102,7 +102,7 @@ def server_counters(conn: psycopg.Connection, ledger: RunLedger) -> tuple[int, i
 
     The ledger's one connection reports its statistics first (a backend otherwise sends them at
     most once a second)."""
-    pool = ledger._pool_or_open()
+    pool = ledger._db._pool_or_open()
     with pool.connection() as ledger_conn:
         ledger_conn.execute("SELECT pg_stat_force_next_flush()")
     xid = conn.execute(_NEXT_XID).fetchone()
@@ -247,7 +247,7 @@ def _rate(target: Callable[..., None], url: str, hot: bool, seconds: float) -> f
     total = sum(out.get(timeout=seconds + 120) for _ in procs)
     for p in procs:
         p.join()
-    return total / seconds
+    return float(total / seconds)
 
 
 def contention(url: str, seconds: float) -> None:

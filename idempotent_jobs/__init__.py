@@ -1,36 +1,73 @@
 """Make scheduled AI jobs safe to run more than once: one run record, one accepted result, and
 each external side effect once, whatever the scheduler, the network or the workers do."""
 
-from idempotent_jobs.core.errors import (
-    IdentityConflictError,
-    InvalidInputError,
-    LeaseBusyError,
-    LeaseLostError,
-    LedgerConnectionError,
-    LedgerError,
-    LedgerPermissionError,
-    OutputRejectedError,
-    RunNotFoundError,
-    SchemaNotMigratedError,
-    StaleCandidateError,
-)
-from idempotent_jobs.core.identity import RunIdentity, stable_run_id
-from idempotent_jobs.core.ledger import RunLedger
-from idempotent_jobs.core.protocol import ModelAnswer, RunOutcome, run_idempotent
-from idempotent_jobs.core.records import (
-    AttemptRecord,
-    Basis,
-    CallCosts,
-    CallOrigin,
-    Completion,
-    DeliveryReport,
-    JobConfig,
-    Lease,
-    ModelCallRecord,
-    ModelUsage,
-    OutboxRecord,
-    RunRecord,
-)
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from idempotent_jobs.core.errors import (
+        IdentityConflictError,
+        InvalidInputError,
+        LeaseBusyError,
+        LeaseLostError,
+        LedgerConnectionError,
+        LedgerError,
+        LedgerPermissionError,
+        OutputRejectedError,
+        RunNotFoundError,
+        SchemaNotMigratedError,
+        StaleCandidateError,
+    )
+    from idempotent_jobs.core.identity import RunIdentity, stable_run_id
+    from idempotent_jobs.core.ledger import RunLedger
+    from idempotent_jobs.core.protocol import ModelAnswer, RunOutcome, run_idempotent
+    from idempotent_jobs.core.records import (
+        AttemptRecord,
+        Basis,
+        CallCosts,
+        CallOrigin,
+        Completion,
+        DeliveryReport,
+        JobConfig,
+        Lease,
+        ModelCallRecord,
+        ModelUsage,
+        OutboxRecord,
+        RunRecord,
+    )
+
+# Imported on first use (PEP 562), so `idempotent_jobs.operator.cli --help` starts fast.
+_HOMES = {
+    **dict.fromkeys(
+        (
+            "IdentityConflictError InvalidInputError LeaseBusyError LeaseLostError "
+            "LedgerConnectionError LedgerError LedgerPermissionError OutputRejectedError "
+            "RunNotFoundError SchemaNotMigratedError StaleCandidateError"
+        ).split(),
+        "errors",
+    ),
+    "RunIdentity": "identity",
+    "stable_run_id": "identity",
+    "RunLedger": "ledger",
+    "ModelAnswer": "protocol",
+    "RunOutcome": "protocol",
+    "run_idempotent": "protocol",
+    **dict.fromkeys(
+        (
+            "AttemptRecord Basis CallCosts CallOrigin Completion DeliveryReport JobConfig Lease "
+            "ModelCallRecord ModelUsage OutboxRecord RunRecord"
+        ).split(),
+        "records",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'idempotent_jobs' has no attribute {name!r}")
+    return getattr(import_module(f"idempotent_jobs.core.{home}"), name)
+
 
 __all__ = [
     "AttemptRecord",

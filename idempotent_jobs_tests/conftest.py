@@ -19,25 +19,14 @@ from idempotent_jobs.core.database import DATABASE_URL_ENV
 from idempotent_jobs.operator.embedded import start_embedded_postgres
 from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
 
-# Modules that start processes, browsers, brokers or Dagster daemons: `make test` runs them,
-# `make check` (the fast lane) leaves them out.
-SLOW_MODULES = frozenset(
-    {
-        "test_browser",
-        "test_celery",
-        "test_chaos",
-        "test_concurrency",
-        "test_dagster_instance",
-        "test_dagster_overlap",
-        "test_embedded_and_cli",
-        "test_two_deployments",
-    }
-)
+# Markers (registered in pyproject.toml, --strict-markers): `chaos`, `dagster_instance` and
+# `browser` tests are also `slow`; `make check` (the fast lane) leaves every slow test out.
+HEAVY_MARKERS = ("chaos", "dagster_instance", "browser")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES:
+        if any(item.get_closest_marker(name) for name in HEAVY_MARKERS):
             item.add_marker(pytest.mark.slow)
 
 
@@ -55,7 +44,7 @@ def database_conninfo(server_url: str, dbname: str) -> str:
     return make_conninfo(server_url, dbname=dbname)
 
 
-def admin_execute(server_url: str, statement: sql.Composable) -> None:
+def admin_execute(server_url: str, statement: sql.Composed) -> None:
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute(statement)
 

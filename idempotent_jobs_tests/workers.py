@@ -68,7 +68,7 @@ def hold_lease_then_hang(conninfo: str, run_id: str, lease_seconds: float) -> No
     """Claim, print the expiry, then hang until killed (a worker that dies holding a lease)."""
     with RunLedger(conninfo) as ledger:
         lease = ledger.claim(run_id, f"doomed-{os.getpid()}", lease_seconds)
-        assert lease is not None
+        assert lease is not None and lease.expires_at is not None
         sys.stdout.write(f"{lease.epoch} {lease.expires_at.isoformat()}\n")
         sys.stdout.flush()
         multiprocessing.Event().wait()

@@ -1,23 +1,35 @@
-"""The ``idempotent-jobs`` command line: tables by default, ``--json`` for scripts."""
+"""The ``idempotent-jobs`` command line: tables by default, ``--json`` for scripts.
+
+Building the parser imports nothing heavy: psycopg is imported by the commands that talk to the
+ledger, and Dagster only by those that need it (``dev``, ``reconcile``, ``revise --now``, the demo),
+so ``--help`` and ``runs list`` start in a fraction of a second.
+"""
 
 import argparse
 import os
 import sys
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
-
-from idempotent_jobs.core.database import DATABASE_URL_ENV, redact
 from idempotent_jobs.core.errors import InvalidInputError, LedgerError, RunNotFoundError
-from idempotent_jobs.core.ledger import RunLedger
-from idempotent_jobs.core.records import CallCosts
-from idempotent_jobs.operator.embedded import ensure_database_url
 from idempotent_jobs.operator.render import escape_controls, table, to_json
 
+if TYPE_CHECKING:
+    from idempotent_jobs.core.ledger import RunLedger
 
-def _ledger(args: argparse.Namespace) -> RunLedger:
+DATABASE_URL_ENV = "IDEMPOTENT_JOBS_DATABASE_URL"  # core.database's, without importing psycopg
+
+
+def ensure_database_url() -> str:
+    from idempotent_jobs.operator.embedded import ensure_database_url as ensure
+
+    return ensure()
+
+
+def _ledger(args: argparse.Namespace) -> "RunLedger":
+    from idempotent_jobs.core.ledger import RunLedger
+
     return RunLedger(
         ensure_database_url(),
         schema=args.schema,
@@ -135,6 +147,8 @@ def _runs_show(args: argparse.Namespace) -> int:
         calls = ledger.model_calls(run_id)
         outbox = ledger.outbox(run_id)
         revisions = ledger.revisions(run_id)
+    from idempotent_jobs.core.records import CallCosts
+
     costs = CallCosts.of(calls)
     data = {
         "run": record,
@@ -533,6 +547,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _fail(exc: BaseException) -> int:
     """One line on stderr, exit 2: the error's type and text, controls escaped, no password."""
+    from idempotent_jobs.core.database import redact
+
     text = redact(str(exc), os.environ.get(DATABASE_URL_ENV))
     print(f"idempotent-jobs: {type(exc).__name__}: {escape_controls(text)}", file=sys.stderr)
     return 2
@@ -540,6 +556,8 @@ def _fail(exc: BaseException) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    import psycopg
+
     try:
         code: int = args.handler(args)
     except (LedgerError, psycopg.Error) as exc:

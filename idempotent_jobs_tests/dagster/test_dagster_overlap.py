@@ -5,12 +5,15 @@ import os
 from typing import Any
 
 import psycopg
+import pytest
 
 from idempotent_jobs import RunLedger
 from idempotent_jobs_tests import workers
 from idempotent_jobs_tests.dagster_defs import SUMMARY_SPEC
 from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
 from idempotent_jobs_tests.helpers import count
+
+pytestmark = [pytest.mark.slow, pytest.mark.dagster_instance]
 
 SPAWN = multiprocessing.get_context("spawn")
 PARTITION = "workspace-globex|2026-08-07"

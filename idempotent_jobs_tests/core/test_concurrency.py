@@ -9,10 +9,13 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+import pytest
 
 from idempotent_jobs import RunLedger
 from idempotent_jobs_tests import workers
 from idempotent_jobs_tests.helpers import count, identity
+
+pytestmark = [pytest.mark.slow]
 
 SPAWN = multiprocessing.get_context("spawn")
 

@@ -33,7 +33,7 @@ from psycopg.conninfo import make_conninfo
 from idempotent_jobs import RunLedger
 from idempotent_jobs.dagster.resources import WebhookChannel
 from idempotent_jobs.operator.embedded import start_embedded_postgres, stop_embedded_postgres
-from idempotent_jobs_tests.chaos_parts import (
+from idempotent_jobs_tests.chaos.parts import (
     CHAOS_AUTHORIZATION,
     CRASH_POINTS,
     FAULTS,
@@ -85,7 +85,7 @@ class Chaos:
             "", host="127.0.0.1", port=self.proxy.port, user="postgres", dbname="postgres"
         )
         self.ctx = multiprocessing.get_context("forkserver")
-        self.ctx.set_forkserver_preload(["idempotent_jobs", "idempotent_jobs_tests.chaos_parts"])
+        self.ctx.set_forkserver_preload(["idempotent_jobs", "idempotent_jobs_tests.chaos.parts"])
 
     def close(self) -> None:
         self.proxy.close()

@@ -2,13 +2,17 @@
 ``python -m idempotent_jobs_tests.chaos --trials 1000``."""
 
 from collections import Counter
+from pathlib import Path
 
 import psycopg
+import pytest
 
 from idempotent_jobs import RunLedger
-from idempotent_jobs_tests import chaos
-from idempotent_jobs_tests.chaos_parts import Receiver, check_invariants, trial_identity
+from idempotent_jobs_tests.chaos import runner as chaos
+from idempotent_jobs_tests.chaos.parts import Receiver, check_invariants, trial_identity
 from idempotent_jobs_tests.helpers import claimed
+
+pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 
 
 def test_chaos_trials_of_every_kind_keep_the_promise() -> None:
@@ -19,10 +23,10 @@ def test_chaos_trials_of_every_kind_keep_the_promise() -> None:
 
 
 def test_the_invariant_checker_catches_violations(
-    ledger: RunLedger, db: psycopg.Connection, tmp_path: object
+    ledger: RunLedger, db: psycopg.Connection, tmp_path: Path
 ) -> None:
     receiver = Receiver()
-    results = tmp_path / "results.jsonl"  # type: ignore[operator]
+    results = tmp_path / "results.jsonl"
     try:
         stuck = trial_identity(1)
         ledger.register(stuck)
@@ -34,7 +38,7 @@ def test_the_invariant_checker_catches_violations(
         lease = claimed(ledger, twice, "w", 30)
         ledger.complete(lease, {"summary": "kept"}, {"hook": {"n": 1}})
         receiver.effects[f"{twice.run_id}:hook"] = 2
-        results.write_text(  # type: ignore[attr-defined]
+        results.write_text(
             '{"pid": 1, "event": "outcome", "executed": true, "output": {"summary": "other"}}\n'
         )
         duplicated = check_invariants(db, 2, "planted", receiver, results)
@@ -46,7 +50,7 @@ def test_the_invariant_checker_catches_violations(
         ledger.complete(lease, {"summary": "s"}, {"hook": {"n": 1}})
         ledger.deliver_outbox(lambda row: None)  # marked delivered, the receiver never said 2xx
         receiver.effects[f"{unanswered.run_id}:hook"] = 1
-        marked = check_invariants(db, 3, "planted", receiver, tmp_path / "none.jsonl")  # type: ignore[operator]
+        marked = check_invariants(db, 3, "planted", receiver, tmp_path / "none.jsonl")
         assert f"{unanswered.run_id}:hook marked delivered without a 2xx answer" in marked.problems
 
         stale = trial_identity(4)
@@ -55,7 +59,7 @@ def test_the_invariant_checker_catches_violations(
         ledger.revise(stale.run_id, "planted", channels=["hook"], recollect=True)
         second = ledger.checkpoint(claimed(ledger, stale, "w2", 30), {"documents": ["new"]})
         ledger.complete(second, {"summary": "s", "input": "old"}, {"hook": {"n": 2}})
-        on_old = check_invariants(db, 4, "planted", receiver, tmp_path / "none.jsonl")  # type: ignore[operator]
+        on_old = check_invariants(db, 4, "planted", receiver, tmp_path / "none.jsonl")
         assert "revision 1's output was computed on another checkpoint" in on_old.problems
     finally:
         receiver.close()

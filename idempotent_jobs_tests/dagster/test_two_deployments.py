@@ -18,6 +18,8 @@ from idempotent_jobs_tests.conftest import admin_execute, database_conninfo
 from idempotent_jobs_tests.dagster_defs import SUMMARY_SPEC
 from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
 
+pytestmark = [pytest.mark.slow, pytest.mark.dagster_instance]
+
 SPAWN = multiprocessing.get_context("spawn")
 TICK = "2026-08-08T00:00:00+00:00"  # requests the window 2026-08-07 for every subject
 

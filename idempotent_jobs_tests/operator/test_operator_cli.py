@@ -1,6 +1,8 @@
 """The operator CLI against a real ledger holding runs in every state."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -218,3 +220,23 @@ def test_revise_refuses_what_is_not_completed(
     assert code == 2 and "only a completed run can be revised" in out
     code, out = run(capsys, "revise", planted["completed"], "--reason", "   ")
     assert code == 2 and "reason: must say why" in out
+
+
+def test_the_cli_parses_without_importing_dagster_or_psycopg() -> None:
+    """`--help` and the ledger commands' start-up import neither: Dagster is imported only by
+    the commands that need it, psycopg only once a command talks to the ledger."""
+    code = (
+        "import sys\n"
+        "from idempotent_jobs.operator import cli\n"
+        "cli.build_parser().parse_args(['runs', 'list', '--limit', '5'])\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'dagster', 'psycopg', 'pydantic'}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_cli_names_the_same_database_variable_as_the_core() -> None:
+    from idempotent_jobs.core import database
+    from idempotent_jobs.operator import cli
+
+    assert cli.DATABASE_URL_ENV == database.DATABASE_URL_ENV

@@ -78,7 +78,8 @@ def test_scalar_keys_that_do_not_collide_are_stored_as_json_writes_them(
     ledger: RunLedger,
 ) -> None:
     lease = claimed(ledger, identity())
-    done = ledger.complete(lease, {1: "a", 2.5: "b", False: "c", "x": {None: 1}})
+    keys_json_turns_into_text: dict[Any, Any] = {1: "a", 2.5: "b", False: "c", "x": {None: 1}}
+    done = ledger.complete(lease, keys_json_turns_into_text)
     assert done.output == {"1": "a", "2.5": "b", "false": "c", "x": {"null": 1}}
 
 

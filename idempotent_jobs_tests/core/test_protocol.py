@@ -125,10 +125,11 @@ def test_a_completed_run_invoked_again_does_nothing(ledger: RunLedger) -> None:
         assert (again.executed, again.output) == (False, first.output)
     assert (model.calls, collector.calls) == (1, 1)
     after = ledger.get(identity().run_id), ledger.attempts(identity().run_id)
-    assert (before[0].output, before[0].completed_at, before[1]) == (  # type: ignore[union-attr]
+    assert before[0] is not None and after[0] is not None
+    assert (before[0].output, before[0].completed_at, before[1]) == (
         after[0].output,
         after[0].completed_at,
-        after[1],  # type: ignore[union-attr]
+        after[1],
     )
 
 

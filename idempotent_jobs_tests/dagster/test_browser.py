@@ -27,8 +27,10 @@ from idempotent_jobs.dagster.project import DAGSTER_STORAGE_URL_ENV, dagster_sto
 from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
 from idempotent_jobs.operator.embedded import start_embedded_postgres
 
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
 CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 PARTITION = "workspace-acme|2026-08-07"
 
 
@@ -127,7 +129,7 @@ def ledger_state(home: Path, run_id: str) -> Any:
 
 def query(home: Path, statement: str, *params: Any) -> list[tuple[Any, ...]]:
     with psycopg.connect(start_embedded_postgres(home / "pgdata")) as conn:
-        return conn.execute(statement, params).fetchall()  # type: ignore[arg-type]
+        return conn.execute(statement, params).fetchall()
 
 
 def calls_of(home: Path, partition: str) -> list[str]:
@@ -159,7 +161,7 @@ def dagster_runs(home: Path, page: Page, want: Any, seconds: float = 240) -> lis
         for _ in range(int(seconds)):
             runs = instance.get_runs()
             if want(runs):
-                return runs
+                return list(runs)
             page.wait_for_timeout(1000)
     raise AssertionError(f"Dagster's runs never got there: {[(r.run_id, r.status) for r in runs]}")
 

@@ -30,6 +30,8 @@ from idempotent_jobs_tests.dagster_harness import (
     workspace,
 )
 
+pytestmark = [pytest.mark.slow, pytest.mark.dagster_instance]
+
 PARTITION = "workspace-initech|2026-08-07"
 
 
@@ -109,7 +111,7 @@ def celery(
     monkeypatch.setenv("IJ_TEST_CELERY_BACKEND", backend)
     from dagster_celery.make_app import make_app
 
-    app = make_app({"broker": broker, "backend": backend})
+    app = make_app({"broker": broker, "backend": backend})  # type: ignore[no-untyped-call]
     app.control.purge()  # nothing left over from an earlier run of the suite
     yield kind, broker, backend
 

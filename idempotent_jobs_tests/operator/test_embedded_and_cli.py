@@ -6,10 +6,13 @@ import sys
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from idempotent_jobs.core.schema import shipped_migrations
 from idempotent_jobs.operator.demo import DEMO_IDENTITY
 from idempotent_jobs.operator.embedded import start_embedded_postgres, stop_embedded_postgres
+
+pytestmark = [pytest.mark.slow]
 
 
 def test_embedded_postgres_starts_reuses_and_keeps_data(tmp_path: Path) -> None:

@@ -8,8 +8,8 @@ import pytest
 
 from idempotent_jobs import InvalidInputError, RunLedger
 from idempotent_jobs.dagster.resources import WebhookChannel
-from idempotent_jobs_tests.chaos_parts import CHAOS_AUTHORIZATION as SECRET
-from idempotent_jobs_tests.chaos_parts import FAULTS, Receiver
+from idempotent_jobs_tests.chaos.parts import CHAOS_AUTHORIZATION as SECRET
+from idempotent_jobs_tests.chaos.parts import FAULTS, Receiver
 from idempotent_jobs_tests.helpers import claimed, identity
 
 

@@ -11,7 +11,7 @@ import pytest
 from idempotent_jobs.dagster.project import HOME_ENV, project_home, project_root
 from idempotent_jobs.dagster.resources import JsonLinesChannel
 
-CHECKOUT = Path(__file__).resolve().parent.parent
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def default_notifications_file(cwd: Path) -> str:

@@ -23,6 +23,8 @@ from idempotent_jobs_tests.dagster_harness import (
     workspace,
 )
 
+pytestmark = [pytest.mark.slow, pytest.mark.dagster_instance]
+
 PARTITION = "workspace-acme|2026-08-07"
 
 

@@ -18,7 +18,7 @@ from idempotent_jobs.dagster.project import dagster_storage_url
 from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
 from idempotent_jobs.operator.render import escape_controls
 from idempotent_jobs_tests.helpers import claimed, identity
-from idempotent_jobs_tests.test_operator_cli import cli_env, run  # noqa: F401 - the fixture
+from idempotent_jobs_tests.operator.test_operator_cli import cli_env, run  # noqa: F401 - the fixture
 
 HOSTILE = "\x1b[2J\x1b]0;owned\x07\rover\nnext\x9b31m\u202eevil"
 TERMINAL_ACTIONS = ["\x1b", "\x07", "\r", "\x9b", "\u202e"]
@@ -198,7 +198,7 @@ def test_wrong_database_and_bad_sslmode_fail_at_once_with_the_real_cause(
 def test_a_sub_second_connect_timeout_never_becomes_wait_forever() -> None:
     conninfo = ledger_conninfo("postgresql://u@127.0.0.1/x", 0.5)
     assert psycopg.conninfo.conninfo_to_dict(conninfo)["connect_timeout"] == "1"
-    assert "TimeZone=UTC" in psycopg.conninfo.conninfo_to_dict(conninfo)["options"]
+    assert "TimeZone=UTC" in str(psycopg.conninfo.conninfo_to_dict(conninfo)["options"])
 
 
 @pytest.fixture
@@ -237,7 +237,7 @@ def test_reads_are_utc_whatever_the_servers_time_zone(
 ) -> None:
     """A 9999-12-31T23:00Z window is 10000-01-01 in Tokyo: unreadable unless the session is
     UTC. (The ledger refuses such windows now; older rows or other tools may have them.)"""
-    dbname = psycopg.conninfo.conninfo_to_dict(database)["dbname"]
+    dbname = str(psycopg.conninfo.conninfo_to_dict(database)["dbname"])
     db.execute(
         sql.SQL("ALTER DATABASE {} SET TimeZone = 'Asia/Tokyo'").format(sql.Identifier(dbname))
     )

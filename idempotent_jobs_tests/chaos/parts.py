@@ -440,7 +440,7 @@ def check_invariants(
     if status == "completed" and completed_attempts != (revision + 1,):
         verdict.problems.append(f"{completed_attempts} completed attempts at revision {revision}")
         verdict.duplicates += 1
-    accepted_calls = dict(
+    accepted_calls: dict[int, int] = dict(
         conn.execute(
             "SELECT revision, count(*) FROM idempotent_jobs.model_calls"
             " WHERE run_id = %s AND outcome = 'accepted' GROUP BY revision",

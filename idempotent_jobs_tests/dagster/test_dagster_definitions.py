@@ -47,14 +47,14 @@ def test_a_tick_requests_the_last_window_for_every_subject_with_run_keys(
         )
     requests = result.run_requests or []
     expected = [f"{subject}|{window_key}" for subject in spec.subjects]  # type: ignore[attr-defined]
-    assert sorted(r.partition_key for r in requests) == sorted(expected)
-    assert sorted(r.run_key for r in requests) == sorted(expected)
+    assert sorted(str(r.partition_key) for r in requests) == sorted(expected)
+    assert sorted(str(r.run_key) for r in requests) == sorted(expected)
     for request in requests:
         ident = spec.identity_for(request.partition_key)  # type: ignore[attr-defined]
         assert ident.scheduled_at == window_start
         assert ident == RunIdentity(
             spec.identity_job_name,  # type: ignore[attr-defined]
-            request.partition_key.split("|")[0],
+            str(request.partition_key).split("|")[0],
             window_start,
             "v1",
         )
@@ -69,7 +69,7 @@ def test_the_same_tick_twice_gives_the_same_run_keys() -> None:
             result = schedule.evaluate_tick(
                 dg.build_schedule_context(instance=instance, scheduled_execution_time=tick)
             )
-        keys.append(sorted(r.run_key for r in result.run_requests or []))
+        keys.append(sorted(str(r.run_key) for r in result.run_requests or []))
     assert keys[0] == keys[1] and len(keys[0]) == len(COMPETITOR_SUMMARY.subjects)
 
 

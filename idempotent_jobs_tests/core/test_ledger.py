@@ -133,6 +133,7 @@ def test_renew_extends_by_the_database_clock(ledger: RunLedger, db: psycopg.Conn
     ident = identity()
     lease = claimed(ledger, ident, "w1", 5)
     renewed = ledger.renew(lease)
+    assert renewed.expires_at is not None and lease.expires_at is not None
     assert renewed.expires_at >= lease.expires_at
     assert renewed.epoch == lease.epoch
     expire_lease(db, ident.run_id)
@@ -569,4 +570,3 @@ def test_lease_commit_mode_stays_inside_its_statement(database: str, durable: bo
         assert ledger.complete(lease, {"summary": "s"}).accepted
         stored = ledger.get(ident.run_id)
         assert stored is not None and stored.raw_input == {"documents": ["d"]}
-

@@ -31,6 +31,7 @@ def answers(*scripted: Any) -> Any:
         item = queue.pop(0)
         if isinstance(item, BaseException):
             raise item
+        assert isinstance(item, ModelAnswer)
         return item
 
     return transform

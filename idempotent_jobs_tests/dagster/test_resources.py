@@ -141,7 +141,7 @@ def test_webhook_errors_are_recorded_and_the_retry_reuses_the_key(ledger: RunLed
         second = ledger.deliver_outbox(channel.send)
         third = ledger.deliver_outbox(channel.send)
     assert [reason for _, reason in first.failed] == ["ConnectionError: webhook answered HTTP 500"]
-    assert len(second.delivered) == 1 and third.delivered == third.failed == []
+    assert len(second.delivered) == 1 and third.delivered == [] and third.failed == []
     keys = [r["headers"]["Idempotency-Key"] for r in seen]
     assert keys == [f"{identity().run_id}:hook"] * 2
 

@@ -1,0 +1,1 @@
+"""Tests of idempotent_jobs.core."""
