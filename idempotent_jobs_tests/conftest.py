@@ -16,6 +16,7 @@ from psycopg.conninfo import make_conninfo
 
 from idempotent_jobs import RunLedger
 from idempotent_jobs.core.database import DATABASE_URL_ENV
+from idempotent_jobs.dagster.project import project_home
 from idempotent_jobs.operator.embedded import start_embedded_postgres
 from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
 
@@ -32,12 +33,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def server_url() -> str:
-    """A URL of the server's maintenance database (``postgres``)."""
-    return (
-        os.environ.get("IDEMPOTENT_JOBS_TEST_DATABASE_URL")
-        or os.environ.get(DATABASE_URL_ENV)
-        or start_embedded_postgres()
+    """A URL of the server's maintenance database (``postgres``).
+
+    Without a configured server, an embedded one of the tests' own (not the project's `dev`
+    server): its data is thrown away after each test, so it skips fsync, which makes creating
+    and dropping a database per test cheap on a slow disk."""
+    configured = os.environ.get("IDEMPOTENT_JOBS_TEST_DATABASE_URL") or os.environ.get(
+        DATABASE_URL_ENV
     )
+    if configured:
+        return configured
+    url = start_embedded_postgres(project_home() / "test-pgdata")
+    with psycopg.connect(url, autocommit=True) as conn:
+        for setting in ("fsync", "full_page_writes"):
+            conn.execute(sql.SQL("ALTER SYSTEM SET {} = off").format(sql.Identifier(setting)))
+        conn.execute("SELECT pg_reload_conf()")
+    return url
 
 
 def database_conninfo(server_url: str, dbname: str) -> str:

@@ -254,6 +254,7 @@ class Receiver:
         self.faults: list[str] = []
         self.seen: list[Request] = []
         self._lock = threading.Lock()
+        self.closing = closing = threading.Event()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -274,7 +275,7 @@ class Receiver:
                     self.connection.close()
                     return
                 if fault == "slow":
-                    time.sleep(slow_seconds)  # the client has given up by now
+                    closing.wait(slow_seconds)  # the client has given up by now
                 elif not fault:
                     with receiver._lock:
                         receiver.answered_ok[key] += 1
@@ -292,9 +293,12 @@ class Receiver:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        ).start()
 
     def close(self) -> None:
+        self.closing.set()  # a slow answer still sleeping ends now, not after its sleep
         self.server.shutdown()
         self.server.server_close()
 
