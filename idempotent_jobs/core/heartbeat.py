@@ -22,7 +22,6 @@ class LeaseHeartbeat:
         self.ledger = ledger
         self.lease = lease
         self.interval_seconds = interval_seconds
-        self.renewals = 0
         self.lost = False
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -33,7 +32,6 @@ class LeaseHeartbeat:
         while not self._stop.wait(self.interval_seconds):
             try:
                 self.lease = self.ledger.renew(self.lease)
-                self.renewals += 1
             except LeaseLostError:
                 self.lost = True
                 return
