@@ -312,7 +312,7 @@ class CommitProxy:
     (wait, e.g. while the parent kills the client).
     """
 
-    MARKER = b"WITH done AS"
+    MARKER = b"WITH basis AS"  # the start of the `complete` statement (sql/ledger.sql)
 
     def __init__(self, socket_path: str, on_commit_answer: Callable[[], str]) -> None:
         self.socket_path = socket_path

@@ -98,7 +98,7 @@ def dev_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 
 def launch_partition_from_ui(page: Page, url: str, partition: str, outcome: str = "Success") -> str:
-    page.goto(f"{url}/locations/idempotent_jobs/location/jobscompetitor_summary/playground")
+    page.goto(f"{url}/locations/idempotent_jobs/jobs/competitor_summary/playground")
     box = page.get_by_placeholder("Partition")
     box.wait_for(timeout=60_000)
     box.click()
@@ -182,7 +182,7 @@ def succeeded_runs_tagged(home: Path, page: Page, tag: str, count: int) -> list[
 def backfill_from_ui(page: Page, url: str, partitions: list[str]) -> None:
     """The backfill dialog: type the partitions, tick "Completed" (off by default, which hides
     that re-running a completed partition costs nothing), submit."""
-    page.goto(f"{url}/locations/idempotent_jobs/location/jobscompetitor_summary/partitions")
+    page.goto(f"{url}/locations/idempotent_jobs/jobs/competitor_summary/partitions")
     page.get_by_role("button", name="Launch backfill…").click()
     box = page.get_by_placeholder('ex: "workspace-acme|', exact=False)
     box.click()
