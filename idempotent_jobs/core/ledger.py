@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
+from functools import cache
 from typing import Any, TypeVar
 
 from psycopg import Cursor
@@ -49,10 +50,15 @@ from idempotent_jobs.core.records import (
 Row = TypeVar("Row")
 
 
+@cache
+def _field_names(cls: Callable[..., object]) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+
+
 def record_from(cls: Callable[..., Row], row: Mapping[str, Any]) -> Row:
     """A record from a row's columns, ignoring columns the record has no field for (a
     ``SELECT *`` keeps working when a later migration adds one)."""
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    names = _field_names(cls)
     return cls(**{k: v for k, v in row.items() if k in names})
 
 
