@@ -1,8 +1,15 @@
-"""Getting a lease: claim now, wait for the holder, or take over a lease handed on by a step."""
+"""Getting a lease: claim now, wait for the holder, or take over a lease handed on by a step.
+
+:func:`claim_or_reuse` is the one decision every caller makes before doing work: a
+:class:`Lease` (do the work), :class:`Reused` (the run is completed: report its result) or
+:class:`Busy` (another worker holds it: do nothing).
+"""
 
 import time
+from dataclasses import dataclass
 
 from idempotent_jobs.core.errors import LeaseLostError, RunNotFoundError
+from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.records import Lease, RunRecord
 
@@ -43,34 +50,63 @@ def acquire(
         pause = min(pause * 2, MAX_POLL_SECONDS)
 
 
-def take_over(
+@dataclass(frozen=True)
+class Reused:
+    """The run is completed: its stored record (output, configuration) is the answer."""
+
+    record: RunRecord
+
+
+@dataclass(frozen=True)
+class Busy:
+    """Another worker still holds the run's lease (after any wait): do no work."""
+
+    record: RunRecord
+
+
+def claim_or_reuse(
     ledger: RunLedger,
-    run_id: str,
-    handed: Lease | None,
+    run: RunIdentity | str,
     worker_id: str,
     lease_seconds: float,
     *,
+    handed: Lease | None = None,
     wait_seconds: float = 0.0,
     caller_run_id: str | None = None,
     caller_step: str | None = None,
-) -> Lease | RunRecord:
-    """Continue under the lease an earlier step handed on (same epoch), or else claim anew.
+) -> Lease | Reused | Busy:
+    """The lease to work under, or why there is none.
 
-    The hand-over works across processes because the owner and epoch, not the process, are
-    the capability. If there is no handed lease, or it was lost, this worker claims the run
-    itself (next epoch), waiting up to ``wait_seconds`` for another holder; see :func:`acquire`.
+    ``run`` is an identity (a first step: register and claim in one round trip) or the run id of
+    a registered run (a later step). A lease ``handed`` on by an earlier step of the same caller
+    run is taken over when it still holds; otherwise this worker claims the run, waiting up to
+    ``wait_seconds`` for another holder to finish or expire.
     """
     if handed is not None:
         try:
             return ledger.renew(handed)
         except LeaseLostError:
             pass
-    return acquire(
+    if isinstance(run, RunIdentity):
+        record, lease = ledger.begin(
+            run, worker_id, lease_seconds, caller_run_id=caller_run_id, caller_step=caller_step
+        )
+        if lease is not None:
+            return lease
+        if record.status == "completed":
+            return Reused(record)
+        if wait_seconds <= 0:
+            return Busy(record)
+        run = record.run_id
+    got = acquire(
         ledger,
-        run_id,
+        run,
         worker_id,
         lease_seconds,
         wait_seconds=wait_seconds,
         caller_run_id=caller_run_id,
         caller_step=caller_step,
     )
+    if isinstance(got, Lease):
+        return got
+    return Reused(got) if got.status == "completed" else Busy(got)

@@ -18,7 +18,7 @@ from idempotent_jobs.core.errors import (
 )
 from idempotent_jobs.core.heartbeat import LeaseHeartbeat
 from idempotent_jobs.core.identity import RunIdentity
-from idempotent_jobs.core.leases import acquire
+from idempotent_jobs.core.leases import Busy, Reused, claim_or_reuse
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.records import (
     CallOrigin,
@@ -26,7 +26,6 @@ from idempotent_jobs.core.records import (
     JobConfig,
     Lease,
     ModelUsage,
-    RunRecord,
     RunStatus,
 )
 
@@ -117,32 +116,21 @@ def run_idempotent(
     """
     config = config or JobConfig()
     worker_id = worker_id or default_worker_id()
-    record, lease = ledger.begin(
-        identity, worker_id, lease_seconds, caller_run_id=caller_run_id, caller_step=caller_step
+    lease = claim_or_reuse(
+        ledger,
+        identity,
+        worker_id,
+        lease_seconds,
+        wait_seconds=wait_seconds,
+        caller_run_id=caller_run_id,
+        caller_step=caller_step,
     )
-    if record.status == "completed":
-        changed = tuple(config.changed_since(record.config_parts))
-        return RunOutcome(
-            record.run_id, "completed", record.output, False, worker_id, None, changed
-        )
-    if lease is None and wait_seconds <= 0:
-        return RunOutcome(record.run_id, record.status, None, False, worker_id)
-    if lease is None:
-        got = acquire(
-            ledger,
-            record.run_id,
-            worker_id,
-            lease_seconds,
-            wait_seconds=wait_seconds,
-            caller_run_id=caller_run_id,
-            caller_step=caller_step,
-        )
-        if isinstance(got, RunRecord):
-            if got.status != "completed":
-                return RunOutcome(got.run_id, got.status, None, False, worker_id)
-            changed = tuple(config.changed_since(got.config_parts))
-            return RunOutcome(got.run_id, "completed", got.output, False, worker_id, None, changed)
-        lease = got
+    if isinstance(lease, Busy):
+        return RunOutcome(lease.record.run_id, lease.record.status, None, False, worker_id)
+    if isinstance(lease, Reused):
+        done = lease.record
+        changed = tuple(config.changed_since(done.config_parts))
+        return RunOutcome(done.run_id, "completed", done.output, False, worker_id, None, changed)
 
     usage: ModelUsage | None = None
     origin = CallOrigin(caller_step, caller_run_id)

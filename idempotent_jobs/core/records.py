@@ -34,7 +34,7 @@ class Lease:
     ``epoch`` is a fencing token: each successful claim of the run adds one, so a worker whose
     lease was taken over can never write again, even if it still believes it holds the lease.
     ``stored_raw_input`` is the checkpoint found at claim time (``None`` if not collected yet).
-    ``expires_at`` is ``None`` for a lease rebuilt from a hand-over ticket until it is renewed.
+    ``expires_at`` is ``None`` for a lease handed on to a later step until it is renewed.
     ``attempts`` is the run's claim count as of this claim or renewal (for reporting).
     ``revision`` and ``input_fingerprint`` are the run's as of this claim, renewal or checkpoint:
     the :class:`Basis` of an answer computed on ``stored_raw_input``.
@@ -53,30 +53,6 @@ class Lease:
     @property
     def basis(self) -> Basis:
         return Basis(self.revision, self.input_fingerprint)
-
-    def ticket(self) -> dict[str, Any]:
-        """The JSON-able part another step (or process) needs to take the lease over."""
-        return {
-            "run_id": self.run_id,
-            "worker_id": self.worker_id,
-            "epoch": self.epoch,
-            "lease_seconds": self.lease_seconds,
-            "revision": self.revision,
-            "input_fingerprint": self.input_fingerprint,
-        }
-
-    @classmethod
-    def from_ticket(cls, ticket: dict[str, Any]) -> "Lease":
-        return cls(
-            ticket["run_id"],
-            ticket["worker_id"],
-            int(ticket["epoch"]),
-            None,
-            float(ticket["lease_seconds"]),
-            # A ticket from before revisions were carried: renewing the lease reads them.
-            revision=int(ticket.get("revision", 0)),
-            input_fingerprint=ticket.get("input_fingerprint"),
-        )
 
 
 @dataclass(frozen=True)

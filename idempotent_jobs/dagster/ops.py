@@ -1,15 +1,11 @@
 """The four ops of an idempotent job, built for one :class:`IdempotentJobSpec`.
 
-Between ops travels a small JSON "ticket": the ledger run id, whether the run is already
-completed, and the lease (owner + epoch) handed on to the next step of the *same* Dagster run.
-A step in another Dagster run (re-execution, run retry) never uses a ticket it did not issue:
-it claims the lease itself, waiting for the previous holder to finish or expire. The model's
-answer travels with its basis (the revision and checkpoint fingerprint it was computed on) and
-the job's configuration; ``persist`` commits it only on that basis.
+The ops are thin: :func:`~idempotent_jobs.core.leases.claim_or_reuse` decides whether a step
+works (under a lease), reports a completed run's result, or stops because another worker holds
+the run; the ledger fences every write. Between ops travels a frozen :class:`Ticket`.
 """
 
 import uuid
-from dataclasses import asdict
 from typing import Any
 
 import dagster as dg
@@ -22,11 +18,10 @@ from idempotent_jobs.core.errors import (
 )
 from idempotent_jobs.core.heartbeat import LeaseHeartbeat
 from idempotent_jobs.core.identity import RunIdentity
-from idempotent_jobs.core.leases import take_over
+from idempotent_jobs.core.leases import Busy, Reused, claim_or_reuse
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.protocol import check_output, record_failure
 from idempotent_jobs.core.records import (
-    Basis,
     CallCosts,
     CallOrigin,
     CallOutcome,
@@ -39,8 +34,7 @@ from idempotent_jobs.core.records import (
 from idempotent_jobs.dagster.drill import fail_if_drilled
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 from idempotent_jobs.dagster.resources import DocumentCollector, NotificationChannel, SummaryModel
-
-Ticket = dict[str, Any]
+from idempotent_jobs.dagster.ticket import Answer, Ticket
 
 
 def _worker_id(context: dg.OpExecutionContext) -> str:
@@ -57,44 +51,9 @@ def reuse_label(config: JobConfig, stored_parts: dict[str, str] | None) -> str:
     return f"reused (config changed: {', '.join(changed)})" if changed else "reused"
 
 
-def _completed_ticket(record: RunRecord | Ticket, result: str = "reused") -> Ticket:
-    """The ticket of a run already completed: later ops only report it (as ``result``)."""
-    if isinstance(record, RunRecord):
-        record = {"run_id": record.run_id, "epoch": record.lease_epoch, "attempts": record.attempts}
-    return {
-        "run_id": record["run_id"],
-        "completed": True,
-        "lease": None,
-        "caller_run_id": None,
-        "epoch": record["epoch"],
-        "attempts": record["attempts"],
-        "result": result,
-    }
-
-
-def _lease_ticket(context: dg.OpExecutionContext, lease: Lease, **extra: Any) -> Ticket:
-    return {
-        "run_id": lease.run_id,
-        "completed": False,
-        "lease": lease.ticket(),
-        "caller_run_id": context.run_id,
-        "epoch": lease.epoch,
-        "attempts": lease.attempts,
-        **extra,
-    }
-
-
-def _handed_lease(context: dg.OpExecutionContext, ticket: Ticket) -> Lease | None:
-    """The lease an upstream step of this very Dagster run handed on, if any."""
-    if ticket.get("lease") and ticket.get("caller_run_id") == context.run_id:
-        return Lease.from_ticket(ticket["lease"])
-    return None
-
-
 def _report(
     context: dg.OpExecutionContext,
     ticket: Ticket,
-    result: str,
     usage: ModelUsage | None = None,
     costs: CallCosts | None = None,
 ) -> Ticket:
@@ -102,10 +61,10 @@ def _report(
     them), so the run page answers "did this Dagster run do the work, and what did the logical
     run cost?". Returns ``ticket`` for chaining."""
     metadata: dict[str, Any] = {
-        "ledger_run_id": ticket["run_id"],
-        "result": result,
-        "lease_epoch": ticket["epoch"],
-        "attempts": ticket["attempts"],
+        "ledger_run_id": ticket.run_id,
+        "result": ticket.result,
+        "lease_epoch": ticket.epoch,
+        "attempts": ticket.attempts,
     }
     if usage is not None:
         metadata["model"] = usage.model_name or ""
@@ -117,7 +76,7 @@ def _report(
         metadata["tokens_wasted"] = costs.wasted_tokens
         metadata["cost"] = costs.summary()
     context.add_output_metadata(metadata)
-    context.log.info(f"ledger run {ticket['run_id']}: {result}")
+    context.log.info(f"ledger run {ticket.run_id}: {ticket.result}")
     return ticket
 
 
@@ -139,23 +98,30 @@ def build_ops(
     def identity_of(context: dg.OpExecutionContext) -> RunIdentity:
         return spec.identity_for(context.partition_key)
 
-    def claim(
-        context: dg.OpExecutionContext, ledger: RunLedger, run_id: str, handed: Lease | None
-    ) -> Lease | RunRecord:
-        return take_over(
+    def lease_for(
+        context: dg.OpExecutionContext,
+        ledger: RunLedger,
+        run: RunIdentity | str,
+        handed: Lease | None,
+        config: JobConfig,
+    ) -> Lease | Ticket:
+        """The lease to work under, or the ticket to report a completed run with; raises when
+        another worker still holds the run after the spec's wait."""
+        got = claim_or_reuse(
             ledger,
-            run_id,
-            handed,
+            run,
             _worker_id(context),
             spec.lease_seconds,
+            handed=handed,
             wait_seconds=spec.holder_wait_seconds,
             caller_run_id=context.run_id,
             caller_step=context.op.name,
         )
-
-    def reused(context: dg.OpExecutionContext, record: RunRecord, model: SummaryModel) -> Ticket:
-        label = reuse_label(spec.config(model.model_name), record.config_parts)
-        return _report(context, _completed_ticket(record, label), label)
+        if isinstance(got, Busy):
+            raise _busy(got.record)
+        if isinstance(got, Reused):
+            return Ticket.of_completed(got.record, reuse_label(config, got.record.config_parts))
+        return got
 
     @dg.op(name=f"{spec.name}_collect", out=dg.Out(Ticket), tags={"kind": "ledger"})
     def collect(
@@ -166,22 +132,9 @@ def build_ops(
     ) -> Ticket:
         """Register the run, take its lease and checkpoint the collected input (once)."""
         identity = identity_of(context)
-        record, lease = ledger.begin(
-            identity,
-            _worker_id(context),
-            spec.lease_seconds,
-            caller_run_id=context.run_id,
-            caller_step=context.op.name,
-        )
-        if record.status == "completed":
-            return reused(context, record, model)
-        if lease is None:  # another worker holds it: wait for it to finish or expire
-            got = claim(context, ledger, record.run_id, None)
-            if isinstance(got, RunRecord):
-                if got.status != "completed":
-                    raise _busy(got)
-                return reused(context, got, model)
-            lease = got
+        lease = lease_for(context, ledger, identity, None, spec.config(model.model_name))
+        if isinstance(lease, Ticket):
+            return _report(context, lease)
         reused_input = lease.stored_raw_input is not None
         if not reused_input:
             try:
@@ -191,7 +144,7 @@ def build_ops(
                 raise
             ledger.checkpoint(lease, raw_input)
         result = "reused input" if reused_input else "collected"
-        return _report(context, _lease_ticket(context, lease), result)
+        return _report(context, Ticket.under(lease, context.run_id, result))
 
     @dg.op(
         name=f"{spec.name}_transform",
@@ -206,17 +159,16 @@ def build_ops(
         model: SummaryModel,
     ) -> Ticket:
         """Call the model on the checkpointed input (read from the ledger) under a live lease."""
-        run_id = collected["run_id"]
-        if collected["completed"]:
-            return _report(context, collected, collected.get("result", "reused"))
-        lease = claim(context, ledger, run_id, _handed_lease(context, collected))
-        if isinstance(lease, RunRecord):
-            if lease.status != "completed":
-                raise _busy(lease)
-            return reused(context, lease, model)
+        if collected.completed:
+            return _report(context, collected)
+        config = spec.config(model.model_name)
+        handed = collected.handed_lease(context.run_id)
+        lease = lease_for(context, ledger, collected.run_id, handed, config)
+        if isinstance(lease, Ticket):
+            return _report(context, lease)
         raw_input = lease.stored_raw_input
         if raw_input is None:
-            raise LedgerError(f"run {run_id} has no raw-input checkpoint; re-run collect")
+            raise LedgerError(f"run {lease.run_id} has no raw-input checkpoint; re-run collect")
         origin = CallOrigin(context.op.name, context.run_id, context.retry_number)
         answer = None
         with LeaseHeartbeat(ledger, lease, spec.lease_seconds / 3) as heartbeat:
@@ -230,52 +182,32 @@ def build_ops(
                 record_failure(ledger, lease, exc, usage, call=call, origin=origin)
                 raise
         heartbeat.raise_if_lost()
-        ticket = _lease_ticket(
-            context,
-            heartbeat.lease,
-            output=answer.output,
-            usage=asdict(answer.usage),
-            basis=asdict(lease.basis),  # what the answer was computed on: this checkpoint
-            config=dict(spec.config(model.model_name).parts),
-            origin=asdict(origin),
-        )
-        return _report(context, ticket, "model called", answer.usage)
+        # The answer is bound to what it was computed on: this lease's checkpoint.
+        bound = Answer(answer.output, answer.usage, lease.basis, config, origin)
+        ticket = Ticket.under(heartbeat.lease, context.run_id, "model called", bound)
+        return _report(context, ticket, answer.usage)
 
     @dg.op(name=f"{spec.name}_persist", out=dg.Out(Ticket), tags={"kind": "ledger"})
     def persist(
         context: dg.OpExecutionContext, transformed: Ticket, ledger: dg.ResourceParam[RunLedger]
     ) -> Ticket:
         """Commit the answer, its usage and the outbox rows in one transaction."""
-        run_id = transformed["run_id"]
-        if transformed["completed"]:
-            return _report(context, transformed, transformed.get("result", "reused"))
-        identity = identity_of(context)
-        output = transformed["output"]
-        usage = ModelUsage(**transformed["usage"])
-        if "basis" not in transformed:  # an answer from a run older than candidate binding
-            raise dg.Failure(
-                description="this answer does not say which revision and checkpoint it was "
-                "computed on (its run predates that); re-execute from transform",
-                allow_retries=False,
-            )
-        basis = Basis(**transformed["basis"])
-        config = JobConfig(transformed.get("config", {}))
-        origin = CallOrigin(**transformed.get("origin", {}))
-        notifications = spec.notifications(identity, output)
-        completion: Completion | None = None
-        handed = _handed_lease(context, transformed)
-        ticket = transformed
+        answer = transformed.answer
+        if transformed.completed or answer is None:
+            return _report(context, transformed)
+        run_id = transformed.run_id
+        notifications = spec.notifications(identity_of(context), answer.output)
 
         def commit(lease: Lease) -> Completion:
             try:
                 return ledger.complete(
                     lease,
-                    output,
+                    answer.output,
                     notifications,
-                    usage,
-                    basis=basis,
-                    config=config,
-                    origin=origin,
+                    answer.usage,
+                    basis=answer.basis,
+                    config=answer.config,
+                    origin=answer.origin,
                 )
             except StaleCandidateError as exc:  # revised since: this answer is not the result
                 raise dg.Failure(
@@ -284,6 +216,9 @@ def build_ops(
                     allow_retries=False,
                 ) from None
 
+        completion: Completion | None = None
+        ticket = transformed
+        handed = transformed.handed_lease(context.run_id)
         if handed is not None:
             try:
                 completion = commit(handed)
@@ -293,19 +228,15 @@ def build_ops(
             # The handed lease was lost, or this is a re-execution: claim, then commit the
             # answer this run already paid for (first commit wins), but only on the revision
             # and checkpoint it was computed on.
-            lease = claim(context, ledger, run_id, None)
-            if isinstance(lease, RunRecord):
-                if lease.status != "completed":
-                    raise _busy(lease)
-                label = reuse_label(config, lease.config_parts)
-                costs = CallCosts.of(ledger.model_calls(run_id))
-                return _report(context, _completed_ticket(lease, label), label, costs=costs)
+            lease = lease_for(context, ledger, run_id, None, answer.config)
+            if isinstance(lease, Ticket):
+                return _report(context, lease, costs=CallCosts.of(ledger.model_calls(run_id)))
             completion = commit(lease)
-            ticket = _lease_ticket(context, lease)
-        result = "new" if completion.accepted else reuse_label(config, completion.config_parts)
-        done = _completed_ticket(ticket, result)
+            ticket = Ticket.under(lease, context.run_id, ticket.result)
+        new = completion.accepted
+        result = "new" if new else reuse_label(answer.config, completion.config_parts)
         costs = CallCosts.of(ledger.model_calls(run_id))
-        return _report(context, done, result, usage if completion.accepted else None, costs)
+        return _report(context, ticket.done(result), answer.usage if new else None, costs)
 
     @dg.op(
         name=f"{spec.name}_deliver",
@@ -315,7 +246,7 @@ def build_ops(
     )
     def deliver(context: dg.OpExecutionContext, persisted: Ticket) -> None:
         """Send this run's undelivered outbox rows, once each, keyed ``<run_id>:<channel>``."""
-        run_id = persisted["run_id"]
+        run_id = persisted.run_id
         ledger: RunLedger = context.resources.ledger
 
         def send(row: Any) -> None:
