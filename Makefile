@@ -40,8 +40,8 @@ bench: install
 # ruff (rules and format), mypy --strict on the package, tests and benchmarks, and the layer
 # contracts (import-linter, in pyproject.toml): the core imports no Dagster.
 lint: install
-	$(BIN)/ruff check idempotent_jobs idempotent_jobs_tests benchmarks
-	$(BIN)/ruff format --check idempotent_jobs idempotent_jobs_tests benchmarks
+	$(BIN)/ruff check idempotent_jobs idempotent_jobs_tests benchmarks docs/examples
+	$(BIN)/ruff format --check idempotent_jobs idempotent_jobs_tests benchmarks docs/examples
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

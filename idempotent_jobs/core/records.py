@@ -213,8 +213,11 @@ class JobConfig:
     parts: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, *, prompt: str, model: str, validator: str) -> "JobConfig":
-        return cls({"prompt": json_fingerprint(prompt), "model": model, "validator": validator})
+    def of(cls, *, prompt: str, model: str, validator: str, **settings: str) -> "JobConfig":
+        """The parts of a job's configuration: the prompt (as its fingerprint), the model, the
+        validator's name, and any ``settings`` of the model step (short texts)."""
+        parts = {"prompt": json_fingerprint(prompt), "model": model, "validator": validator}
+        return cls({**settings, **parts})
 
     @property
     def fingerprint(self) -> str:

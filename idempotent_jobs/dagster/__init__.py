@@ -1,1 +1,62 @@
-"""Dagster glue: the ledger resource, the job spec and factory, ops, partitions, resources."""
+"""Dagster glue: the ledger resource, the job spec and factory, ops, partitions, resources.
+
+What a job of your own needs is importable from here (loaded on first use, so that importing a
+submodule such as ``idempotent_jobs.dagster.project`` does not import Dagster)::
+
+    from idempotent_jobs.dagster import IdempotentJobSpec, build_idempotent_job, ModelStep
+"""
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from idempotent_jobs.dagster.job_factory import build_idempotent_job
+    from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
+    from idempotent_jobs.dagster.reconciliation_job import build_reconciliation_job
+    from idempotent_jobs.dagster.resource import RunLedgerResource
+    from idempotent_jobs.dagster.resources import (
+        Collector,
+        JsonLinesChannel,
+        ModelStep,
+        NotificationChannel,
+        StepContext,
+        WebhookChannel,
+    )
+
+_HOMES = {
+    "IdempotentJobSpec": "job_spec",
+    "build_idempotent_job": "job_factory",
+    "build_reconciliation_job": "reconciliation_job",
+    "RunLedgerResource": "resource",
+    **dict.fromkeys(
+        (
+            "Collector",
+            "JsonLinesChannel",
+            "ModelStep",
+            "NotificationChannel",
+            "StepContext",
+            "WebhookChannel",
+        ),
+        "resources",
+    ),
+}
+
+__all__ = [
+    "Collector",
+    "IdempotentJobSpec",
+    "JsonLinesChannel",
+    "ModelStep",
+    "NotificationChannel",
+    "RunLedgerResource",
+    "StepContext",
+    "WebhookChannel",
+    "build_idempotent_job",
+    "build_reconciliation_job",
+]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'idempotent_jobs.dagster' has no attribute {name!r}")
+    return getattr(import_module(f"idempotent_jobs.dagster.{home}"), name)

@@ -2,7 +2,7 @@
 reconciliation (``reconcile``, and the ``ledger_reconciliation`` job in the UI)."""
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -10,6 +10,7 @@ import dagster as dg
 
 from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.records import JobConfig
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 
 Severity = Literal["info", "problem"]
@@ -68,13 +69,14 @@ MAX_DRIFT_FINDINGS = 50
 
 
 def drift_findings(
-    ledger: RunLedger, specs: Sequence[IdempotentJobSpec], model_name: str
+    ledger: RunLedger, specs: Sequence[IdempotentJobSpec], configs: Mapping[str, JobConfig]
 ) -> list[Finding]:
     """Completed runs whose result was computed under another prompt, model or validator than
-    the job has now (info): reused as they are until revised or the version is bumped."""
+    the job has now (``configs``: each spec's current configuration, by spec name) (info):
+    reused as they are until revised or the version is bumped."""
     findings: list[Finding] = []
     for spec in specs:
-        config = spec.config(model_name)
+        config = configs[spec.name]
         # One more than are listed, to know whether there are more; rows carry their payloads.
         drifted = ledger.drifted(
             spec.identity_job_name, spec.version, config, limit=MAX_DRIFT_FINDINGS + 1

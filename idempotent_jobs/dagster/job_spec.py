@@ -1,4 +1,8 @@
-"""The specification of one scheduled AI job: identity, partitions, prompt, channels, leases."""
+"""The specification of one scheduled AI job: identity, partitions, steps, channels, leases.
+
+Any AI job fits: the spec names the resource keys of its :class:`Collector` and
+:class:`ModelStep`, and takes its validator and payload builder as functions.
+"""
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -9,6 +13,7 @@ import dagster as dg
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.records import JobConfig
 from idempotent_jobs.dagster.partitions import identity_for_partition, window_by_subject
+from idempotent_jobs.dagster.resources.steps import ModelStep
 
 JSONDict = dict[str, Any]
 
@@ -38,11 +43,14 @@ def default_validate(output: JSONDict) -> bool:
 
 @dataclass(frozen=True)
 class IdempotentJobSpec:
-    """What makes one scheduled AI job: its identity, its partitions and its steps' policy.
+    """What makes one scheduled AI job: its identity, its partitions and its steps.
 
     ``identity_job_name`` and ``version`` go into every run id: change ``version`` on purpose
-    to recompute everything, never implicitly. ``channels`` are resource keys of
-    :class:`~idempotent_jobs.dagster.resources.NotificationChannel` resources.
+    to recompute everything, never implicitly. ``collector`` and ``model`` are resource keys of a
+    :class:`Collector` and a :class:`ModelStep`; ``prompt`` is the job's instructions, handed to
+    the model step in its :class:`StepContext`. ``validate`` accepts or rejects an answer (an
+    exception or ``False`` rejects it); ``payload`` builds the notification of an accepted one.
+    ``channels`` are resource keys of ``NotificationChannel`` resources.
     """
 
     name: str
@@ -50,7 +58,9 @@ class IdempotentJobSpec:
     version: str
     window: dg.TimeWindowPartitionsDefinition
     subjects: Sequence[str]
-    prompt: str
+    prompt: str = ""
+    collector: str = "collector"
+    model: str = "model"
     channels: Sequence[str] = ("report_file",)
     validate: Callable[[JSONDict], object] = default_validate
     payload: Callable[[RunIdentity, JSONDict], JSONDict] = default_payload
@@ -81,12 +91,19 @@ class IdempotentJobSpec:
         payload = self.payload(identity, output)
         return {channel: payload for channel in self.channels}
 
-    def config(self, model_name: str) -> JobConfig:
+    def config(self, model_name: str, settings: Mapping[str, str] | None = None) -> JobConfig:
         """What an answer of this job is computed under besides its identity: recorded with
         each accepted result, compared when a completed run is reused."""
         return JobConfig.of(
-            prompt=self.prompt, model=model_name, validator=callable_name(self.validate)
+            prompt=self.prompt,
+            model=model_name,
+            validator=callable_name(self.validate),
+            **dict(settings or {}),
         )
+
+    def config_of(self, model: ModelStep) -> JobConfig:
+        """:meth:`config` under the model step ``model`` (its name and settings)."""
+        return self.config(model.model_name, model.settings())
 
     def tags(self) -> dict[str, str]:
         return {

@@ -33,7 +33,7 @@ from idempotent_jobs.core.records import (
 )
 from idempotent_jobs.dagster.drill import fail_if_drilled
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
-from idempotent_jobs.dagster.resources import DocumentCollector, NotificationChannel, SummaryModel
+from idempotent_jobs.dagster.resources import Collector, ModelStep, NotificationChannel, StepContext
 from idempotent_jobs.dagster.ticket import Answer, Ticket
 
 
@@ -98,6 +98,10 @@ def build_ops(
     def identity_of(context: dg.OpExecutionContext) -> RunIdentity:
         return spec.identity_for(context.partition_key)
 
+    def model_of(context: dg.OpExecutionContext) -> ModelStep:
+        model: ModelStep = getattr(context.resources, spec.model)
+        return model
+
     def lease_for(
         context: dg.OpExecutionContext,
         ledger: RunLedger,
@@ -123,16 +127,18 @@ def build_ops(
             return Ticket.of_completed(got.record, reuse_label(config, got.record.config_parts))
         return got
 
-    @dg.op(name=f"{spec.name}_collect", out=dg.Out(Ticket), tags={"kind": "ledger"})
-    def collect(
-        context: dg.OpExecutionContext,
-        ledger: dg.ResourceParam[RunLedger],
-        collector: DocumentCollector,
-        model: SummaryModel,
-    ) -> Ticket:
+    @dg.op(
+        name=f"{spec.name}_collect",
+        out=dg.Out(Ticket),
+        required_resource_keys={"ledger", spec.collector, spec.model},
+        tags={"kind": "ledger"},
+    )
+    def collect(context: dg.OpExecutionContext) -> Ticket:
         """Register the run, take its lease and checkpoint the collected input (once)."""
         identity = identity_of(context)
-        lease = lease_for(context, ledger, identity, None, spec.config(model.model_name))
+        ledger: RunLedger = context.resources.ledger
+        collector: Collector = getattr(context.resources, spec.collector)
+        lease = lease_for(context, ledger, identity, None, spec.config_of(model_of(context)))
         if isinstance(lease, Ticket):
             return _report(context, lease)
         reused_input = lease.stored_raw_input is not None
@@ -149,19 +155,17 @@ def build_ops(
     @dg.op(
         name=f"{spec.name}_transform",
         out=dg.Out(Ticket),
+        required_resource_keys={"ledger", spec.model},
         retry_policy=spec.model_retry,
         tags={"kind": "model"},
     )
-    def transform(
-        context: dg.OpExecutionContext,
-        collected: Ticket,
-        ledger: dg.ResourceParam[RunLedger],
-        model: SummaryModel,
-    ) -> Ticket:
+    def transform(context: dg.OpExecutionContext, collected: Ticket) -> Ticket:
         """Call the model on the checkpointed input (read from the ledger) under a live lease."""
         if collected.completed:
             return _report(context, collected)
-        config = spec.config(model.model_name)
+        ledger: RunLedger = context.resources.ledger
+        model = model_of(context)
+        config = spec.config_of(model)
         handed = collected.handed_lease(context.run_id)
         lease = lease_for(context, ledger, collected.run_id, handed, config)
         if isinstance(lease, Ticket):
@@ -174,7 +178,10 @@ def build_ops(
         with LeaseHeartbeat(ledger, lease, spec.lease_seconds / 3) as heartbeat:
             try:
                 fail_if_drilled()
-                answer = model.summarize(spec.prompt, raw_input)
+                step = StepContext(
+                    identity_of(context), spec.prompt, lease.run_id, context.run_id, context.op.name
+                )
+                answer = model.generate(raw_input, step)
                 check_output(answer.output, spec.validate)
             except Exception as exc:  # the call failed, or its answer was rejected: both cost
                 usage = answer.usage if answer is not None else None

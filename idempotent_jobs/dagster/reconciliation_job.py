@@ -12,7 +12,6 @@ import dagster as dg
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.dagster.health import dagster_findings, drift_findings, ledger_findings
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
-from idempotent_jobs.dagster.resources import SummaryModel
 
 
 class ReconcileConfig(dg.Config):
@@ -23,13 +22,10 @@ class ReconcileConfig(dg.Config):
 def build_reconciliation_job(
     specs: Sequence[IdempotentJobSpec],
 ) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
-    @dg.op(name="reconcile_ledger")
-    def reconcile_ledger(
-        context: dg.OpExecutionContext,
-        config: ReconcileConfig,
-        ledger: dg.ResourceParam[RunLedger],
-        model: SummaryModel,
-    ) -> None:
+    @dg.op(name="reconcile_ledger", required_resource_keys={"ledger", *(s.model for s in specs)})
+    def reconcile_ledger(context: dg.OpExecutionContext, config: ReconcileConfig) -> None:
+        ledger: RunLedger = context.resources.ledger
+        configs = {s.name: s.config_of(getattr(context.resources, s.model)) for s in specs}
         findings = (
             dagster_findings(ledger, context.instance, specs)
             + ledger_findings(
@@ -37,7 +33,7 @@ def build_reconciliation_job(
                 outbox_older_than_seconds=config.outbox_age_seconds,
                 max_attempts=config.max_attempts,
             )
-            + drift_findings(ledger, specs, model.model_name)
+            + drift_findings(ledger, specs, configs)
         )
         problems = [f for f in findings if f.severity == "problem"]
         lines = ["| severity | kind | ledger run | detail |", "| --- | --- | --- | --- |"]

@@ -1,12 +1,14 @@
 """Resources of the code location used outside Dagster: the notification channels (to deliver)
-and the model (whose name configuration drift is compared to)."""
+and the model steps (whose configuration drift is compared to)."""
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import dagster as dg
 
-from idempotent_jobs.dagster.resources import NotificationChannel, SummaryModel
+from idempotent_jobs.core.records import JobConfig
+from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
+from idempotent_jobs.dagster.resources import ModelStep, NotificationChannel
 
 
 @contextmanager
@@ -20,13 +22,18 @@ def configured_channels() -> Iterator[dict[str, NotificationChannel]]:
         yield {key: getattr(built, key) for key in wanted}
 
 
-def configured_model_name() -> str:
-    """The model name of the code location's ``model`` resource (what drift is compared to)."""
+def configured_configs(specs: Sequence[IdempotentJobSpec]) -> dict[str, JobConfig]:
+    """Each spec's configuration under the code location's model step resources (what
+    configuration drift is compared to), by spec name. A spec whose model resource is missing
+    gets an empty model name."""
     from idempotent_jobs.location.definitions import defs
 
-    model = (defs.resources or {}).get("model")
-    if not isinstance(model, SummaryModel):
-        return ""
-    with dg.build_resources({"model": model}) as built:
-        name: str = built.model.model_name
-    return name
+    resources = defs.resources or {}
+    wanted = {
+        s.model: resources[s.model] for s in specs if isinstance(resources.get(s.model), ModelStep)
+    }
+    with dg.build_resources(wanted) as built:
+        return {
+            s.name: s.config_of(getattr(built, s.model)) if s.model in wanted else s.config("")
+            for s in specs
+        }

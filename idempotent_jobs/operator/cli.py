@@ -356,7 +356,7 @@ def _reconcile(args: argparse.Namespace) -> int:
 
     from idempotent_jobs.dagster.health import dagster_findings, drift_findings, ledger_findings
     from idempotent_jobs.location.jobs import JOB_SPECS
-    from idempotent_jobs.operator.channels_config import configured_model_name
+    from idempotent_jobs.operator.channels_config import configured_configs
     from idempotent_jobs.operator.dagster_home import prepare_dagster_home
 
     specs = [s for s in JOB_SPECS if args.job in (None, s.name)]
@@ -371,7 +371,7 @@ def _reconcile(args: argparse.Namespace) -> int:
             + ledger_findings(
                 ledger, outbox_older_than_seconds=args.outbox_age, max_attempts=args.max_attempts
             )
-            + drift_findings(ledger, specs, configured_model_name())
+            + drift_findings(ledger, specs, configured_configs(specs))
         )
     return _print_findings(args, findings, [f"jobs: {', '.join(s.name for s in specs)}"])
 

@@ -106,12 +106,21 @@ def test_configuration_drift_is_reported_never_silent(
         "persist": "reused (config changed: prompt)",
     }
 
-    [drift] = drift_findings(ledger, [reworded], "recording-model")
+    [drift] = drift_findings(
+        ledger, [reworded], {reworded.name: reworded.config("recording-model")}
+    )
     assert (drift.kind, drift.severity, drift.run_id) == ("config_drift", "info", record.run_id)
     assert "another prompt" in drift.detail and "revise" in drift.detail
     assert "bump version 'v1'" in drift.detail
-    assert drift_findings(ledger, [SUMMARY_SPEC], "recording-model") == []
-    [model_drift] = drift_findings(ledger, [SUMMARY_SPEC], "other-model")
+    assert (
+        drift_findings(
+            ledger, [SUMMARY_SPEC], {SUMMARY_SPEC.name: SUMMARY_SPEC.config("recording-model")}
+        )
+        == []
+    )
+    [model_drift] = drift_findings(
+        ledger, [SUMMARY_SPEC], {SUMMARY_SPEC.name: SUMMARY_SPEC.config("other-model")}
+    )
     assert "another model" in model_drift.detail
 
     with dagster_instance(dagster_env) as instance:
@@ -159,8 +168,15 @@ def test_many_drifted_runs_are_listed_up_to_a_cap(ledger: RunLedger) -> None:
         lease = ledger.begin(ident, "w", 30)[1]
         assert lease is not None
         ledger.complete(lease, {"summary": "s"}, config=config)
-    found = drift_findings(ledger, [SUMMARY_SPEC], "other-model")
+    found = drift_findings(
+        ledger, [SUMMARY_SPEC], {SUMMARY_SPEC.name: SUMMARY_SPEC.config("other-model")}
+    )
     assert len(found) == MAX_DRIFT_FINDINGS + 1
     assert all(f.run_id for f in found[:-1]) and found[-1].run_id is None
     assert f"more than {MAX_DRIFT_FINDINGS} runs" in found[-1].detail
-    assert drift_findings(ledger, [SUMMARY_SPEC], "recording-model") == []
+    assert (
+        drift_findings(
+            ledger, [SUMMARY_SPEC], {SUMMARY_SPEC.name: SUMMARY_SPEC.config("recording-model")}
+        )
+        == []
+    )

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from idempotent_jobs import RunLedger
+from idempotent_jobs import RunIdentity, RunLedger
 from idempotent_jobs.core.records import OutboxRecord
 from idempotent_jobs.dagster.resources import (
     FeedCollector,
@@ -18,6 +18,7 @@ from idempotent_jobs.dagster.resources import (
     LocalExtractiveSummarizer,
     OpenAICompatibleModel,
     SampleDocumentsCollector,
+    StepContext,
     WebhookChannel,
 )
 from idempotent_jobs_tests.helpers import claimed, identity
@@ -96,6 +97,29 @@ def test_openai_compatible_model_speaks_chat_completions() -> None:
     sent = json.loads(request["body"])
     assert sent["messages"][0] == {"role": "system", "content": "Summarise."}
     assert "sk-test-key" not in repr(model)
+
+
+def test_the_prompt_template_is_configuration_and_part_of_the_recorded_config() -> None:
+    identity = RunIdentity("triage", "support", datetime(2026, 11, 2, tzinfo=UTC), "v1")
+    context = StepContext(identity, "Label the tickets.", identity.run_id)
+    template = "You triage the {subject} queue for {window_start}. {instructions}"
+    with http_server(chat_completions) as (url, seen):
+        model = OpenAICompatibleModel(base_url=f"{url}/v1", model="m", prompt_template=template)
+        model.generate({"documents": ["x."]}, context)
+    system = json.loads(seen[0]["body"])["messages"][0]["content"]
+    assert system == (
+        "You triage the support queue for 2026-11-02T00:00:00+00:00. Label the tickets."
+    )
+    plain = OpenAICompatibleModel(base_url="http://unused/v1", model="m")
+    assert plain.settings() == {} and set(model.settings()) == {"prompt_template"}
+    reworded = OpenAICompatibleModel(
+        base_url="http://unused/v1", model="m", prompt_template="{instructions} Be brief."
+    )
+    assert reworded.settings() != model.settings()
+    with pytest.raises(ValueError, match="prompt_template"):
+        OpenAICompatibleModel(
+            base_url="http://unused/v1", model="m", prompt_template="{unknown}"
+        ).generate({"documents": ["x."]}, context)
 
 
 def test_openai_compatible_model_refuses_an_empty_answer() -> None:

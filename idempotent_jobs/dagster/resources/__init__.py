@@ -15,8 +15,12 @@ from idempotent_jobs.dagster.resources.models import (
     OpenAICompatibleModel,
     SummaryModel,
 )
+from idempotent_jobs.dagster.resources.steps import Collector, ModelStep, StepContext
 
 __all__ = [
+    "Collector",
+    "ModelStep",
+    "StepContext",
     "DocumentCollector",
     "FeedCollector",
     "JsonLinesChannel",

@@ -3,31 +3,33 @@
 import json
 import urllib.request
 import xml.etree.ElementTree as ET
-from abc import ABC, abstractmethod
+from abc import ABC
 from email.utils import parsedate_to_datetime
 from importlib import resources
 from typing import Any
 from urllib.parse import quote
 
-import dagster as dg
 from pydantic import Field
 
 from idempotent_jobs.core.identity import RunIdentity
+from idempotent_jobs.dagster.resources.steps import Collector
 
 
-class DocumentCollector(dg.ConfigurableResource, ABC):  # type: ignore[type-arg]
-    """Gathers the source documents of one logical run: ``{"documents": [...], ...}``."""
-
-    @abstractmethod
-    def collect(self, identity: RunIdentity) -> dict[str, Any]: ...
+class DocumentCollector(Collector, ABC):
+    """A collector of documents: ``{"documents": [...], ...}`` (what the summary models read)."""
 
 
 class SampleDocumentsCollector(DocumentCollector):
-    """Offline: the documents in ``idempotent_jobs/location/sample_data/<subject>.json`` (or
-    ``default.json``)."""
+    """Offline: the documents in ``<package>/<subject>.json`` (or ``default.json``) of a Python
+    package holding JSON lists of documents."""
+
+    package: str = Field(
+        default="idempotent_jobs.location.sample_data",
+        description="The package (importable name) whose JSON files hold the documents",
+    )
 
     def collect(self, identity: RunIdentity) -> dict[str, Any]:
-        folder = resources.files("idempotent_jobs.location.sample_data")
+        folder = resources.files(self.package)
         entry = folder.joinpath(f"{identity.subject_id}.json")
         if not entry.is_file():
             entry = folder.joinpath("default.json")

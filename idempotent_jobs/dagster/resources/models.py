@@ -1,15 +1,17 @@
 """The model: a local extractive summarizer (default, offline) or any OpenAI-compatible server."""
 
 import re
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
-import dagster as dg
 from pydantic import Field
 
+from idempotent_jobs.core.json_values import json_fingerprint
 from idempotent_jobs.core.protocol import ModelAnswer
 from idempotent_jobs.core.records import ModelUsage
+from idempotent_jobs.dagster.resources.steps import ModelStep, StepContext
 
 _WORD = re.compile(r"[\w'-]+", re.UNICODE)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -34,12 +36,12 @@ def documents_text(raw_input: dict[str, Any]) -> list[str]:
     return [t for t in texts if t]
 
 
-class SummaryModel(dg.ConfigurableResource, ABC):  # type: ignore[type-arg]
-    """Turns a prompt and the collected documents into ``{"summary": ...}`` with its usage."""
+class SummaryModel(ModelStep):
+    """A model step that turns the job's instructions and the collected documents into
+    ``{"summary": ...}`` with its usage."""
 
-    @property
-    @abstractmethod
-    def model_name(self) -> str: ...
+    def generate(self, raw_input: dict[str, Any], context: StepContext) -> ModelAnswer:
+        return self.summarize(context.instructions, raw_input)
 
     @abstractmethod
     def summarize(self, prompt: str, raw_input: dict[str, Any]) -> ModelAnswer: ...
@@ -79,7 +81,9 @@ class LocalExtractiveSummarizer(SummaryModel):
 class OpenAICompatibleModel(SummaryModel):
     """Any server speaking OpenAI's chat-completions protocol: OpenAI, Ollama, vLLM, llama.cpp.
 
-    Configure ``api_key=dg.EnvVar("OPENAI_API_KEY")`` (local servers accept any key).
+    Configure ``api_key=dg.EnvVar("OPENAI_API_KEY")`` (local servers accept any key). The system
+    message is ``prompt_template`` with ``{instructions}`` (the job's prompt), ``{subject}`` and
+    ``{window_start}`` filled in; the user message holds the documents.
     """
 
     base_url: str = Field(description="e.g. https://api.openai.com/v1 or http://127.0.0.1:11434/v1")
@@ -89,10 +93,33 @@ class OpenAICompatibleModel(SummaryModel):
     max_tokens: int = 400
     timeout_seconds: float = 60.0
     max_retries: int = Field(default=0, description="SDK retries; the op's RetryPolicy retries too")
+    prompt_template: str = Field(
+        default="{instructions}",
+        description="System message; {instructions}, {subject} and {window_start} are filled in",
+    )
 
     @property
     def model_name(self) -> str:
         return self.model
+
+    def settings(self) -> Mapping[str, str]:
+        if self.prompt_template == "{instructions}":
+            return {}
+        return {"prompt_template": json_fingerprint(self.prompt_template)}
+
+    def generate(self, raw_input: dict[str, Any], context: StepContext) -> ModelAnswer:
+        try:
+            system = self.prompt_template.format(
+                instructions=context.instructions,
+                subject=context.identity.subject_id,
+                window_start=context.identity.scheduled_at.isoformat(),
+            )
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(
+                f"prompt_template: {exc!r}; it may use {{instructions}}, {{subject}} and "
+                "{window_start} only (write {{ and }} for braces)"
+            ) from None
+        return self.summarize(system, raw_input)
 
     def summarize(self, prompt: str, raw_input: dict[str, Any]) -> ModelAnswer:
         from openai import OpenAI
