@@ -66,9 +66,7 @@ def template_database(server_url: str) -> Iterator[str]:
     admin_execute(server_url, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     RunLedger(database_conninfo(server_url, name)).migrate()
     yield name
-    admin_execute(
-        server_url, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-    )
+    _drop(server_url, name)
 
 
 @pytest.fixture
@@ -82,20 +80,113 @@ def fresh_database(server_url: str) -> Iterator[str]:
     )
 
 
-@pytest.fixture
-def database(server_url: str, template_database: str) -> Iterator[str]:
-    """A migrated database of this test's own; yields its conninfo."""
-    name = f"ij_test_{uuid.uuid4().hex[:12]}"
-    admin_execute(
-        server_url,
-        sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-            sql.Identifier(name), sql.Identifier(template_database)
-        ),
-    )
-    yield database_conninfo(server_url, name)
+# What a test may change besides the ledger's rows: tables, columns, constraints, privileges,
+# views, functions, migrations and the database's own settings. A database whose shape still
+# matches the template's after a test is emptied and lent to the next test (creating one costs
+# ~0.3 s); any other is dropped.
+_SHAPE = """
+SELECT md5(string_agg(item, ',' ORDER BY item)) FROM (
+  SELECT format('rel %s.%s %s %s', n.nspname, c.relname, c.relkind, c.relacl) AS item
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+  WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname !~ '^pg_(toast|temp)'
+  UNION ALL
+  SELECT format('col %s.%s %s %s %s', c.relnamespace, c.relname, a.attname, a.atttypid,
+                a.attnotnull)
+  FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+  WHERE a.attnum > 0 AND NOT a.attisdropped
+    AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname !~ '^pg_(toast|temp)'
+  UNION ALL
+  SELECT format('con %s %s', conname, pg_get_constraintdef(oid)) FROM pg_constraint
+  WHERE connamespace NOT IN ('pg_catalog'::regnamespace, 'information_schema'::regnamespace)
+  UNION ALL
+  SELECT format('ns %s %s', nspname, nspacl) FROM pg_namespace
+  UNION ALL
+  SELECT format('fn %s', p.oid::regprocedure) FROM pg_proc p
+  WHERE pronamespace NOT IN ('pg_catalog'::regnamespace, 'information_schema'::regnamespace)
+  UNION ALL
+  SELECT format('view %s', pg_get_viewdef(c.oid)) FROM pg_class c WHERE c.relkind = 'v'
+    AND c.relnamespace NOT IN ('pg_catalog'::regnamespace, 'information_schema'::regnamespace)
+  UNION ALL
+  SELECT format('set %s', s.setconfig) FROM pg_db_role_setting s
+  WHERE s.setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())
+  UNION ALL
+  SELECT format('mig %s %s', version, checksum) FROM idempotent_jobs.schema_migrations
+) AS shape"""
+
+_EMPTY = """
+SELECT format('TRUNCATE %s RESTART IDENTITY CASCADE', string_agg(c.oid::regclass::text, ', '))
+FROM pg_class c
+WHERE c.relnamespace = 'idempotent_jobs'::regnamespace AND c.relkind = 'r'
+  AND c.relname <> 'schema_migrations'"""
+
+
+def _shape(conninfo: str) -> str | None:
+    try:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            row = conn.execute(_SHAPE).fetchone()
+    except psycopg.Error:
+        return None
+    return None if row is None else str(row[0])
+
+
+def _drop(server_url: str, name: str) -> None:
     admin_execute(
         server_url, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
     )
+
+
+def _empty_for_reuse(server_url: str, name: str, template_shape: str) -> bool:
+    """Empty the test database for the next test if its shape is the template's."""
+    conninfo = database_conninfo(server_url, name)
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(  # what the test left connected (a thread's pool, a child process)
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+            (name,),
+        )
+    if _shape(conninfo) != template_shape:
+        return False
+    try:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute("SET lock_timeout = '2s'")
+            row = conn.execute(_EMPTY).fetchone()
+            assert row is not None
+            conn.execute(row[0])
+    except psycopg.Error:
+        return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def spare_databases(server_url: str, template_database: str) -> Iterator[tuple[list[str], str]]:
+    """Emptied test databases to lend again, and the template's shape they must keep."""
+    spare: list[str] = []
+    yield spare, _shape(database_conninfo(server_url, template_database)) or ""
+    for name in spare:
+        _drop(server_url, name)
+
+
+@pytest.fixture
+def database(
+    server_url: str, template_database: str, spare_databases: tuple[list[str], str]
+) -> Iterator[str]:
+    """A migrated database of this test's own, with no rows; yields its conninfo."""
+    spare, template_shape = spare_databases
+    if spare:
+        name = spare.pop()
+    else:
+        name = f"ij_test_{uuid.uuid4().hex[:12]}"
+        admin_execute(
+            server_url,
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template_database)
+            ),
+        )
+    yield database_conninfo(server_url, name)
+    if template_shape and _empty_for_reuse(server_url, name, template_shape):
+        spare.append(name)
+    else:
+        _drop(server_url, name)
 
 
 @pytest.fixture
