@@ -5,6 +5,7 @@ import dataclasses
 
 import dagster as dg
 import psycopg
+import pytest
 
 from idempotent_jobs import RunLedger
 from idempotent_jobs.dagster.health import dagster_findings, drift_findings, ledger_findings
@@ -32,6 +33,7 @@ def findings(ledger: RunLedger, instance: dg.DagsterInstance) -> set[tuple[str, 
     return {(f.kind, f.run_id) for f in found}
 
 
+@pytest.mark.dagster_instance
 def test_reconcile_finds_each_planted_inconsistency(
     dagster_env: DagsterTestEnv, ledger: RunLedger, db: psycopg.Connection
 ) -> None:
@@ -135,6 +137,7 @@ def test_configuration_drift_is_reported_never_silent(
     assert metadata["informational"] == 1 and "config_drift" in metadata["findings"]
 
 
+@pytest.mark.dagster_instance
 def test_a_failed_reconciliation_is_not_retried(
     dagster_env: DagsterTestEnv, ledger: RunLedger, db: psycopg.Connection
 ) -> None:

@@ -251,6 +251,7 @@ def test_reads_are_utc_whatever_the_servers_time_zone(
     assert far.scheduled_at.year == 9999 and far.scheduled_at.utcoffset().total_seconds() == 0  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_no_command_prints_the_password(tmp_path: Path, server_url: str) -> None:
     """Every command, as a real process, with a password in the URL and a database it cannot
     use: stdout, stderr and logs are grepped for the password."""

@@ -62,6 +62,7 @@ def test_anywhere_else_the_checkout_is_the_project(
     assert project_home() == CHECKOUT / ".idempotent_jobs"
 
 
+@pytest.mark.slow
 def test_fresh_processes_in_different_directories_agree(tmp_path: Path) -> None:
     inside = CHECKOUT / ".idempotent_jobs" / "dagster_home"
     inside.mkdir(parents=True, exist_ok=True)
