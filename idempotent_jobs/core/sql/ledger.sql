@@ -379,4 +379,10 @@ LIMIT %(limit)s
 
 -- name: run_ids_by_prefix
 -- The run ids starting with a hex prefix; two rows back mean "ambiguous".
-SELECT run_id FROM {schema}.runs WHERE run_id LIKE %(prefix)s || '%%' ORDER BY run_id LIMIT 2
+-- A range on the primary key (ids are lowercase hex, and 'g' sorts after 'f' in every collation
+-- PostgreSQL offers), where LIKE would read the whole index in a non-C collation.
+SELECT run_id FROM {schema}.runs
+WHERE run_id >= %(prefix)s AND run_id < %(prefix)s || 'g'
+  AND left(run_id, length(%(prefix)s)) = %(prefix)s
+ORDER BY run_id
+LIMIT 2
