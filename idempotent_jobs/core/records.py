@@ -66,8 +66,9 @@ class ModelUsage:
 
 @dataclass(frozen=True)
 class CallOrigin:
-    """Where a model call was made: the step (op) that made it, its Dagster run and op retry.
-    The attempt names the step that *claimed* the lease, which may be an earlier one."""
+    """Where a model call was made: the caller's step that made it (a Dagster op), the caller's
+    run and the step's retry. The attempt names the step that *claimed* the lease, which may be
+    an earlier one."""
 
     caller_step: str | None = None
     caller_run_id: str | None = None

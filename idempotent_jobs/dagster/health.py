@@ -73,10 +73,13 @@ def drift_findings(
 ) -> list[Finding]:
     """Completed runs whose result was computed under another prompt, model or validator than
     the job has now (``configs``: each spec's current configuration, by spec name) (info):
-    reused as they are until revised or the version is bumped."""
+    reused as they are until revised or the version is bumped. A spec without a configuration
+    in ``configs`` (its model step is not known here) is not compared."""
     findings: list[Finding] = []
     for spec in specs:
-        config = configs[spec.name]
+        config = configs.get(spec.name)
+        if config is None:
+            continue
         # One more than are listed, to know whether there are more; rows carry their payloads.
         drifted = ledger.drifted(
             spec.identity_job_name, spec.version, config, limit=MAX_DRIFT_FINDINGS + 1

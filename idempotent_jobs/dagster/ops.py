@@ -200,8 +200,10 @@ def build_ops(
     ) -> Ticket:
         """Commit the answer, its usage and the outbox rows in one transaction."""
         answer = transformed.answer
-        if transformed.completed or answer is None:
+        if transformed.completed:
             return _report(context, transformed)
+        if answer is None:  # a ticket no transform produced: nothing to commit, say so
+            raise LedgerError(f"run {transformed.run_id}: the ticket carries no model answer")
         run_id = transformed.run_id
         notifications = spec.notifications(identity_of(context), answer.output)
 

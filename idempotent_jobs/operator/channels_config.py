@@ -24,8 +24,8 @@ def configured_channels() -> Iterator[dict[str, NotificationChannel]]:
 
 def configured_configs(specs: Sequence[IdempotentJobSpec]) -> dict[str, JobConfig]:
     """Each spec's configuration under the code location's model step resources (what
-    configuration drift is compared to), by spec name. A spec whose model resource is missing
-    gets an empty model name."""
+    configuration drift is compared to), by spec name. A spec whose model step resource is not
+    in the definitions is left out: there is nothing to compare with."""
     from idempotent_jobs.location.definitions import defs
 
     resources = defs.resources or {}
@@ -33,7 +33,4 @@ def configured_configs(specs: Sequence[IdempotentJobSpec]) -> dict[str, JobConfi
         s.model: resources[s.model] for s in specs if isinstance(resources.get(s.model), ModelStep)
     }
     with dg.build_resources(wanted) as built:
-        return {
-            s.name: s.config_of(getattr(built, s.model)) if s.model in wanted else s.config("")
-            for s in specs
-        }
+        return {s.name: s.config_of(getattr(built, s.model)) for s in specs if s.model in wanted}

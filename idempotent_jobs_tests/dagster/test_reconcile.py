@@ -124,6 +124,7 @@ def test_configuration_drift_is_reported_never_silent(
         ledger, [SUMMARY_SPEC], {SUMMARY_SPEC.name: SUMMARY_SPEC.config("other-model")}
     )
     assert "another model" in model_drift.detail
+    assert drift_findings(ledger, [reworded], {}) == [], "no known model step: not compared"
 
     with dagster_instance(dagster_env) as instance:
         check, _ = build_reconciliation_job([reworded])
