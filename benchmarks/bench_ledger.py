@@ -178,19 +178,16 @@ def per_run(url: str, runs: int) -> None:
             "ok" if per <= 4 else "MISSED",
         )
         # Reading the counters takes no transaction id: every one counted is a run's commit.
+        # No target (retired): the claim must commit before collect, the checkpoint before the
+        # model call, so a new run is three write transactions; only the last must be flushed.
         commits = (xids_after - xids) / runs
-        row(
-            "commits per logical run (write transactions)",
-            f"{commits:.1f}",
-            "target <= 2",
-            "ok" if commits <= 2.05 else "MISSED (claim before collect, checkpoint before model)",
-        )
+        row("commits per logical run (write transactions)", f"{commits:.1f}", "no target", "-")
         flushes = (syncs_after - syncs) / runs
         row(
             "  of which wait for the WAL flush (WAL syncs)",
             f"{flushes:.2f}",
-            "no target (was 3.0)",
-            "-",
+            "target 1 per new run (was 3.0)",
+            "ok" if flushes <= 1.1 else "MISSED",
         )
         update = []
         for n in range(runs):
@@ -206,6 +203,46 @@ def per_run(url: str, runs: int) -> None:
                 f"UPDATE {pct(update, q) * 1e3:.2f} ms; {target}",
                 verdict,
             )
+    whole_call(url, runs)
+
+
+def _timed_calls(ledger: RunLedger, tag: str, runs: int) -> list[float]:
+    times = []
+    for n in range(runs):
+        started = time.perf_counter()
+        run_idempotent(
+            ledger, ident(tag, n), collect=noop_collect, transform=noop_model, notifications=notify
+        )
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def whole_call(url: str, runs: int) -> None:
+    """The whole ``run_idempotent`` call as a caller times it: the heartbeat, the Python around
+    the statements, the statements. Interleaved with autocommit UPDATEs by primary key, so
+    both see the same machine."""
+    with RunLedger(url, pool_min_size=1, pool_max_size=1) as ledger:
+        with psycopg.connect(url, autocommit=True) as conn:
+            _timed_calls(ledger, "whole-warm", 20)
+            new: list[float] = []
+            reused: list[float] = []
+            update: list[float] = []
+            for block in range(runs // 20):
+                new += _timed_calls(ledger, f"whole-{block}", 20)
+                reused += _timed_calls(ledger, f"whole-{block}", 20)
+                for n in range(20):
+                    started = time.perf_counter()
+                    conn.execute("UPDATE bench_rows SET n = n + 1 WHERE id = %s", (n,))
+                    update.append(time.perf_counter() - started)
+    base = pct(update, 0.5)
+    for name, times, target in (("new run", new, 3.0), ("reused", reused, 1.5)):
+        ratio = pct(times, 0.5) / base
+        row(
+            f"whole run_idempotent call, {name} (p50)",
+            f"{pct(times, 0.5) * 1e3:.2f} ms = {ratio:.2f}x",
+            f"UPDATE {base * 1e3:.2f} ms; target <= {target:g}x",
+            "ok" if ratio <= target else "MISSED",
+        )
 
 
 # -- 3: claims/s under 16 racing processes vs plain UPDATEs/s ---------------------------------
@@ -269,7 +306,7 @@ def contention(url: str, seconds: float) -> None:
         )
 
 
-# -- 4: merged/pipelined vs sequential ---------------------------------------------------------
+# -- 4: merged/pipelined vs sequential (information; the ">= 2x" target is retired) -----------
 
 
 def merged_vs_sequential(url: str, runs: int) -> None:
@@ -300,8 +337,8 @@ def merged_vs_sequential(url: str, runs: int) -> None:
     row(
         "runs/s, merged + lease commits unflushed vs sequential",
         f"{merged:,.0f}/s = {ratio:.2f}x",
-        f"4 durable autocommits {sequential:,.0f}/s; target >= 2x",
-        "ok" if ratio >= 2 else "MISSED",
+        f"4 durable autocommits {sequential:,.0f}/s; no target",
+        "-",
     )
 
 
@@ -366,19 +403,31 @@ def reclaim_after_kill(url: str, lease: float) -> None:
     )
 
 
+SECTIONS = ("per-run", "contention", "merged", "dagster", "reclaim")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
+    parser.add_argument(
+        "--only", action="append", choices=SECTIONS, help="run only this section (repeatable)"
+    )
     args = parser.parse_args(argv)
     multiprocessing.get_context("forkserver").set_forkserver_preload(["idempotent_jobs"])
     runs = 50 if args.quick else 400
+    chosen = args.only or list(SECTIONS)
     print(f"{'measure':<52} {'value':>22}   {'baseline / target':<34} verdict")
     with bench_database() as url:
-        per_run(url, runs)
-        contention(url, 1.0 if args.quick else 3.0)
-        merged_vs_sequential(url, runs)
-        dagster_fraction(url, 3 if args.quick else 10)
-        reclaim_after_kill(url, 2.0)
+        if "per-run" in chosen:
+            per_run(url, runs)
+        if "contention" in chosen:
+            contention(url, 1.0 if args.quick else 3.0)
+        if "merged" in chosen:
+            merged_vs_sequential(url, runs)
+        if "dagster" in chosen:
+            dagster_fraction(url, 3 if args.quick else 10)
+        if "reclaim" in chosen:
+            reclaim_after_kill(url, 2.0)
     missed = [r for r in ROWS if r[3].startswith("MISSED")]
     met = [r for r in ROWS if r[3] == "ok"]
     print(f"{len(met)} targets met, {len(missed)} missed")

@@ -1,17 +1,148 @@
-"""Keep a lease alive while a long step (the model call) runs, and notice when it is lost."""
+"""Keep leases alive while long steps (model calls) run, and notice when one is lost.
 
+One daemon thread per ledger and process renews every lease held through that ledger, each at
+its own interval. Holding a lease costs a dictionary entry, not a thread: a step that ends within
+its first interval makes no renewal and wakes nothing. The thread is created on first use, exits
+after a while with nothing held, and a forked child gets a renewer of its own (the parent's
+thread and lock do not survive a fork).
+"""
+
+import os
 import threading
+import time
+import weakref
+from dataclasses import dataclass, field
 from types import TracebackType
 
 from idempotent_jobs.core.errors import LeaseLostError, LedgerError
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.records import Lease
 
+#: How long the renewer's thread waits with nothing held before it exits (the next hold starts
+#: a new one).
+IDLE_EXIT_SECONDS = 30.0
+
+
+@dataclass(eq=False)
+class LeaseHold:
+    """One lease kept alive by a :class:`LeaseRenewer`: the newest renewed lease, and whether
+    the fence refused a renewal (another worker owns the run now)."""
+
+    lease: Lease
+    interval_seconds: float
+    due: float
+    lost: bool = False
+    renewing: bool = field(default=False, repr=False)
+
+
+class LeaseRenewer:
+    """Renews, on one daemon thread, every lease held through one ledger in this process."""
+
+    def __init__(self, ledger: RunLedger) -> None:
+        # Weak, so that the registry (keyed weakly by ledger) lets a dropped ledger go.
+        self._ledger = weakref.ref(ledger)
+        self._wake = threading.Condition()
+        self._holds: set[LeaseHold] = set()
+        self._thread: threading.Thread | None = None
+        self.thread_name = f"lease-renewer-{id(self):x}"
+
+    @property
+    def held(self) -> int:
+        """How many leases are held right now."""
+        with self._wake:
+            return len(self._holds)
+
+    def hold(self, lease: Lease, interval_seconds: float) -> LeaseHold:
+        """Renew ``lease`` every ``interval_seconds`` until :meth:`release`."""
+        if interval_seconds <= 0:
+            raise ValueError("interval_seconds must be > 0")
+        hold = LeaseHold(lease, interval_seconds, time.monotonic() + interval_seconds)
+        with self._wake:
+            soonest = min((h.due for h in self._holds), default=None)
+            self._holds.add(hold)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=self.thread_name, daemon=True
+                )
+                self._thread.start()
+            elif soonest is None or hold.due < soonest:
+                self._wake.notify()
+        return hold
+
+    def release(self, hold: LeaseHold) -> None:
+        """Stop renewing; returns once no renewal of this lease is in flight."""
+        with self._wake:
+            self._holds.discard(hold)
+            while hold.renewing:
+                self._wake.wait()
+
+    def _run(self) -> None:
+        idle_since: float | None = None
+        while True:
+            with self._wake:
+                now = time.monotonic()
+                due = [h for h in self._holds if h.due <= now]
+                if not due:
+                    if self._holds:
+                        idle_since = None
+                        self._wake.wait(min(h.due for h in self._holds) - now)
+                        continue
+                    idle_since = idle_since if idle_since is not None else now
+                    if now - idle_since >= IDLE_EXIT_SECONDS:
+                        self._thread = None
+                        return
+                    self._wake.wait(IDLE_EXIT_SECONDS - (now - idle_since))
+                    continue
+                for hold in due:
+                    hold.renewing = True
+            for hold in due:
+                self._renew(hold)
+
+    def _renew(self, hold: LeaseHold) -> None:
+        lease, lost = hold.lease, False
+        ledger = self._ledger()
+        try:
+            if ledger is not None:
+                lease = ledger.renew(hold.lease)
+        except LeaseLostError:
+            lost = True
+        except LedgerError:
+            pass  # retried at the next beat; the fence, not the renewer, stops a stale writer
+        with self._wake:
+            hold.lease, hold.renewing = lease, False
+            hold.due = time.monotonic() + hold.interval_seconds
+            if lost:
+                hold.lost = True
+                self._holds.discard(hold)
+            self._wake.notify_all()
+
+
+_renewers: "weakref.WeakKeyDictionary[RunLedger, LeaseRenewer]" = weakref.WeakKeyDictionary()
+_renewers_lock = threading.Lock()
+
+
+def renewer_for(ledger: RunLedger) -> LeaseRenewer:
+    """This process's renewer for ``ledger``."""
+    with _renewers_lock:
+        renewer = _renewers.get(ledger)
+        if renewer is None:
+            renewer = _renewers[ledger] = LeaseRenewer(ledger)
+        return renewer
+
+
+def _forget_renewers_after_fork() -> None:
+    global _renewers, _renewers_lock
+    _renewers = weakref.WeakKeyDictionary()
+    _renewers_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_renewers_after_fork)
+
 
 class LeaseHeartbeat:
-    """Renew ``lease`` every ``interval_seconds`` on a background thread while the block runs.
+    """Renew ``lease`` every ``interval_seconds`` while the block runs.
 
-    A renewal refused by the fence means another worker owns the run now: the heartbeat stops and
+    A renewal refused by the fence means another worker owns the run now: renewal stops and
     :meth:`raise_if_lost` raises :class:`LeaseLostError`. A connection error is retried at the
     next beat; the fence, not the heartbeat, keeps a stale worker from writing.
     """
@@ -19,27 +150,22 @@ class LeaseHeartbeat:
     def __init__(self, ledger: RunLedger, lease: Lease, interval_seconds: float) -> None:
         if interval_seconds <= 0:
             raise ValueError("interval_seconds must be > 0")
-        self.ledger = ledger
-        self.lease = lease
+        self._renewer = renewer_for(ledger)
+        self._lease = lease
         self.interval_seconds = interval_seconds
-        self.lost = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._beat, name=f"lease-heartbeat-{lease.run_id[:12]}", daemon=True
-        )
+        self._hold: LeaseHold | None = None
 
-    def _beat(self) -> None:
-        while not self._stop.wait(self.interval_seconds):
-            try:
-                self.lease = self.ledger.renew(self.lease)
-            except LeaseLostError:
-                self.lost = True
-                return
-            except LedgerError:
-                continue
+    @property
+    def lease(self) -> Lease:
+        """The newest renewed lease (it carries the stored checkpoint)."""
+        return self._hold.lease if self._hold is not None else self._lease
+
+    @property
+    def lost(self) -> bool:
+        return self._hold is not None and self._hold.lost
 
     def __enter__(self) -> "LeaseHeartbeat":
-        self._thread.start()
+        self._hold = self._renewer.hold(self._lease, self.interval_seconds)
         return self
 
     def __exit__(
@@ -48,8 +174,8 @@ class LeaseHeartbeat:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._stop.set()
-        self._thread.join()
+        if self._hold is not None:
+            self._renewer.release(self._hold)
 
     def raise_if_lost(self) -> None:
         if self.lost:
