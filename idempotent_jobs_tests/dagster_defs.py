@@ -97,6 +97,7 @@ def _spec(name: str, identity_job_name: str, retries: int) -> IdempotentJobSpec:
 SUMMARY_SPEC = _spec("competitor_summary", "competitor-summary", retries=2)
 NO_RETRY_SPEC = _spec("summary_without_op_retries", "summary-without-op-retries", retries=0)
 CELERY_SPEC = _spec("celery_summary", "celery-summary", retries=0)
+MULTIPROCESS_SPEC = _spec("summary_multiprocess", "summary-multiprocess", retries=0)
 
 # Steps as Celery tasks on real workers; the broker comes from the environment of the test.
 CELERY_EXECUTOR = celery_executor.configured(
@@ -106,11 +107,13 @@ CELERY_EXECUTOR = celery_executor.configured(
         "include": ["idempotent_jobs_tests.dagster_defs"],
     }
 )
-# competitor_summary runs its ops in one process (fast); the other uses Dagster's default
-# multiprocess executor, so its ops hand the lease over between processes.
+# The factory's default executor runs the ops in the run's process; summary_multiprocess runs
+# each op in a process of its own and celery_summary each as a Celery task, so their ops hand
+# the lease over between processes.
 built = [
-    build_idempotent_job(SUMMARY_SPEC, executor_def=dg.in_process_executor),
+    build_idempotent_job(SUMMARY_SPEC),
     build_idempotent_job(NO_RETRY_SPEC),
+    build_idempotent_job(MULTIPROCESS_SPEC, executor_def=dg.multiprocess_executor),
     build_idempotent_job(CELERY_SPEC, executor_def=CELERY_EXECUTOR),
     build_reconciliation_job([SUMMARY_SPEC]),
 ]

@@ -211,8 +211,8 @@ def launch_schedule_tick_from_ui(page: Page, url: str) -> None:
     page.get_by_role("button", name="Launch all & commit tick result").click()
 
 
-# Eight Dagster runs launched through the UI, each ~40 s on a 2-core machine with the default
-# multiprocess executor: longer than the suite's 300 s per test.
+# Eight Dagster runs launched through the UI (a run worker process each) on a 2-core machine:
+# may outlast the suite's 300 s per test.
 @pytest.mark.timeout(900)
 def test_every_used_by_path_from_the_ui(
     dev_server: tuple[str, Path], monkeypatch: pytest.MonkeyPatch

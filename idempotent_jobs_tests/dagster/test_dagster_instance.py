@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from idempotent_jobs import RunLedger
-from idempotent_jobs_tests.dagster_defs import NO_RETRY_SPEC, SUMMARY_SPEC
+from idempotent_jobs_tests.dagster_defs import MULTIPROCESS_SPEC, NO_RETRY_SPEC, SUMMARY_SPEC
 from idempotent_jobs_tests.dagster_harness import (
     DagsterTestEnv,
     dagster_instance,
@@ -111,9 +111,9 @@ def test_a_run_retry_after_transform_crashes_completes_once(
 def test_the_multiprocess_executor_hands_the_lease_over_between_processes(
     dagster_env: DagsterTestEnv, ledger: RunLedger
 ) -> None:
-    """Dagster's default executor runs each op in its own process: one claim, one epoch."""
+    """Dagster's multiprocess executor runs each op in its own process: one claim, one epoch."""
     with dagster_instance(dagster_env) as instance, workspace(instance) as context:
-        run_id = launch_partition(context, "summary_without_op_retries", PARTITION)
+        run_id = launch_partition(context, "summary_multiprocess", PARTITION)
         assert status(instance, run_id) == dg.DagsterRunStatus.SUCCESS
         starts = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.STEP_START)
         pids = {
@@ -126,7 +126,7 @@ def test_the_multiprocess_executor_hands_the_lease_over_between_processes(
         }
     assert len({pids[s] for s in ("collect", "transform", "persist")}) == 3, pids
     assert epochs == {"collect": 1, "transform": 1, "persist": 1}
-    ident = NO_RETRY_SPEC.identity_for(PARTITION)
+    ident = MULTIPROCESS_SPEC.identity_for(PARTITION)
     [attempt] = ledger.attempts(ident.run_id)
     assert (attempt.lease_epoch, attempt.outcome, attempt.caller_step) == (
         1,
