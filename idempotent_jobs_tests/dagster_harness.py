@@ -74,9 +74,12 @@ def dagster_instance(
 
 
 @contextmanager
-def workspace(instance: dg.DagsterInstance) -> Iterator[WorkspaceProcessContext]:
+def workspace(
+    instance: dg.DagsterInstance, module: str = "idempotent_jobs_tests.dagster_defs"
+) -> Iterator[WorkspaceProcessContext]:
+    """The code location ``module`` (its ``defs``), named ``LOCATION`` for the helpers below."""
     target = ModuleTarget(
-        module_name="idempotent_jobs_tests.dagster_defs",
+        module_name=module,
         attribute="defs",
         working_directory=str(PROJECT_ROOT),
         location_name=LOCATION,
@@ -210,7 +213,7 @@ def run_queue_daemon(context: WorkspaceProcessContext) -> None:
 
     daemon = QueuedRunCoordinatorDaemon(interval_seconds=1)
     queued = dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED])
-    for _ in range(50):
+    for _ in range(500):
         if not context.instance.get_run_records(filters=queued):
             return
         list(daemon.run_iteration(context))
@@ -223,7 +226,7 @@ def run_backfill_daemon(context: WorkspaceProcessContext, backfill_id: str) -> N
     from dagster._daemon.backfill import execute_backfill_iteration
 
     instance = context.instance
-    for _ in range(50):
+    for _ in range(500):
         errors = [e for e in execute_backfill_iteration(context, daemon_logger()) if e]
         assert not errors, errors
         run_queue_daemon(context)
