@@ -59,7 +59,9 @@ def _report(
 ) -> Ticket:
     """Output metadata (from what the step already knows, and ``costs`` where the step read
     them), so the run page answers "did this Dagster run do the work, and what did the logical
-    run cost?". Returns ``ticket`` for chaining."""
+    run cost?". A step that reused a completed run also says so in the run's log (one event-log
+    write; the steps that did the work only report metadata, as every log line costs a write to
+    Dagster's event log). Returns ``ticket`` for chaining."""
     metadata: dict[str, Any] = {
         "ledger_run_id": ticket.run_id,
         "result": ticket.result,
@@ -76,7 +78,8 @@ def _report(
         metadata["tokens_wasted"] = costs.wasted_tokens
         metadata["cost"] = costs.summary()
     context.add_output_metadata(metadata)
-    context.log.info(f"ledger run {ticket.run_id}: {ticket.result}")
+    if ticket.result.startswith("reused"):
+        context.log.info(f"ledger run {ticket.run_id}: {ticket.result}")
     return ticket
 
 
