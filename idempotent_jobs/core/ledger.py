@@ -566,11 +566,17 @@ class RunLedger:
         since: datetime | None = None,
         until: datetime | None = None,
         limit: int | None = 100,
+        after: str | None = None,
     ) -> list[RunRecord]:
         """Runs, newest window first (``limit=None``: all); ``since``/``until`` bound the
         window start, ``until`` exclusive. ``job_name`` and ``subject_id`` are compared as the
-        identity stores them (stripped, Unicode NFC)."""
+        identity stores them (stripped, Unicode NFC).
+
+        ``after`` (a run id or a unique prefix of one, usually the last run of the previous
+        page) continues the listing after that run: pages by keyset, as cheap on the
+        thousandth page as on the first."""
         params = {
+            "after": None if after is None else self.resolve_run_id(after),
             "job_name": None if job_name is None else normalize_text(job_name),
             "subject_id": None if subject_id is None else normalize_text(subject_id),
             "status": status,

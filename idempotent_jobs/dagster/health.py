@@ -1,69 +1,19 @@
-"""What an operator should look at: ledger health (``doctor``) and ledger-vs-Dagster
-reconciliation (``reconcile``, and the ``ledger_reconciliation`` job in the UI)."""
+"""What an operator should look at beyond the ledger's own health (``core.health``): results
+computed under another configuration, and ledger-vs-Dagster reconciliation (``reconcile``, and the
+``ledger_reconciliation`` job in the UI)."""
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
 
 import dagster as dg
 
 from idempotent_jobs.core.errors import InvalidInputError
+from idempotent_jobs.core.health import Finding, Severity, ledger_findings
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.records import JobConfig
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 
-Severity = Literal["info", "problem"]
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One thing found: ``problem`` findings make ``doctor``/``reconcile`` exit non-zero."""
-
-    kind: str
-    severity: Severity
-    detail: str
-    run_id: str | None = None
-    partition: str | None = None
-    dagster_run_ids: list[str] = field(default_factory=list)
-
-
-def ledger_findings(
-    ledger: RunLedger, *, outbox_older_than_seconds: float, max_attempts: int
-) -> list[Finding]:
-    """Expired leases, notifications undelivered too long, runs failed past their retries."""
-    findings = [
-        Finding(
-            "expired_lease",
-            "problem",
-            f"{r.job_name}/{r.subject_id}@{r.scheduled_at.isoformat()} held by {r.lease_owner}, "
-            f"lease expired at {r.lease_expires_at}",
-            r.run_id,
-        )
-        for r in ledger.expired_leases()
-    ]
-    findings += [
-        Finding(
-            "undelivered_outbox",
-            "problem",
-            f"{row.idempotency_key} queued {row.created_at}, {row.delivery_attempts} attempts"
-            + (f", last error: {row.last_error}" if row.last_error else ""),
-            row.run_id,
-        )
-        for row in ledger.stale_outbox(outbox_older_than_seconds)
-    ]
-    findings += [
-        Finding(
-            "failed_past_retries",
-            "problem",
-            f"{r.job_name}/{r.subject_id}@{r.scheduled_at.isoformat()} failed after "
-            f"{r.attempts} attempts: {r.last_error}",
-            r.run_id,
-        )
-        for r in ledger.failed_past_retries(max_attempts)
-    ]
-    return findings
-
+__all__ = ["Finding", "Severity", "ledger_findings", "drift_findings", "dagster_findings"]
 
 MAX_DRIFT_FINDINGS = 50
 

@@ -102,6 +102,7 @@ def _runs_list(args: argparse.Namespace) -> int:
             since=args.since,
             until=args.until,
             limit=args.limit,
+            after=args.after,
         )
     rows = [
         (
@@ -132,7 +133,10 @@ def _runs_list(args: argparse.Namespace) -> int:
         "lease owner",
         "last error",
     ]
-    _emit(args, runs, table(headers, rows))
+    human = table(headers, rows)
+    if len(runs) == args.limit:
+        human += f"\nnext page: --after {runs[-1].run_id[:12]}"
+    _emit(args, runs, human)
     return 0
 
 
@@ -331,7 +335,7 @@ def _print_findings(args: argparse.Namespace, findings: list[Any], checks: list[
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from idempotent_jobs.dagster.health import ledger_findings
+    from idempotent_jobs.core.health import ledger_findings
 
     ledger = _ledger(args)
     checks = []
@@ -488,6 +492,9 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--since", type=_when, help="window start >= this (ISO, with zone)")
     listing.add_argument("--until", type=_when, help="window start < this (ISO, with zone)")
     listing.add_argument("--limit", type=_positive(int), default=100)
+    listing.add_argument(
+        "--after", help="continue after this run (id or prefix): the previous page's last run"
+    )
     listing.set_defaults(handler=_runs_list)
     show = runs.add_parser("show", parents=[json_flag], help="one run: attempts, outbox")
     show.add_argument("run_id", help="run id (or a unique prefix)")

@@ -1,5 +1,6 @@
 """The operator queries are index scans on a seeded ledger, never a scan of every run."""
 
+import hashlib
 import json
 import uuid
 from collections.abc import Iterator
@@ -14,19 +15,25 @@ from idempotent_jobs.core.executor import Executor
 from idempotent_jobs_tests.conftest import admin_execute, database_conninfo
 
 SEEDED_RUNS = 20_000
+# A run deep in the listing (seeded runs are numbered; their ids are sha256 of the number).
+DEEP_RUN = hashlib.sha256(b"5000").hexdigest()
+NEWEST_50 = {
+    "job_name": None,
+    "subject_id": None,
+    "status": None,
+    "since": None,
+    "until": None,
+    "limit": 50,
+    "after": None,
+}
 
 # Each operator statement with the parameters an operator's command sends.
 OPERATOR_QUERIES: dict[str, dict[str, Any]] = {
     "run_ids_by_prefix": {"prefix": "3fa9c2b1d0e4"},
     "get_run": {"run_id": "f" * 64},
-    "list_runs": {
-        "job_name": None,
-        "subject_id": None,
-        "status": None,
-        "since": None,
-        "until": None,
-        "limit": 50,
-    },
+    "list_runs": NEWEST_50,
+    "list_runs --status failed": {**NEWEST_50, "status": "failed"},
+    "list_runs --after": {**NEWEST_50, "after": DEEP_RUN},
     "expired_leases": {},
     "failed_past_retries": {"max_attempts": 3},
     "list_attempts": {"run_id": "f" * 64},
@@ -77,12 +84,29 @@ def _seed(db: psycopg.Connection) -> None:
     db.execute("ANALYZE idempotent_jobs.runs")
 
 
+def _plan(conninfo: str, name: str, analyze: bool = False) -> list[dict[str, Any]]:
+    query = Executor(conninfo).query(name.split()[0])
+    options = "ANALYZE, FORMAT JSON" if analyze else "FORMAT JSON"
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        [[plan]] = conn.execute(f"EXPLAIN ({options}) {query}", OPERATOR_QUERIES[name]).fetchall()
+    return _nodes(plan[0]["Plan"] if isinstance(plan, list) else json.loads(plan)[0]["Plan"])
+
+
 @pytest.mark.parametrize("name", sorted(OPERATOR_QUERIES))
 def test_operator_queries_use_an_index(seeded: str, name: str) -> None:
-    query = Executor(seeded).query(name)
-    with psycopg.connect(seeded, autocommit=True) as conn:
-        [[plan]] = conn.execute(f"EXPLAIN (FORMAT JSON) {query}", OPERATOR_QUERIES[name]).fetchall()
-    nodes = _nodes(plan[0]["Plan"] if isinstance(plan, list) else json.loads(plan)[0]["Plan"])
+    nodes = _plan(seeded, name)
     scanned = {(n["Node Type"], n.get("Relation Name")) for n in nodes if "Relation Name" in n}
     assert scanned, name
     assert all(kind != "Seq Scan" for kind, _ in scanned), (name, scanned)
+
+
+def test_a_deep_page_starts_at_its_cursor(seeded: str) -> None:
+    """Keyset, not OFFSET: the page after a run 15,000 rows down the listing reads about a
+    page of rows, not the 15,000 before it."""
+    nodes = _plan(seeded, "list_runs --after", analyze=True)
+    runs_read = sum(
+        n.get("Actual Rows", 0) + n.get("Rows Removed by Filter", 0)
+        for n in nodes
+        if n.get("Relation Name") == "runs"
+    )
+    assert 50 <= runs_read <= 200, runs_read

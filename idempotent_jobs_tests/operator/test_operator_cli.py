@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from idempotent_jobs import RunLedger
+from idempotent_jobs import RunIdentity, RunLedger
 from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
 from idempotent_jobs.operator.cli import main
 from idempotent_jobs.operator.rerun import partition_for_run, rerun_partition
@@ -97,6 +97,37 @@ def test_runs_list_as_table_and_json_with_filters(
     assert as_json(capsys, "runs", "list", "--job", "another-job") == []
     code, out = run(capsys, "runs", "list", "--since", "2026-08-07")
     assert code == 2 and "needs a timezone" in out
+
+
+def test_runs_list_pages_by_keyset_through_ties(
+    cli_env: Path, ledger: RunLedger, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Pages of --limit 3 chained by --after cover every run once, in order, even where two
+    versions share a job, subject and window."""
+    for hour in range(4):
+        for subject in ("a-co", "b-co"):
+            ledger.register(identity(subject, hour))
+            ledger.register(
+                RunIdentity(
+                    "competitor-summary", subject, identity(subject, hour).scheduled_at, "v2"
+                )
+            )
+    everything = [r["run_id"] for r in as_json(capsys, "runs", "list")]
+    assert len(everything) == 16
+    pages: list[list[str]] = []
+    after: list[str] = []
+    while True:
+        page = [r["run_id"] for r in as_json(capsys, "runs", "list", "--limit", "3", *after)]
+        if not page:
+            break
+        pages.append(page)
+        after = ["--after", page[-1][:12]]
+    assert [run_id for page in pages for run_id in page] == everything
+    assert [len(page) for page in pages] == [3, 3, 3, 3, 3, 1]
+    code, out = run(capsys, "runs", "list", "--limit", "3")
+    assert code == 0 and out.strip().endswith(f"next page: --after {everything[2][:12]}")
+    code, out = run(capsys, "runs", "list", "--after", "0" * 12)
+    assert code == 2 and "matches no run" in out
 
 
 def test_runs_show_tells_the_whole_story(

@@ -311,13 +311,24 @@ WHERE run_id = %(run_id)s AND channel = %(channel)s AND revision = %(revision)s
 
 -- name: list_runs
 -- Runs by job, subject, status and window, newest window first; every filter is optional.
-SELECT * FROM {schema}.runs
-WHERE (%(job_name)s::text IS NULL OR job_name = %(job_name)s)
-  AND (%(subject_id)s::text IS NULL OR subject_id = %(subject_id)s)
-  AND (%(status)s::text IS NULL OR status = %(status)s)
-  AND (%(since)s::timestamptz IS NULL OR scheduled_at >= %(since)s)
-  AND (%(until)s::timestamptz IS NULL OR scheduled_at < %(until)s)
-ORDER BY scheduled_at DESC, job_name, subject_id
+-- A page starts after the run `after` (keyset: never an OFFSET). The order is total (run_id
+-- breaks ties) and is runs_newest_idx's, so `scheduled_at <= cursor` starts the index scan at
+-- the cursor; the rest of the comparison only skips the cursor's own window's earlier rows.
+WITH page_cursor AS (
+  SELECT scheduled_at, job_name, subject_id, run_id FROM {schema}.runs WHERE run_id = %(after)s
+)
+SELECT r.* FROM {schema}.runs AS r
+WHERE (%(job_name)s::text IS NULL OR r.job_name = %(job_name)s)
+  AND (%(subject_id)s::text IS NULL OR r.subject_id = %(subject_id)s)
+  AND (%(status)s::text IS NULL OR r.status = %(status)s)
+  AND (%(since)s::timestamptz IS NULL OR r.scheduled_at >= %(since)s)
+  AND (%(until)s::timestamptz IS NULL OR r.scheduled_at < %(until)s)
+  AND (%(after)s::text IS NULL OR (
+    r.scheduled_at <= (SELECT scheduled_at FROM page_cursor)
+    AND (r.scheduled_at < (SELECT scheduled_at FROM page_cursor)
+      OR (r.job_name, r.subject_id, r.run_id)
+        > (SELECT job_name, subject_id, run_id FROM page_cursor))))
+ORDER BY r.scheduled_at DESC, r.job_name, r.subject_id, r.run_id
 LIMIT %(limit)s
 
 -- name: list_revisions
