@@ -21,11 +21,29 @@ class Finding:
     dagster_run_ids: list[str] = field(default_factory=list)
 
 
+#: Findings listed per check; past that, one more finding says how to see the rest.
+MAX_FINDINGS_PER_CHECK = 100
+
+
+def _bounded(kind: str, found: list[Finding], more: str) -> list[Finding]:
+    if len(found) <= MAX_FINDINGS_PER_CHECK:
+        return found
+    left_out = Finding(
+        kind,
+        "problem",
+        f"more than {MAX_FINDINGS_PER_CHECK} of these; the others are left out here ({more})",
+    )
+    return [*found[:MAX_FINDINGS_PER_CHECK], left_out]
+
+
 def ledger_findings(
     ledger: RunLedger, *, outbox_older_than_seconds: float, max_attempts: int
 ) -> list[Finding]:
-    """Expired leases, notifications undelivered too long, runs failed past their retries."""
-    findings = [
+    """Expired leases, notifications undelivered too long, runs failed past their retries:
+    the oldest :data:`MAX_FINDINGS_PER_CHECK` of each, so that a ledger with thousands of
+    problems still answers at once (one row past the bound tells that there are more)."""
+    limit = MAX_FINDINGS_PER_CHECK + 1
+    expired = [
         Finding(
             "expired_lease",
             "problem",
@@ -33,9 +51,9 @@ def ledger_findings(
             f"lease expired at {r.lease_expires_at}",
             r.run_id,
         )
-        for r in ledger.expired_leases()
+        for r in ledger.expired_leases(limit)
     ]
-    findings += [
+    undelivered = [
         Finding(
             "undelivered_outbox",
             "problem",
@@ -43,9 +61,9 @@ def ledger_findings(
             + (f", last error: {row.last_error}" if row.last_error else ""),
             row.run_id,
         )
-        for row in ledger.stale_outbox(outbox_older_than_seconds)
+        for row in ledger.stale_outbox(outbox_older_than_seconds, limit)
     ]
-    findings += [
+    failed = [
         Finding(
             "failed_past_retries",
             "problem",
@@ -53,6 +71,10 @@ def ledger_findings(
             f"{r.attempts} attempts: {r.last_error}",
             r.run_id,
         )
-        for r in ledger.failed_past_retries(max_attempts)
+        for r in ledger.failed_past_retries(max_attempts, limit)
     ]
-    return findings
+    return [
+        *_bounded("expired_lease", expired, "`runs list --status running`"),
+        *_bounded("undelivered_outbox", undelivered, "`outbox list --pending`"),
+        *_bounded("failed_past_retries", failed, "`runs list --status failed`"),
+    ]

@@ -654,18 +654,30 @@ class RunLedger:
         }
         return self._db.fetch("drifted_runs", params, record_row(RunRecord))
 
-    def expired_leases(self) -> list[RunRecord]:
-        """Running runs whose lease expired (by the database clock) without completion."""
-        return self._db.fetch("expired_leases", {}, record_row(RunRecord))
+    def expired_leases(self, limit: int | None = None) -> list[RunRecord]:
+        """Running runs whose lease expired (by the database clock) without completion, the
+        longest expired first (``limit``: at most that many)."""
+        params = {"limit": None if limit is None else _check_limit(limit)}
+        return self._db.fetch("expired_leases", params, record_row(RunRecord))
 
-    def stale_outbox(self, older_than_seconds: float) -> list[OutboxRecord]:
-        """Undelivered notifications queued more than ``older_than_seconds`` ago."""
-        params = {"older_than_seconds": float(older_than_seconds)}
+    def stale_outbox(
+        self, older_than_seconds: float, limit: int | None = None
+    ) -> list[OutboxRecord]:
+        """Undelivered notifications queued more than ``older_than_seconds`` ago, oldest
+        first."""
+        params = {
+            "older_than_seconds": float(older_than_seconds),
+            "limit": None if limit is None else _check_limit(limit),
+        }
         return self._db.fetch("stale_outbox", params, record_row(OutboxRecord))
 
-    def failed_past_retries(self, max_attempts: int) -> list[RunRecord]:
-        """Failed runs that have used ``max_attempts`` claims or more."""
-        params = {"max_attempts": max_attempts}
+    def failed_past_retries(self, max_attempts: int, limit: int | None = None) -> list[RunRecord]:
+        """Failed runs that have used ``max_attempts`` claims or more, the longest failed
+        first."""
+        params = {
+            "max_attempts": max_attempts,
+            "limit": None if limit is None else _check_limit(limit),
+        }
         return self._db.fetch("failed_past_retries", params, record_row(RunRecord))
 
     # -- delivery ----------------------------------------------------------------------------

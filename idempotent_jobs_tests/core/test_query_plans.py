@@ -34,8 +34,9 @@ OPERATOR_QUERIES: dict[str, dict[str, Any]] = {
     "list_runs": NEWEST_50,
     "list_runs --status failed": {**NEWEST_50, "status": "failed"},
     "list_runs --after": {**NEWEST_50, "after": DEEP_RUN},
-    "expired_leases": {},
-    "failed_past_retries": {"max_attempts": 3},
+    "expired_leases": {"limit": 101},
+    "failed_past_retries": {"max_attempts": 3, "limit": 101},
+    "stale_outbox": {"older_than_seconds": 300.0, "limit": 101},
     "list_attempts": {"run_id": "f" * 64},
     "list_model_calls": {"run_id": "f" * 64},
 }

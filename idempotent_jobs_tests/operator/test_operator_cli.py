@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from idempotent_jobs import RunIdentity, RunLedger
+from idempotent_jobs.core.health import MAX_FINDINGS_PER_CHECK
 from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
 from idempotent_jobs.operator.cli import main
 from idempotent_jobs.operator.rerun import partition_for_run, rerun_partition
@@ -184,6 +185,46 @@ def test_doctor_flags_each_problem_and_passes_a_clean_ledger(
     capsys.readouterr()
     code, out = run(capsys, "doctor")
     assert code == 0 and "0 problem(s)" in out
+
+
+def test_doctor_lists_the_oldest_problems_and_says_there_are_more(
+    cli_env: Path, db: psycopg.Connection, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db.execute(
+        """
+        INSERT INTO idempotent_jobs.runs (run_id, job_name, subject_id, scheduled_at, version,
+            status, attempts, last_error, updated_at)
+        SELECT md5(g::text) || md5(g::text), 'job', 's' || g, now(), 'v1', 'failed', 3,
+            'boom', now() - make_interval(mins => g)
+        FROM generate_series(1, %s) AS g
+        """,
+        (MAX_FINDINGS_PER_CHECK + 5,),
+    )
+    findings = as_json(capsys, "doctor")["findings"]
+    listed = [f["run_id"] for f in findings if f["run_id"]]
+    oldest = [
+        str(r[0])
+        for r in db.execute(
+            "SELECT run_id FROM idempotent_jobs.runs ORDER BY updated_at LIMIT %s",
+            (MAX_FINDINGS_PER_CHECK,),
+        )
+    ]
+    assert listed == oldest
+    assert [f["detail"] for f in findings if not f["run_id"]] == [
+        f"more than {MAX_FINDINGS_PER_CHECK} of these; the others are left out here "
+        "(`runs list --status failed`)"
+    ]
+
+
+def test_doctor_imports_no_dagster(cli_env: Path) -> None:
+    code = (
+        "import sys\n"
+        "from idempotent_jobs.operator.cli import main\n"
+        "main(['doctor'])\n"
+        "print('dagster' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.strip().splitlines()[-1] == "False", done.stdout + done.stderr
 
 
 def test_doctor_reports_an_unreachable_database(

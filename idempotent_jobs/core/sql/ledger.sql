@@ -365,18 +365,21 @@ RETURNING r.*
 SELECT * FROM {schema}.runs
 WHERE status = 'running' AND lease_expires_at < now()
 ORDER BY lease_expires_at
+LIMIT %(limit)s
 
 -- name: stale_outbox
 -- Undelivered notifications queued longer ago than the given number of seconds.
 SELECT * FROM {schema}.notification_outbox
 WHERE delivered_at IS NULL AND created_at < now() - make_interval(secs => %(older_than_seconds)s)
 ORDER BY created_at
+LIMIT %(limit)s
 
 -- name: failed_past_retries
 -- Failed runs that have used the given number of claims or more.
 SELECT * FROM {schema}.runs
 WHERE status = 'failed' AND attempts >= %(max_attempts)s
 ORDER BY updated_at
+LIMIT %(limit)s
 
 -- name: drifted_runs
 -- Completed runs whose result was computed under another configuration.
