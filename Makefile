@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo dev test check lint chromium bench clean
+.PHONY: install demo dev test check lint chromium bench bench-peers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,9 +33,16 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
 
-# Ratios of what the ledger costs against baselines measured in the same run.
+# Ratios of what the ledger costs against baselines measured in the same run: the statements and
+# the whole call, launched runs and backfills through Dagster, operators at a million runs.
 bench: install
 	$(BIN)/python benchmarks/bench_ledger.py
+	$(BIN)/python benchmarks/bench_launched.py
+	$(BIN)/python benchmarks/bench_operators.py
+
+# The closest peer (DBOS Transact, the [bench] extra, part of dev) side by side.
+bench-peers: install
+	$(BIN)/python benchmarks/bench_peers.py
 
 # ruff (rules and format), mypy --strict on the package, tests and benchmarks, and the layer
 # contracts (import-linter, in pyproject.toml): the core imports no Dagster.
