@@ -6,6 +6,7 @@ transaction, and safe to retry when the connection breaks: every statement is wr
 which landed before the break is recognised on the retry instead of being applied twice.
 """
 
+import random
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -188,7 +189,8 @@ class Executor:
     def fetch(
         self, name: str, params: Mapping[str, Any], row_factory: RowFactory[Row]
     ) -> list[Row]:
-        """Run statement ``name``, retrying on a broken connection; return its rows.
+        """Run statement ``name``, retrying on a broken connection or when the server rolled
+        it back (a deadlock victim); return its rows.
 
         Every runtime statement returns rows (a SELECT, or a write with RETURNING) except the
         outbox marks, which run in :meth:`transaction`.
@@ -212,6 +214,15 @@ class Executor:
                 raise SchemaNotMigratedError() from None
             except psycopg.errors.InsufficientPrivilege as exc:
                 raise permission_error(exc, self.schema) from None
+            except psycopg.errors.TransactionRollback as exc:
+                # A deadlock victim (racing first inserts of one run can meet on its two unique
+                # keys in opposite orders): the statement was rolled back whole, so run it again.
+                if attempt == self.connection_retries:
+                    raise LedgerError(
+                        f"ledger statement {name} rolled back {attempt + 1} times "
+                        f"({type(exc).__name__}): {redact(str(exc), self._url)}"
+                    ) from None
+                time.sleep(random.uniform(0.001, 0.01 * 2**attempt))
             except psycopg.OperationalError as exc:
                 broken = conn is None or conn.broken or isinstance(exc, PoolTimeout)
                 if not broken or attempt == self.connection_retries:

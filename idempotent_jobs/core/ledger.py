@@ -306,8 +306,8 @@ class RunLedger:
         """:meth:`register` and :meth:`claim` in one round trip (one statement).
 
         Returns the record and the new lease, or the record and ``None`` when the run is
-        completed or another worker holds it (then only its updated_at moves). Raises
-        :class:`IdentityConflictError` like :meth:`register`.
+        completed (nothing is written) or another worker holds it (then only its updated_at
+        moves). Raises :class:`IdentityConflictError` like :meth:`register`.
         """
         lease_seconds = _check_lease_seconds(lease_seconds)
         params = self._lease_write(
@@ -319,12 +319,18 @@ class RunLedger:
                 "caller_step": _optional_name("caller_step", caller_step),
             }
         )
-        try:
-            rows = self._db.fetch("begin", params, dict_row)
-        except IdentityConflictError:  # racing first inserts: see register()
-            rows = []
-        if not rows:  # a first registration raced this one and has committed: it is seen now
-            rows = self._db.fetch("begin", params, dict_row)
+        rows: list[dict[str, Any]] = []
+        for attempt in range(3):
+            # No row: a first registration raced this one, or the run completed while this
+            # statement waited for its lock. Either has committed and is seen by the next try.
+            try:
+                rows = self._db.fetch("begin", params, dict_row)
+            except IdentityConflictError:  # racing first inserts: see register()
+                if attempt:
+                    raise  # a real conflict raises again
+                continue
+            if rows:
+                break
         if not rows:
             raise LedgerError(f"run {identity.run_id} was deleted while being registered")
         claimed = rows[0]["claimed"]

@@ -24,8 +24,10 @@ RETURNING *
 -- Register the run and claim its lease in one round trip.
 -- Register and claim in one statement: a new run is inserted claimed (epoch 1); an existing one is
 -- claimed under the rule of `claim` (and only if its identity fields match), else only updated_at
--- moves. `claimed` says whether this statement took the lease. No row back: a first registration
--- raced this one and is committed now; run the statement again.
+-- moves. A completed run is only read, never locked or written: reusing a result costs no write
+-- (only an explicit revise changes a completed run). `claimed` says whether this statement took
+-- the lease. No row back: a first registration raced this one, or the run completed while this
+-- statement waited for its row lock; either is committed now: run the statement again.
 WITH inserted AS (
   INSERT INTO {schema}.runs AS r (run_id, job_name, subject_id, scheduled_at, version, status,
     lease_owner, lease_expires_at, lease_epoch, attempts, lease_started_at, lease_caller_run_id,
@@ -37,18 +39,20 @@ WITH inserted AS (
   RETURNING r AS run, true AS claimed,
     set_config('synchronous_commit',
       COALESCE(%(lease_commit)s::text, current_setting('synchronous_commit')), true)
+), done AS (
+  SELECT r AS run, false AS claimed FROM {schema}.runs AS r
+  WHERE r.run_id = %(run_id)s AND r.status = 'completed'
 ), prev AS (
   SELECT r.run_id, r.status, r.lease_owner, r.lease_epoch, r.lease_started_at,
     r.lease_caller_run_id, r.lease_caller_step,
     set_config('synchronous_commit',
       COALESCE(%(lease_commit)s::text, current_setting('synchronous_commit')), true),
-    (r.status <> 'completed'
-      AND (r.lease_owner IS NULL OR r.lease_expires_at < now() OR r.lease_owner = %(worker_id)s)
+    ((r.lease_owner IS NULL OR r.lease_expires_at < now() OR r.lease_owner = %(worker_id)s)
       AND (r.job_name, r.subject_id, r.scheduled_at, r.version)
         = (%(job_name)s, %(subject_id)s, %(scheduled_at)s::timestamptz, %(version)s)
     ) AS claimable
   FROM {schema}.runs AS r
-  WHERE r.run_id = %(run_id)s
+  WHERE r.run_id = %(run_id)s AND r.status <> 'completed'
   FOR UPDATE
 ), claimed AS (
   UPDATE {schema}.runs AS r
@@ -81,6 +85,8 @@ WITH inserted AS (
   ON CONFLICT (run_id, lease_epoch) DO NOTHING
 )
 SELECT (run).*, claimed FROM inserted
+UNION ALL
+SELECT (run).*, claimed FROM done
 UNION ALL
 SELECT (run).*, claimed FROM claimed
 
