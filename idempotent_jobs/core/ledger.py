@@ -29,7 +29,7 @@ from idempotent_jobs.core.errors import (
 )
 from idempotent_jobs.core.executor import DEFAULT_SCHEMA, Executor
 from idempotent_jobs.core.identity import RunIdentity, normalize_text
-from idempotent_jobs.core.json_values import dump_json_object, text_fingerprint
+from idempotent_jobs.core.json_values import MAX_JSON_BYTES, dump_json_object, text_fingerprint
 from idempotent_jobs.core.records import (
     AttemptRecord,
     Basis,
@@ -42,6 +42,7 @@ from idempotent_jobs.core.records import (
     ModelCallRecord,
     ModelUsage,
     OutboxRecord,
+    PruneBatch,
     RevisionRecord,
     RunRecord,
     RunStatus,
@@ -74,6 +75,29 @@ def record_row(cls: Callable[..., Row]) -> Callable[[Cursor[Any]], RowMaker[Row]
         return make
 
     return factory
+
+
+#: The default size limit of a raw input and of an output, as JSON text: a ledger row is no
+#: place for a bulk payload (keep those in object storage and checkpoint a reference).
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+
+
+def _check_payload_limit(field: str, limit: object) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise InvalidInputError(field, f"must be a whole number of bytes, got {limit!r}")
+    if not 1 <= limit <= MAX_JSON_BYTES:
+        raise InvalidInputError(field, f"must be 1 to {MAX_JSON_BYTES} bytes, got {limit}")
+    return limit
+
+
+def _within(text: str, field: str, limit: int) -> str:
+    """``text`` if it fits ``limit`` bytes; checked before anything is written."""
+    size = len(text.encode("utf-8"))
+    if size > limit:
+        raise InvalidInputError(
+            field, f"is {size:,} bytes as JSON, over the limit of {limit:,} (max_{field}_bytes)"
+        )
+    return text
 
 
 MAX_LEASE_SECONDS = 24 * 3600.0
@@ -232,7 +256,11 @@ class RunLedger:
         connect_timeout_seconds: float = 10.0,
         connection_retries: int = 3,
         durable_lease_commits: bool = False,
+        max_raw_input_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_output_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
+        self.max_raw_input_bytes = _check_payload_limit("max_raw_input_bytes", max_raw_input_bytes)
+        self.max_output_bytes = _check_payload_limit("max_output_bytes", max_output_bytes)
         self._db = self.executor_class(
             conninfo,
             schema=schema,
@@ -413,7 +441,9 @@ class RunLedger:
         """Checkpoint the collected input; the first stored value wins. Returns the lease with
         the stored checkpoint and its fingerprint: the :class:`Basis` of an answer computed on
         it."""
-        text = dump_json_object(raw_input, "raw_input")
+        text = _within(
+            dump_json_object(raw_input, "raw_input"), "raw_input", self.max_raw_input_bytes
+        )
         params = self._lease_write(
             {**_fence(lease), "raw_input": text, "input_fingerprint": text_fingerprint(text)}
         )
@@ -461,7 +491,7 @@ class RunLedger:
             **_fence(lease),
             **_usage(usage),
             **_origin(origin),
-            "output": dump_json_object(output, "output"),
+            "output": _within(dump_json_object(output, "output"), "output", self.max_output_bytes),
             "notifications": _notifications_json(notifications),
             "revision": basis.revision,
             "input_fingerprint": basis.input_fingerprint,
@@ -619,7 +649,8 @@ class RunLedger:
         """Reopen a completed run for recomputation: the only way a result is ever replaced.
 
         The accepted output moves to ``run_revisions`` with ``reason``; the run becomes pending
-        under the next revision, keeping its raw input unless ``recollect``. The next completion
+        under the next revision, keeping its raw input unless ``recollect`` (required when
+        retention pruned the raw input). The next completion
         queues notifications only for ``channels`` (none: the new result is stored silently).
         """
         if not isinstance(reason, str) or not reason.strip():
@@ -643,6 +674,13 @@ class RunLedger:
         record = self.get(run_id)
         if record is None:
             raise RunNotFoundError(f"run {run_id} is not registered")
+        if record.status == "completed" and record.raw_input_pruned_at is not None:
+            raise InvalidInputError(
+                "recollect",
+                f"the raw input of run {run_id} was pruned "
+                f"{record.raw_input_pruned_at.isoformat(timespec='seconds')}: revise it with "
+                "recollect (--recollect) to collect the input again",
+            )
         raise InvalidInputError(
             "run_id", f"only a completed run can be revised; {run_id} is {record.status}"
         )
@@ -685,6 +723,89 @@ class RunLedger:
             "limit": None if limit is None else _check_limit(limit),
         }
         return self._db.fetch("failed_past_retries", params, record_row(RunRecord))
+
+    # -- retention ---------------------------------------------------------------------------
+
+    def database_now(self) -> datetime:
+        """The database server's clock."""
+        [(now,)] = self._db.rows("database_now", {})
+        assert isinstance(now, datetime)
+        return now
+
+    def prune_run_payloads(
+        self,
+        job_name: str,
+        after: str,
+        batch_size: int,
+        raw_input_before: datetime | None,
+        output_before: datetime | None,
+        *,
+        apply: bool,
+    ) -> PruneBatch:
+        """One retention batch of runs (see :func:`idempotent_jobs.core.retention.prune`)."""
+        params = {
+            "job_name": normalize_text(job_name),
+            "after": after,
+            "batch_size": batch_size,
+            "raw_input_before": raw_input_before,
+            "output_before": output_before,
+            "apply": apply,
+        }
+        [row] = self._db.rows("prune_run_payloads", params)
+        last, raw_rows, raw_bytes, output_rows, output_bytes, _ = row
+        return PruneBatch(
+            None if last is None else (last,),
+            raw_rows=raw_rows,
+            raw_bytes=raw_bytes,
+            output_rows=output_rows,
+            output_bytes=output_bytes,
+        )
+
+    def prune_attempts(
+        self,
+        job_name: str,
+        after: tuple[str, int],
+        batch_size: int,
+        before: datetime,
+        *,
+        apply: bool,
+    ) -> PruneBatch:
+        """One retention batch of attempt rows."""
+        params = {
+            "job_name": normalize_text(job_name),
+            "after_run_id": after[0],
+            "after_epoch": after[1],
+            "batch_size": batch_size,
+            "before": before,
+            "apply": apply,
+        }
+        [(last_run_id, last_epoch, rows, size, _)] = self._db.rows("prune_attempts", params)
+        last = None if last_run_id is None else (last_run_id, last_epoch)
+        return PruneBatch(last, rows=rows, bytes=size)
+
+    def prune_delivered_payloads(
+        self,
+        job_name: str,
+        after: tuple[str, str, int],
+        batch_size: int,
+        before: datetime,
+        *,
+        apply: bool,
+    ) -> PruneBatch:
+        """One retention batch of delivered notifications' payloads."""
+        params = {
+            "job_name": normalize_text(job_name),
+            "after_run_id": after[0],
+            "after_channel": after[1],
+            "after_revision": after[2],
+            "batch_size": batch_size,
+            "before": before,
+            "apply": apply,
+        }
+        [row] = self._db.rows("prune_delivered_payloads", params)
+        last_run_id, last_channel, last_revision, rows, size, _ = row
+        last = None if last_run_id is None else (last_run_id, last_channel, last_revision)
+        return PruneBatch(last, rows=rows, bytes=size)
 
     # -- delivery ----------------------------------------------------------------------------
 

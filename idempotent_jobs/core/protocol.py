@@ -8,6 +8,7 @@ import socket
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from idempotent_jobs.core.errors import (
@@ -49,6 +50,8 @@ class RunOutcome:
     ``status`` is ``running`` (and ``output`` ``None``) when another worker holds the lease.
     ``config_changed`` names the parts of ``config`` (prompt, model, validator) that differ
     from those the reused result was computed under (empty when nothing was reused).
+    ``output_pruned_at`` says when retention dropped a reused run's output (``output`` is then
+    ``None``; the run is still done, and nothing is recomputed or sent again).
     """
 
     run_id: str
@@ -58,6 +61,7 @@ class RunOutcome:
     worker_id: str
     epoch: int | None = None
     config_changed: tuple[str, ...] = ()
+    output_pruned_at: datetime | None = None
 
 
 def default_worker_id() -> str:
@@ -130,7 +134,16 @@ def run_idempotent(
     if isinstance(lease, Reused):
         done = lease.record
         changed = tuple(config.changed_since(done.config_parts))
-        return RunOutcome(done.run_id, "completed", done.output, False, worker_id, None, changed)
+        return RunOutcome(
+            done.run_id,
+            "completed",
+            done.output,
+            False,
+            worker_id,
+            None,
+            changed,
+            done.output_pruned_at,
+        )
 
     usage: ModelUsage | None = None
     origin = CallOrigin(caller_step, caller_run_id)

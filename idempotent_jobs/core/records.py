@@ -154,6 +154,20 @@ class RunRecord:
     input_fingerprint: str | None = None
     config_fingerprint: str | None = None
     config_parts: dict[str, str] | None = None
+    raw_input_pruned_at: datetime | None = None
+    output_pruned_at: datetime | None = None
+
+    @property
+    def pruned(self) -> list[str]:
+        """What retention pruned of this run, with when (``output pruned 2026-...``)."""
+        return [
+            f"{part} pruned {when.isoformat(timespec='seconds')}"
+            for part, when in (
+                ("raw input", self.raw_input_pruned_at),
+                ("output", self.output_pruned_at),
+            )
+            if when is not None
+        ]
 
 
 @dataclass(frozen=True)
@@ -184,12 +198,13 @@ class OutboxRecord:
 
     run_id: str
     channel: str
-    payload: dict[str, Any]
+    payload: dict[str, Any] | None  # None once retention pruned a delivered row's payload
     created_at: datetime
     delivered_at: datetime | None
     delivery_attempts: int
     last_error: str | None
     revision: int = 0
+    payload_pruned_at: datetime | None = None
 
     @property
     def idempotency_key(self) -> str:
@@ -259,9 +274,24 @@ class RevisionRecord:
     revision: int
     reason: str
     channels: list[str]
-    previous_output: dict[str, Any]
+    previous_output: dict[str, Any] | None  # None when retention had pruned it
     previous_completed_at: datetime
     previous_epoch: int
     recollect: bool
     requested_by: str | None
     requested_at: datetime
+
+
+@dataclass(frozen=True)
+class PruneBatch:
+    """One retention batch of one table: the last key it walked (``None``: the table is done)
+    and what it found to prune (``raw_*``/``output_*`` for runs, ``rows``/``bytes`` for the
+    others), in rows and stored bytes."""
+
+    last_key: tuple[Any, ...] | None
+    rows: int = 0
+    bytes: int = 0
+    raw_rows: int = 0
+    raw_bytes: int = 0
+    output_rows: int = 0
+    output_bytes: int = 0

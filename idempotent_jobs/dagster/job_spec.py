@@ -12,6 +12,7 @@ import dagster as dg
 
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.records import JobConfig
+from idempotent_jobs.core.retention import RetentionPolicy
 from idempotent_jobs.dagster.partitions import identity_for_partition, window_by_subject
 from idempotent_jobs.dagster.resources.steps import ModelStep
 
@@ -50,7 +51,8 @@ class IdempotentJobSpec:
     :class:`Collector` and a :class:`ModelStep`; ``prompt`` is the job's instructions, handed to
     the model step in its :class:`StepContext`. ``validate`` accepts or rejects an answer (an
     exception or ``False`` rejects it); ``payload`` builds the notification of an accepted one.
-    ``channels`` are resource keys of ``NotificationChannel`` resources.
+    ``channels`` are resource keys of ``NotificationChannel`` resources. ``retention`` says how
+    long payloads are kept (by default forever); the run rows themselves are never pruned.
     """
 
     name: str
@@ -72,6 +74,7 @@ class IdempotentJobSpec:
         )
     )
     description: str = ""
+    retention: RetentionPolicy = RetentionPolicy()
 
     @property
     def partitions_def(self) -> dg.MultiPartitionsDefinition:

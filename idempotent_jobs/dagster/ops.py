@@ -44,11 +44,19 @@ def _worker_id(context: dg.OpExecutionContext) -> str:
     )
 
 
-def reuse_label(config: JobConfig, stored_parts: dict[str, str] | None) -> str:
-    """``reused``, or ``reused (config changed: prompt)`` when the stored result was computed
-    under another prompt, model or validator than the job has now."""
+def reuse_label(
+    config: JobConfig, stored_parts: dict[str, str] | None, *, output_pruned: bool = False
+) -> str:
+    """``reused``; ``reused (config changed: prompt)`` when the stored result was computed
+    under another prompt, model or validator than the job has now; ``reused (output pruned)``
+    when retention has dropped the stored output (the run stays done: nothing is recomputed)."""
+    notes = []
     changed = config.changed_since(stored_parts)
-    return f"reused (config changed: {', '.join(changed)})" if changed else "reused"
+    if changed:
+        notes.append(f"config changed: {', '.join(changed)}")
+    if output_pruned:
+        notes.append("output pruned")
+    return f"reused ({'; '.join(notes)})" if notes else "reused"
 
 
 def _report(
@@ -127,7 +135,11 @@ def build_ops(
         if isinstance(got, Busy):
             raise _busy(got.record)
         if isinstance(got, Reused):
-            return Ticket.of_completed(got.record, reuse_label(config, got.record.config_parts))
+            done = got.record
+            pruned = done.output is None and done.output_pruned_at is not None
+            return Ticket.of_completed(
+                done, reuse_label(config, done.config_parts, output_pruned=pruned)
+            )
         return got
 
     @dg.op(

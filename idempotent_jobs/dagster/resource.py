@@ -12,7 +12,7 @@ import dagster as dg
 from pydantic import Field
 
 from idempotent_jobs.core.executor import DEFAULT_SCHEMA
-from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.ledger import DEFAULT_MAX_PAYLOAD_BYTES, RunLedger
 
 
 class RunLedgerResource(dg.ConfigurableResource[RunLedger]):
@@ -42,6 +42,14 @@ class RunLedgerResource(dg.ConfigurableResource[RunLedger]):
             "failures always wait for the flush."
         ),
     )
+    max_raw_input_bytes: int = Field(
+        default=DEFAULT_MAX_PAYLOAD_BYTES,
+        description="Largest raw input (as JSON) a checkpoint accepts; a larger one fails the step",
+    )
+    max_output_bytes: int = Field(
+        default=DEFAULT_MAX_PAYLOAD_BYTES,
+        description="Largest output (as JSON) a result may have; a larger one fails the step",
+    )
 
     def create_resource(self, context: dg.InitResourceContext) -> RunLedger:
         return self.ledger()
@@ -56,6 +64,8 @@ class RunLedgerResource(dg.ConfigurableResource[RunLedger]):
             connect_timeout_seconds=self.connect_timeout_seconds,
             connection_retries=self.connection_retries,
             durable_lease_commits=self.durable_lease_commits,
+            max_raw_input_bytes=self.max_raw_input_bytes,
+            max_output_bytes=self.max_output_bytes,
         )
 
     @contextmanager

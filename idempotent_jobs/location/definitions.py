@@ -11,10 +11,12 @@ from idempotent_jobs.dagster.resources import (
     LocalExtractiveSummarizer,
     SampleDocumentsCollector,
 )
+from idempotent_jobs.dagster.retention_job import build_retention_job
 from idempotent_jobs.location.jobs import JOB_SPECS
 
 built = [build_idempotent_job(spec) for spec in JOB_SPECS]
 built.append(build_reconciliation_job(JOB_SPECS))
+built.append(build_retention_job(JOB_SPECS))
 
 defs = dg.Definitions(
     jobs=[job for job, _ in built],

@@ -13,10 +13,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from idempotent_jobs.core.errors import InvalidInputError, LedgerError, RunNotFoundError
-from idempotent_jobs.operator.render import escape_controls, table, to_json
+from idempotent_jobs.operator.render import escape_controls, human_bytes, table, to_json
 
 if TYPE_CHECKING:
     from idempotent_jobs.core.ledger import RunLedger
+    from idempotent_jobs.core.retention import RetentionPolicy
 
 DATABASE_URL_ENV = "IDEMPOTENT_JOBS_DATABASE_URL"  # core.database's, without importing psycopg
 
@@ -180,6 +181,7 @@ def _runs_show(args: argparse.Namespace) -> int:
         ("config", record.config_parts),
         ("last error", record.last_error),
         ("output", record.output),
+        ("pruned", "; ".join(record.pruned) or None),
     ]
     attempt_rows = [
         (
@@ -286,7 +288,7 @@ def _outbox_list(args: argparse.Namespace) -> int:
                 o.delivered_at,
                 o.delivery_attempts,
                 o.last_error,
-                o.payload,
+                o.payload if o.payload_pruned_at is None else f"(pruned {o.payload_pruned_at})",
             )
             for o in rows
         ],
@@ -353,6 +355,72 @@ def _doctor(args: argparse.Namespace) -> int:
             ledger, outbox_older_than_seconds=args.outbox_age, max_attempts=args.max_attempts
         )
     return _print_findings(args, findings, checks)
+
+
+def _retention_policies(
+    jobs: Sequence[str] | None, overrides: dict[str, Any]
+) -> list[tuple[str, "RetentionPolicy"]]:
+    """(identity job name, policy) to prune by: each job's spec policy in the code location,
+    with the command line's overrides; ``jobs`` by Dagster or identity job name (a job the
+    location does not define keeps everything but what the overrides say)."""
+    from idempotent_jobs.core.retention import RetentionPolicy
+    from idempotent_jobs.location.jobs import JOB_SPECS
+
+    policies = {s.identity_job_name: s.retention for s in JOB_SPECS}
+    by_dagster_name = {s.name: s.identity_job_name for s in JOB_SPECS}
+    names = [by_dagster_name.get(j, j) for j in jobs] if jobs else list(policies)
+    return [
+        (name, policies.get(name, RetentionPolicy()).overridden(**overrides))
+        for name in dict.fromkeys(names)
+    ]
+
+
+def _prune(args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
+    from idempotent_jobs.core.retention import PART_TABLES, PARTS, prune
+
+    days = {
+        "raw_input": args.raw_input_days,
+        "output": args.output_days,
+        "attempts": args.attempts_days,
+        "delivered_payloads": args.outbox_days,
+    }
+    overrides = {part: timedelta(days=d) for part, d in days.items() if d is not None}
+    policies = _retention_policies(args.job, overrides)
+    with _ledger(args) as ledger:
+        reports = [
+            prune(ledger, name, policy, apply=args.apply, batch_size=args.batch_size)
+            for name, policy in policies
+            if policy.prunes_anything
+        ]
+    rows = [
+        (
+            report.job_name,
+            PART_TABLES[part],
+            report.parts[part].rows,
+            human_bytes(report.parts[part].bytes),
+            getattr(report.policy, part),
+        )
+        for report in reports
+        for part in PARTS
+        if getattr(report.policy, part) is not None
+    ]
+    kept_all = [name for name, policy in policies if not policy.prunes_anything]
+    head = "pruned:" if args.apply else "dry run, nothing was pruned; with --apply these would go:"
+    lines = [head, table(["job", "part", "rows", "bytes", "kept for"], rows)]
+    lines.append(
+        f"{sum(r.rows for r in reports)} rows, {human_bytes(sum(r.bytes for r in reports))} "
+        f"in {sum(r.batches for r in reports)} batches of at most {args.batch_size}, "
+        f"{sum(r.seconds for r in reports):.1f} s"
+    )
+    if kept_all:
+        lines.append(
+            f"kept whole (no retention policy): {', '.join(kept_all)}; "
+            "--raw-input-days, --output-days, --attempts-days, --outbox-days set one"
+        )
+    _emit(args, reports, "\n".join(lines))
+    return 0
 
 
 def _reconcile(args: argparse.Namespace) -> int:
@@ -539,6 +607,34 @@ def build_parser() -> argparse.ArgumentParser:
         "--now", action="store_true", help="recompute now, running the partition in this process"
     )
     revise.set_defaults(handler=_revise)
+
+    pruning = commands.add_parser(
+        "prune",
+        parents=[json_flag],
+        help="drop old payloads by each job's retention policy (a dry run unless --apply)",
+        description=(
+            "Runs keep their rows forever (they make a rerun a no-op); their raw input, output, "
+            "attempt rows and delivered notification payloads go after the job's retention "
+            "policy, in batches, while the jobs run. Without --apply, only counts."
+        ),
+    )
+    pruning.add_argument(
+        "--job", action="append", help="a job (Dagster or identity name; repeatable; default all)"
+    )
+    pruning.add_argument("--apply", action="store_true", help="prune (default: a dry run)")
+    pruning.add_argument(
+        "--batch-size", type=_positive(int), default=5000, help="rows per transaction"
+    )
+    for flag, what in (
+        ("--raw-input-days", "raw inputs"),
+        ("--output-days", "accepted outputs"),
+        ("--attempts-days", "attempt rows"),
+        ("--outbox-days", "delivered notification payloads"),
+    ):
+        pruning.add_argument(
+            flag, type=_positive(float), help=f"keep {what} this many days (overrides the job's)"
+        )
+    pruning.set_defaults(handler=_prune)
 
     drill = commands.add_parser(
         "drill", help="failure drills that need no code change"

@@ -4,7 +4,7 @@ import dataclasses
 import json
 import unicodedata
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 # Characters a terminal may act on: C0 and C1 controls (ESC, BEL, CR, LF, CSI U+009B...), line
@@ -37,7 +37,19 @@ def plain(value: Any) -> Any:
         return [plain(v) for v in value]
     if isinstance(value, datetime):
         return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
     return value
+
+
+def human_bytes(size: int) -> str:
+    """``512 B``, ``1.5 kB``, ``12.3 MB``, ``4.0 GB`` (powers of 1000)."""
+    value = float(size)
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")
 
 
 def to_json(value: Any) -> str:

@@ -146,7 +146,7 @@ def _equal_json(stored: Any, given_value: Any) -> bool:
     return bool(stored == given_value)
 
 
-def test_huge_and_deep_values(ledger: RunLedger) -> None:
+def test_huge_and_deep_values(ledger: RunLedger, database: str) -> None:
     ident = identity()
     lease = claimed(ledger, ident, "w", 60)
     with pytest.raises(InvalidInputError, match="larger than"):
@@ -157,8 +157,11 @@ def test_huge_and_deep_values(ledger: RunLedger) -> None:
     with pytest.raises(InvalidInputError, match="raw_input"):
         ledger.save_raw_input(lease, {"deep": nested})
     five_mb = {"documents": ["word " * 1_000_000]}
-    assert ledger.save_raw_input(lease, five_mb) == five_mb
-    assert ledger.save_raw_input(lease, {"documents": []}) == five_mb, "the checkpoint stays"
+    with pytest.raises(InvalidInputError, match="raw_input: is 5,000,018 bytes as JSON"):
+        ledger.save_raw_input(lease, five_mb)  # over the default limit of 1 MiB
+    with RunLedger(database, max_raw_input_bytes=8 * 1024 * 1024) as roomy:
+        assert roomy.save_raw_input(lease, five_mb) == five_mb
+        assert roomy.save_raw_input(lease, {"documents": []}) == five_mb, "the checkpoint stays"
 
 
 @pytest.mark.parametrize(
@@ -193,15 +196,17 @@ def test_bad_model_answers_become_recorded_failures(
     assert done.executed and done.output == {"summary": "fine"}
 
 
-def test_a_huge_answer_is_stored_whole(ledger: RunLedger) -> None:
+def test_a_huge_answer_is_stored_whole(database: str) -> None:
+    """Within a raised limit: the default refuses more than 1 MiB."""
     text = "sentence. " * 300_000  # 3 MB
-    done = run_idempotent(
-        ledger,
-        identity(),
-        collect=Collector(),
-        transform=lambda raw: ModelAnswer({"summary": text}, ModelUsage("m", 10, 900_000)),
-    )
-    stored = ledger.get(identity().run_id)
+    with RunLedger(database, max_output_bytes=4 * 1024 * 1024) as ledger:
+        done = run_idempotent(
+            ledger,
+            identity(),
+            collect=Collector(),
+            transform=lambda raw: ModelAnswer({"summary": text}, ModelUsage("m", 10, 900_000)),
+        )
+        stored = ledger.get(identity().run_id)
     assert stored is not None and stored.output == {"summary": text} == done.output
 
 

@@ -344,10 +344,12 @@ SELECT * FROM {schema}.run_revisions WHERE run_id = %(run_id)s ORDER BY revision
 -- name: revise
 -- Reopen a completed run for recomputation under the next revision.
 -- The only way a completed run is recomputed: its accepted result moves to run_revisions with the
--- reason, and the run becomes claimable again under the next revision number.
+-- reason, and the run becomes claimable again under the next revision number. A run whose raw
+-- input retention pruned is reopened only with `recollect` (there is nothing to recompute on).
 WITH current AS (
   SELECT run_id, revision, output, completed_at, lease_epoch FROM {schema}.runs
   WHERE run_id = %(run_id)s AND status = 'completed'
+    AND (%(recollect)s OR raw_input_pruned_at IS NULL)
   FOR UPDATE
 ), kept AS (
   INSERT INTO {schema}.run_revisions (run_id, revision, reason, channels, previous_output,
@@ -361,7 +363,9 @@ UPDATE {schema}.runs AS r
 SET status = 'pending', output = NULL, completed_at = NULL, last_error = NULL,
   revision = new_revision, updated_at = now(), config_fingerprint = NULL, config_parts = NULL,
   raw_input = CASE WHEN %(recollect)s THEN NULL ELSE r.raw_input END,
-  input_fingerprint = CASE WHEN %(recollect)s THEN NULL ELSE r.input_fingerprint END
+  input_fingerprint = CASE WHEN %(recollect)s THEN NULL ELSE r.input_fingerprint END,
+  raw_input_pruned_at = CASE WHEN %(recollect)s THEN NULL ELSE r.raw_input_pruned_at END,
+  output_pruned_at = NULL
 FROM kept
 WHERE r.run_id = revised_run_id
 RETURNING r.*
@@ -406,3 +410,104 @@ WHERE run_id >= %(prefix)s AND run_id < %(prefix)s || 'g'
   AND left(run_id, length(%(prefix)s)) = %(prefix)s
 ORDER BY run_id
 LIMIT 2
+
+-- name: database_now
+-- The database's clock (retention cutoffs are computed by it, as leases are).
+SELECT now()
+
+-- name: prune_run_payloads
+-- One retention batch of runs: count, and with `apply` drop, old raw inputs and outputs.
+-- The next `batch_size` runs in primary-key order after `after`; of those, the job's completed
+-- runs lose their raw input (completed before `raw_input_before`) and output (before
+-- `output_before`; a NULL cutoff keeps that part). Only completed runs: no lease is ever held on
+-- them, so no claim waits on this. A run revised (or revised and completed again) since the
+-- statement's snapshot is skipped: the update rechecks status and completed_at.
+WITH batch AS (
+  SELECT run_id FROM {schema}.runs WHERE run_id > %(after)s ORDER BY run_id
+  LIMIT %(batch_size)s
+), target AS (
+  SELECT r.run_id, r.completed_at,
+    COALESCE(r.raw_input IS NOT NULL AND r.completed_at < %(raw_input_before)s, false)
+      AS drop_raw,
+    COALESCE(r.output IS NOT NULL AND r.completed_at < %(output_before)s, false) AS drop_output,
+    COALESCE(pg_column_size(r.raw_input), 0) AS raw_bytes,
+    COALESCE(pg_column_size(r.output), 0) AS output_bytes
+  FROM {schema}.runs AS r JOIN batch USING (run_id)
+  WHERE r.job_name = %(job_name)s AND r.status = 'completed'
+), pruned AS (
+  UPDATE {schema}.runs AS r
+  SET raw_input = CASE WHEN t.drop_raw THEN NULL ELSE r.raw_input END,
+    raw_input_pruned_at = CASE WHEN t.drop_raw THEN now() ELSE r.raw_input_pruned_at END,
+    output = CASE WHEN t.drop_output THEN NULL ELSE r.output END,
+    output_pruned_at = CASE WHEN t.drop_output THEN now() ELSE r.output_pruned_at END
+  FROM target AS t
+  WHERE %(apply)s AND r.run_id = t.run_id AND (t.drop_raw OR t.drop_output)
+    AND r.status = 'completed' AND r.completed_at = t.completed_at
+  RETURNING r.run_id
+)
+SELECT (SELECT max(run_id) FROM batch) AS last_run_id,
+  count(*) FILTER (WHERE drop_raw) AS raw_rows,
+  COALESCE(sum(raw_bytes) FILTER (WHERE drop_raw), 0)::bigint AS raw_bytes,
+  count(*) FILTER (WHERE drop_output) AS output_rows,
+  COALESCE(sum(output_bytes) FILTER (WHERE drop_output), 0)::bigint AS output_bytes,
+  (SELECT count(*) FROM pruned) AS updated
+FROM target
+
+-- name: prune_attempts
+-- One retention batch of attempt rows: count, and with `apply` delete, old ones of completed runs.
+-- The next `batch_size` attempt rows in primary-key order after (`after_run_id`,
+-- `after_epoch`); of those, the ones of the job's completed runs that ended before `before`.
+-- The run keeps its `attempts` count; a run not completed keeps its whole history.
+WITH batch AS (
+  SELECT run_id, lease_epoch FROM {schema}.run_attempts
+  WHERE (run_id, lease_epoch) > (%(after_run_id)s, %(after_epoch)s)
+  ORDER BY run_id, lease_epoch
+  LIMIT %(batch_size)s
+), target AS (
+  SELECT a.run_id, a.lease_epoch, pg_column_size(a.*) AS bytes
+  FROM {schema}.run_attempts AS a
+  JOIN batch USING (run_id, lease_epoch)
+  JOIN {schema}.runs AS r USING (run_id)
+  WHERE r.job_name = %(job_name)s AND r.status = 'completed' AND a.ended_at < %(before)s
+), pruned AS (
+  DELETE FROM {schema}.run_attempts AS a USING target AS t
+  WHERE %(apply)s AND a.run_id = t.run_id AND a.lease_epoch = t.lease_epoch
+  RETURNING a.run_id
+), last AS (
+  SELECT run_id, lease_epoch FROM batch ORDER BY run_id DESC, lease_epoch DESC LIMIT 1
+)
+SELECT (SELECT run_id FROM last) AS last_run_id, (SELECT lease_epoch FROM last) AS last_epoch,
+  (SELECT count(*) FROM target) AS rows,
+  (SELECT COALESCE(sum(bytes), 0) FROM target)::bigint AS bytes,
+  (SELECT count(*) FROM pruned) AS deleted
+
+-- name: prune_delivered_payloads
+-- One retention batch of the outbox: count, and with `apply` drop, old delivered payloads.
+-- The next `batch_size` outbox rows in primary-key order after the given key; of those, the
+-- job's rows delivered before `before` lose their payload. The row stays (it is what keeps the
+-- notification from being queued twice); an undelivered row is never touched.
+WITH batch AS (
+  SELECT run_id, channel, revision FROM {schema}.notification_outbox
+  WHERE (run_id, channel, revision) > (%(after_run_id)s, %(after_channel)s, %(after_revision)s)
+  ORDER BY run_id, channel, revision
+  LIMIT %(batch_size)s
+), target AS (
+  SELECT o.run_id, o.channel, o.revision, pg_column_size(o.payload) AS bytes
+  FROM {schema}.notification_outbox AS o
+  JOIN batch USING (run_id, channel, revision)
+  JOIN {schema}.runs AS r USING (run_id)
+  WHERE r.job_name = %(job_name)s AND o.payload IS NOT NULL AND o.delivered_at < %(before)s
+), pruned AS (
+  UPDATE {schema}.notification_outbox AS o SET payload = NULL, payload_pruned_at = now()
+  FROM target AS t
+  WHERE %(apply)s AND o.run_id = t.run_id AND o.channel = t.channel AND o.revision = t.revision
+    AND o.delivered_at IS NOT NULL
+  RETURNING o.run_id
+), last AS (
+  SELECT run_id, channel, revision FROM batch
+  ORDER BY run_id DESC, channel DESC, revision DESC LIMIT 1
+)
+SELECT (SELECT run_id FROM last) AS last_run_id, (SELECT channel FROM last) AS last_channel,
+  (SELECT revision FROM last) AS last_revision, (SELECT count(*) FROM target) AS rows,
+  (SELECT COALESCE(sum(bytes), 0) FROM target)::bigint AS bytes,
+  (SELECT count(*) FROM pruned) AS updated

@@ -1,0 +1,69 @@
+"""``ledger_retention``: prune payloads by each job's retention policy, daily, visible in the UI.
+
+The op runs :func:`idempotent_jobs.core.retention.prune` (the code behind `idempotent-jobs prune
+--apply`) for every job spec whose policy prunes anything, and reports the rows and bytes pruned
+per job and part as metadata. It runs while the jobs run: it touches only completed runs and
+delivered notifications, in short batches.
+"""
+
+from collections.abc import Sequence
+
+import dagster as dg
+
+from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.retention import DEFAULT_BATCH_SIZE, PART_TABLES, PARTS, prune
+from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
+
+
+class RetentionConfig(dg.Config):
+    batch_size: int = DEFAULT_BATCH_SIZE
+
+
+def build_retention_job(
+    specs: Sequence[IdempotentJobSpec],
+) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
+    @dg.op(name="prune_ledger", required_resource_keys={"ledger"})
+    def prune_ledger(context: dg.OpExecutionContext, config: RetentionConfig) -> None:
+        ledger: RunLedger = context.resources.ledger
+        lines = ["| job | part | rows | bytes | kept |", "| --- | --- | --- | ---: | --- |"]
+        total_rows = total_bytes = 0
+        for spec in specs:
+            if not spec.retention.prunes_anything:
+                continue
+            report = prune(
+                ledger,
+                spec.identity_job_name,
+                spec.retention,
+                apply=True,
+                batch_size=config.batch_size,
+            )
+            for part in PARTS:
+                kept = getattr(spec.retention, part)
+                if kept is None:
+                    continue
+                count = report.parts[part]
+                lines.append(
+                    f"| {spec.name} | {PART_TABLES[part]} | {count.rows} | {count.bytes} | {kept} |"
+                )
+            total_rows += report.rows
+            total_bytes += report.bytes
+            context.log.info(
+                f"{spec.name}: pruned {report.rows} rows, {report.bytes} bytes "
+                f"in {report.batches} batches ({spec.retention.describe()})"
+            )
+        context.add_output_metadata(
+            {
+                "rows_pruned": dg.MetadataValue.int(total_rows),
+                "bytes_pruned": dg.MetadataValue.int(total_bytes),
+                "pruned": dg.MetadataValue.md("\n".join(lines)),
+            }
+        )
+
+    @dg.job(name="ledger_retention", description=__doc__)
+    def ledger_retention() -> None:
+        prune_ledger()
+
+    schedule = dg.ScheduleDefinition(
+        name="ledger_retention_schedule", job=ledger_retention, cron_schedule="30 3 * * *"
+    )
+    return ledger_retention, schedule

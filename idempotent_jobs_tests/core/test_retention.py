@@ -1,0 +1,178 @@
+"""Retention on a real server: payloads go by policy, the run rows and their promise stay."""
+
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from idempotent_jobs import InvalidInputError, RunLedger, run_idempotent
+from idempotent_jobs.core.records import OutboxRecord
+from idempotent_jobs.core.retention import PARTS, RetentionPolicy, prune
+from idempotent_jobs.core.testing import ScriptedModel
+from idempotent_jobs_tests.helpers import Collector, claimed, email, identity
+
+MONTH = timedelta(days=30)
+EVERYTHING_AFTER_A_MONTH = RetentionPolicy(MONTH, MONTH, MONTH, MONTH)
+JOB = "competitor-summary"
+
+
+def backdate(db: psycopg.Connection, run_id: str, days: int) -> None:
+    """Make a run look completed (and its attempts ended, notifications delivered) long ago."""
+    ago = f"{days} days"
+    db.execute(
+        "UPDATE idempotent_jobs.runs SET completed_at = completed_at - %s::interval"
+        " WHERE run_id = %s",
+        (ago, run_id),
+    )
+    db.execute(
+        "UPDATE idempotent_jobs.run_attempts SET ended_at = ended_at - %s::interval"
+        " WHERE run_id = %s",
+        (ago, run_id),
+    )
+    db.execute(
+        "UPDATE idempotent_jobs.notification_outbox SET delivered_at = delivered_at - %s::interval"
+        " WHERE run_id = %s AND delivered_at IS NOT NULL",
+        (ago, run_id),
+    )
+
+
+def deliver_all(ledger: RunLedger) -> list[OutboxRecord]:
+    sent: list[OutboxRecord] = []
+    ledger.deliver_outbox(lambda row: sent.append(row))
+    return sent
+
+
+def complete_one(ledger: RunLedger, subject: str, hour: int, model: ScriptedModel) -> str:
+    outcome = run_idempotent(
+        ledger,
+        identity(subject, hour),
+        collect=Collector(),
+        transform=model,
+        notifications=email,
+    )
+    assert outcome.executed
+    return outcome.run_id
+
+
+def test_dry_run_and_apply_agree_and_only_old_payloads_of_finished_work_go(
+    ledger: RunLedger, db: psycopg.Connection
+) -> None:
+    model = ScriptedModel([{"summary": f"answer {n}"} for n in range(10)])
+    old = complete_one(ledger, "old-co", 1, model)
+    recent = complete_one(ledger, "recent-co", 2, model)
+    deliver_all(ledger)
+    backdate(db, old, 100)
+    undelivered = complete_one(ledger, "undelivered-co", 3, model)  # its email is still queued
+    backdate(db, undelivered, 100)
+    running = claimed(ledger, identity("running-co", 4))
+    ledger.checkpoint(running, {"documents": ["being worked on"]})
+
+    dry = prune(ledger, JOB, EVERYTHING_AFTER_A_MONTH)
+    applied = prune(ledger, JOB, EVERYTHING_AFTER_A_MONTH, apply=True, batch_size=2)
+    assert not dry.applied and applied.applied
+    assert {p: (dry.parts[p].rows, dry.parts[p].bytes) for p in PARTS} == {
+        p: (applied.parts[p].rows, applied.parts[p].bytes) for p in PARTS
+    }
+    assert {p: applied.parts[p].rows for p in PARTS} == {
+        "raw_input": 2,  # old and undelivered: both completed 100 days ago
+        "output": 2,
+        "attempts": 2,
+        "delivered_payloads": 1,  # old's only: undelivered's row is still queued
+    }
+    assert all(applied.parts[p].bytes > 0 for p in PARTS)
+    assert applied.batches >= 4  # batches of 2 rows
+
+    gone = ledger.get(old)
+    assert gone is not None and gone.status == "completed" and gone.attempts == 1
+    assert (gone.raw_input, gone.output) == (None, None)
+    assert gone.raw_input_pruned_at is not None and gone.output_pruned_at is not None
+    assert gone.input_fingerprint is not None and gone.config_fingerprint is None
+    assert ledger.attempts(old) == []
+    [row] = ledger.outbox(old)
+    assert row.delivered_at is not None and row.payload is None and row.payload_pruned_at
+
+    kept = ledger.get(recent)
+    assert kept is not None and kept.output == {"summary": "answer 1"} and not kept.pruned
+    [queued] = ledger.outbox(undelivered)
+    assert queued.delivered_at is None and queued.payload is not None
+    busy = ledger.get(running.run_id)
+    assert busy is not None and busy.raw_input == {"documents": ["being worked on"]}
+
+    again = prune(ledger, JOB, EVERYTHING_AFTER_A_MONTH)
+    assert again.rows == 0, "a second prune finds nothing left"
+    other_job = prune(ledger, "another-job", EVERYTHING_AFTER_A_MONTH, apply=True)
+    assert other_job.rows == 0
+
+
+def test_a_pruned_run_invoked_again_calls_no_model_and_sends_nothing(
+    ledger: RunLedger, db: psycopg.Connection
+) -> None:
+    model = ScriptedModel([{"summary": "first"}, {"summary": "second"}])
+    run_id = complete_one(ledger, "workspace-acme", 9, model)
+    assert len(deliver_all(ledger)) == 1
+    backdate(db, run_id, 400)
+    prune(ledger, JOB, EVERYTHING_AFTER_A_MONTH, apply=True)
+
+    collector = Collector()
+    outcome = run_idempotent(
+        ledger, identity(), collect=collector, transform=model, notifications=email
+    )
+    assert (outcome.status, outcome.executed, outcome.output) == ("completed", False, None)
+    assert outcome.output_pruned_at is not None
+    assert (model.calls, collector.calls) == (1, 0)
+    assert deliver_all(ledger) == []
+    assert len(ledger.outbox(run_id)) == 1
+
+
+def test_revising_a_run_whose_input_was_pruned_needs_recollect(
+    ledger: RunLedger, db: psycopg.Connection
+) -> None:
+    model = ScriptedModel([{"summary": "first"}, {"summary": "recomputed"}])
+    run_id = complete_one(ledger, "workspace-acme", 9, model)
+    backdate(db, run_id, 400)
+    prune(ledger, JOB, RetentionPolicy(raw_input=MONTH), apply=True)
+    with pytest.raises(InvalidInputError, match=r"recollect.*raw input .* was pruned"):
+        ledger.revise(run_id, "prompt fixed")
+    reopened = ledger.revise(run_id, "prompt fixed", recollect=True)
+    assert (reopened.status, reopened.raw_input_pruned_at, reopened.revision) == (
+        "pending",
+        None,
+        1,
+    )
+    collector = Collector()
+    outcome = run_idempotent(ledger, identity(), collect=collector, transform=model)
+    assert outcome.executed and outcome.output == {"summary": "recomputed"}
+    assert collector.calls == 1
+    [history] = ledger.revisions(run_id)
+    assert history.previous_output == {"summary": "first"}  # the output itself was kept
+
+
+def test_a_policy_must_keep_something_for_some_time() -> None:
+    with pytest.raises(InvalidInputError, match="output: must be longer than zero"):
+        RetentionPolicy(output=timedelta(0))
+    with pytest.raises(InvalidInputError, match="outputs: is not one of"):
+        RetentionPolicy.of_days(outputs=3)
+    assert RetentionPolicy.of_days(raw_input=30).raw_input == timedelta(days=30)
+    assert not RetentionPolicy().prunes_anything
+
+
+def test_payloads_over_the_size_limit_are_refused_before_any_write(
+    ledger: RunLedger, database: str
+) -> None:
+    lease = claimed(ledger, identity())
+    big: dict[str, Any] = {"documents": ["x" * (1024 * 1024)]}
+    with pytest.raises(InvalidInputError, match=r"raw_input: is 1,048,\d+ bytes .* 1,048,576"):
+        ledger.checkpoint(lease, big)
+    with pytest.raises(InvalidInputError, match=r"output: .* over the limit .*max_output_bytes"):
+        ledger.complete(lease, {"summary": "y" * (1024 * 1024)})
+    record = ledger.get(lease.run_id)
+    assert record is not None and (record.status, record.raw_input, record.output) == (
+        "running",
+        None,
+        None,
+    )
+    with RunLedger(database, max_raw_input_bytes=4 * 1024 * 1024) as roomy:
+        assert roomy.save_raw_input(lease, big) == big
+    with pytest.raises(InvalidInputError, match="max_output_bytes: must be 1 to"):
+        RunLedger(database, max_output_bytes=0)
