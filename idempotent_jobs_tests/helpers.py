@@ -6,6 +6,7 @@ from typing import Any
 import psycopg
 
 from idempotent_jobs import Lease, RunIdentity, RunLedger
+from idempotent_jobs.core.records import OutboxRecord
 
 
 def identity(subject: str = "workspace-acme", hour: int = 9) -> RunIdentity:
@@ -51,3 +52,29 @@ def claimed(ledger: RunLedger, ident: RunIdentity, worker: str = "w", lease: flo
     taken = ledger.claim(ident.run_id, worker, lease)
     assert taken is not None, f"{worker} could not claim {ident.run_id}"
     return taken
+
+
+def backdate(db: psycopg.Connection, run_id: str, days: int) -> None:
+    """Make a run look completed (and its attempts ended, notifications delivered) long ago."""
+    ago = f"{days} days"
+    db.execute(
+        "UPDATE idempotent_jobs.runs SET completed_at = completed_at - %s::interval"
+        " WHERE run_id = %s",
+        (ago, run_id),
+    )
+    db.execute(
+        "UPDATE idempotent_jobs.run_attempts SET ended_at = ended_at - %s::interval"
+        " WHERE run_id = %s",
+        (ago, run_id),
+    )
+    db.execute(
+        "UPDATE idempotent_jobs.notification_outbox SET delivered_at = delivered_at - %s::interval"
+        " WHERE run_id = %s AND delivered_at IS NOT NULL",
+        (ago, run_id),
+    )
+
+
+def deliver_all(ledger: RunLedger) -> list[OutboxRecord]:
+    sent: list[OutboxRecord] = []
+    ledger.deliver_outbox(lambda row: sent.append(row))
+    return sent

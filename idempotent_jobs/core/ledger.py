@@ -46,6 +46,8 @@ from idempotent_jobs.core.records import (
     RevisionRecord,
     RunRecord,
     RunStatus,
+    StoredPart,
+    StoredTable,
 )
 
 Row = TypeVar("Row")
@@ -806,6 +808,42 @@ class RunLedger:
         last_run_id, last_channel, last_revision, rows, size, _ = row
         last = None if last_run_id is None else (last_run_id, last_channel, last_revision)
         return PruneBatch(last, rows=rows, bytes=size)
+
+    def storage(
+        self, exact_below_rows: int = 200_000
+    ) -> tuple[list[StoredTable], list[StoredPart]]:
+        """What the ledger holds: each table's estimated rows and bytes on disk, and per job
+        the rows and stored bytes of runs, raw inputs, outputs, attempts and outbox payloads.
+        Exact for tables under ``exact_below_rows`` rows (by the catalogue's estimate); over
+        that, estimated from a sample of about that many rows' pages."""
+        tables = self._db.fetch("storage_tables", {"schema": self.schema}, record_row(StoredTable))
+        estimated = {t.table_name: t.estimated_rows for t in tables}
+        parts: list[StoredPart] = []
+
+        def percent(table: str) -> float:
+            rows = estimated.get(table, 0)
+            return 100.0 if rows < exact_below_rows else 100.0 * exact_below_rows / rows
+
+        def add(part: str, job: str, rows: int, size: int, sampled_percent: float) -> None:
+            scale = 100.0 / sampled_percent
+            parts.append(StoredPart(job, part, round(rows * scale), round(size * scale), scale > 1))
+
+        runs_percent = percent("runs")
+        for job, rows, row_bytes, raw_bytes, output_bytes in self._db.rows(
+            "storage_runs", {"percent": runs_percent}
+        ):
+            add("runs", job, rows, row_bytes, runs_percent)
+            add("runs.raw_input", job, rows, raw_bytes, runs_percent)
+            add("runs.output", job, rows, output_bytes, runs_percent)
+        attempts_percent = percent("run_attempts")
+        for job, rows, size in self._db.rows("storage_attempts", {"percent": attempts_percent}):
+            add("run_attempts", job, rows, size, attempts_percent)
+        outbox_percent = percent("notification_outbox")
+        for job, rows, size in self._db.rows("storage_outbox", {"percent": outbox_percent}):
+            add("notification_outbox.payload", job, rows, size, outbox_percent)
+        order = ["runs", "runs.raw_input", "runs.output", "run_attempts"]
+        parts.sort(key=lambda p: (p.job_name, order.index(p.part) if p.part in order else 9))
+        return tables, parts
 
     # -- delivery ----------------------------------------------------------------------------
 

@@ -295,3 +295,24 @@ class PruneBatch:
     raw_bytes: int = 0
     output_rows: int = 0
     output_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class StoredPart:
+    """Rows and stored bytes of one part of the ledger for one job (``estimated``: scaled up
+    from a sample of the table's pages)."""
+
+    job_name: str
+    part: str
+    rows: int
+    bytes: int
+    estimated: bool
+
+
+@dataclass(frozen=True)
+class StoredTable:
+    """One ledger table as the catalogue knows it: estimated rows, bytes on disk."""
+
+    table_name: str
+    estimated_rows: int
+    total_bytes: int

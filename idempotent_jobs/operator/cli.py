@@ -141,6 +141,33 @@ def _runs_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _runs_stats(args: argparse.Namespace) -> int:
+    with _ledger(args) as ledger:
+        tables, parts = ledger.storage()
+    approx = any(p.estimated for p in parts)
+    rows = [
+        (
+            p.job_name,
+            p.part,
+            f"{'~' if p.estimated else ''}{p.rows:,}",
+            f"{'~' if p.estimated else ''}{human_bytes(p.bytes)}",
+        )
+        for p in parts
+    ]
+    disk = [(t.table_name, f"~{t.estimated_rows:,}", human_bytes(t.total_bytes)) for t in tables]
+    human = "\n".join(
+        [
+            table(["job", "part", "rows", "stored bytes"], rows),
+            "",
+            "on disk (indexes and TOAST included):",
+            table(["table", "rows", "bytes"], disk),
+        ]
+        + (["", "~: estimated from a sample of the table's pages"] if approx else [])
+    )
+    _emit(args, {"tables": tables, "parts": parts}, human)
+    return 0
+
+
 def _runs_show(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
         run_id = ledger.resolve_run_id(args.run_id)
@@ -566,6 +593,11 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(handler=_runs_list)
     show = runs.add_parser("show", parents=[json_flag], help="one run: attempts, outbox")
     show.add_argument("run_id", help="run id (or a unique prefix)")
+    runs.add_parser(
+        "stats",
+        parents=[json_flag],
+        help="rows and bytes per job and table (estimated from a sample on big tables)",
+    ).set_defaults(handler=_runs_stats)
     show.set_defaults(handler=_runs_show)
 
     outbox = commands.add_parser("outbox", help="notifications").add_subparsers(

@@ -7,40 +7,20 @@ import psycopg
 import pytest
 
 from idempotent_jobs import InvalidInputError, RunLedger, run_idempotent
-from idempotent_jobs.core.records import OutboxRecord
 from idempotent_jobs.core.retention import PARTS, RetentionPolicy, prune
 from idempotent_jobs.core.testing import ScriptedModel
-from idempotent_jobs_tests.helpers import Collector, claimed, email, identity
+from idempotent_jobs_tests.helpers import (
+    Collector,
+    backdate,
+    claimed,
+    deliver_all,
+    email,
+    identity,
+)
 
 MONTH = timedelta(days=30)
 EVERYTHING_AFTER_A_MONTH = RetentionPolicy(MONTH, MONTH, MONTH, MONTH)
 JOB = "competitor-summary"
-
-
-def backdate(db: psycopg.Connection, run_id: str, days: int) -> None:
-    """Make a run look completed (and its attempts ended, notifications delivered) long ago."""
-    ago = f"{days} days"
-    db.execute(
-        "UPDATE idempotent_jobs.runs SET completed_at = completed_at - %s::interval"
-        " WHERE run_id = %s",
-        (ago, run_id),
-    )
-    db.execute(
-        "UPDATE idempotent_jobs.run_attempts SET ended_at = ended_at - %s::interval"
-        " WHERE run_id = %s",
-        (ago, run_id),
-    )
-    db.execute(
-        "UPDATE idempotent_jobs.notification_outbox SET delivered_at = delivered_at - %s::interval"
-        " WHERE run_id = %s AND delivered_at IS NOT NULL",
-        (ago, run_id),
-    )
-
-
-def deliver_all(ledger: RunLedger) -> list[OutboxRecord]:
-    sent: list[OutboxRecord] = []
-    ledger.deliver_outbox(lambda row: sent.append(row))
-    return sent
 
 
 def complete_one(ledger: RunLedger, subject: str, hour: int, model: ScriptedModel) -> str:

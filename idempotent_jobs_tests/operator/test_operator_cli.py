@@ -9,12 +9,20 @@ from typing import Any
 import psycopg
 import pytest
 
-from idempotent_jobs import RunIdentity, RunLedger
+from idempotent_jobs import RunIdentity, RunLedger, run_idempotent
 from idempotent_jobs.core.health import MAX_FINDINGS_PER_CHECK
+from idempotent_jobs.core.testing import ScriptedModel
 from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
 from idempotent_jobs.operator.cli import main
 from idempotent_jobs.operator.rerun import partition_for_run, rerun_partition
-from idempotent_jobs_tests.helpers import expire_lease, identity
+from idempotent_jobs_tests.helpers import (
+    Collector,
+    backdate,
+    deliver_all,
+    email,
+    expire_lease,
+    identity,
+)
 
 
 @pytest.fixture
@@ -129,6 +137,68 @@ def test_runs_list_pages_by_keyset_through_ties(
     assert code == 0 and out.strip().endswith(f"next page: --after {everything[2][:12]}")
     code, out = run(capsys, "runs", "list", "--after", "0" * 12)
     assert code == 2 and "matches no run" in out
+
+
+def test_prune_counts_first_and_prunes_with_apply(
+    cli_env: Path, ledger: RunLedger, db: psycopg.Connection, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The location's policy for competitor-summary (raw input 30 days, output 365, attempts
+    90, delivered payloads 30): a run completed 400 days ago loses all four."""
+    done = run_idempotent(
+        ledger,
+        identity(),
+        collect=Collector(),
+        transform=ScriptedModel([{"summary": "old news"}]),
+        notifications=email,
+    )
+    deliver_all(ledger)
+    backdate(db, done.run_id, 400)
+
+    code, out = run(capsys, "prune")
+    assert code == 0 and out.startswith("dry run, nothing was pruned"), out
+    lines = out.splitlines()
+    for part in ("runs.raw_input", "runs.output", "run_attempts", "notification_outbox.payload"):
+        [line] = [ln for ln in lines if ln.startswith("competitor-summary") and part in ln]
+        assert line.split()[2] == "1", line
+    assert [ln.split()[2] for ln in lines if ln.startswith("hourly-digest")] == ["0"] * 4
+    record = ledger.get(done.run_id)
+    assert record is not None and record.output == {"summary": "old news"}
+
+    code, out = run(capsys, "prune", "--apply", "--batch-size", "1")
+    assert code == 0 and out.startswith("pruned:"), out
+    record = ledger.get(done.run_id)
+    assert record is not None and (record.status, record.output, record.raw_input) == (
+        "completed",
+        None,
+        None,
+    )
+    code, out = run(capsys, "runs", "show", done.run_id[:12])
+    assert "output pruned" in out and "raw input pruned" in out
+    [report] = as_json(capsys, "prune", "--job", "competitor_summary")
+    assert report["job_name"] == "competitor-summary" and report["applied"] is False
+    assert {p: c["rows"] for p, c in report["parts"].items()} == dict.fromkeys(
+        ("raw_input", "output", "attempts", "delivered_payloads"), 0
+    )
+    code, out = run(capsys, "prune", "--job", "no-policy-job")
+    assert code == 0 and "kept whole (no retention policy): no-policy-job" in out
+    code, out = run(capsys, "prune", "--output-days", "0")
+    assert code == 2 and "must be greater than 0" in out
+
+
+def test_runs_stats_counts_rows_and_bytes_per_job_and_part(
+    cli_env: Path, planted: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    stats = as_json(capsys, "runs", "stats")
+    parts = {(p["job_name"], p["part"]): p for p in stats["parts"]}
+    assert parts[("competitor-summary", "runs")]["rows"] == 5
+    assert parts[("competitor-summary", "runs.output")]["bytes"] > 0  # the completed run's
+    assert parts[("competitor-summary", "notification_outbox.payload")]["rows"] == 2
+    # 1 completed + 3 failed claims; the open claims (running, expired) live on their runs
+    assert parts[("competitor-summary", "run_attempts")]["rows"] == 4
+    assert not any(p["estimated"] for p in stats["parts"])
+    assert {t["table_name"] for t in stats["tables"]} >= {"runs", "run_attempts"}
+    code, out = run(capsys, "runs", "stats")
+    assert code == 0 and "on disk (indexes and TOAST included):" in out
 
 
 def test_runs_show_tells_the_whole_story(

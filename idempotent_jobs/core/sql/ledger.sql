@@ -511,3 +511,37 @@ SELECT (SELECT run_id FROM last) AS last_run_id, (SELECT channel FROM last) AS l
   (SELECT revision FROM last) AS last_revision, (SELECT count(*) FROM target) AS rows,
   (SELECT COALESCE(sum(bytes), 0) FROM target)::bigint AS bytes,
   (SELECT count(*) FROM pruned) AS updated
+
+-- name: storage_tables
+-- The ledger's tables: estimated rows and bytes on disk (indexes and TOAST included).
+SELECT c.relname AS table_name, GREATEST(c.reltuples, 0)::bigint AS estimated_rows,
+  pg_total_relation_size(c.oid) AS total_bytes
+FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE n.nspname = %(schema)s AND c.relkind = 'r'
+ORDER BY c.relname
+
+-- name: storage_runs
+-- Runs per job with the stored bytes of their rows, raw inputs and outputs (a page sample).
+-- Over `percent` % of the table's pages (100: all of them, exact); the caller scales it up.
+SELECT r.job_name, count(*) AS rows, COALESCE(sum(pg_column_size(r.*)), 0)::bigint AS row_bytes,
+  COALESCE(sum(pg_column_size(r.raw_input)), 0)::bigint AS raw_input_bytes,
+  COALESCE(sum(pg_column_size(r.output)), 0)::bigint AS output_bytes
+FROM {schema}.runs AS r TABLESAMPLE SYSTEM (%(percent)s)
+GROUP BY r.job_name
+ORDER BY r.job_name
+
+-- name: storage_attempts
+-- Attempt rows per job and their stored bytes (a page sample, as storage_runs).
+SELECT r.job_name, count(*) AS rows, COALESCE(sum(pg_column_size(a.*)), 0)::bigint AS bytes
+FROM {schema}.run_attempts AS a TABLESAMPLE SYSTEM (%(percent)s)
+JOIN {schema}.runs AS r USING (run_id)
+GROUP BY r.job_name
+ORDER BY r.job_name
+
+-- name: storage_outbox
+-- Outbox rows per job and the stored bytes of their payloads (a page sample, as storage_runs).
+SELECT r.job_name, count(*) AS rows, COALESCE(sum(pg_column_size(o.payload)), 0)::bigint AS bytes
+FROM {schema}.notification_outbox AS o TABLESAMPLE SYSTEM (%(percent)s)
+JOIN {schema}.runs AS r USING (run_id)
+GROUP BY r.job_name
+ORDER BY r.job_name
