@@ -3,9 +3,11 @@
 import multiprocessing.synchronize
 import os
 import sys
+import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from idempotent_jobs import RunLedger, run_idempotent
+from idempotent_jobs import RunIdentity, RunLedger, run_idempotent
 from idempotent_jobs_tests.helpers import identity
 
 
@@ -142,3 +144,44 @@ def run_deployment(
                 "run_key": request.run_key,
             }
         out.put({"deployment": name, "runs": runs, "dagster_runs": len(instance.get_runs())})
+
+
+def live_runs_while_pruning(
+    conninfo: str,
+    subject: str,
+    started: multiprocessing.synchronize.Event,
+    stop: multiprocessing.synchronize.Event,
+    out: "multiprocessing.Queue[dict[str, Any]]",
+) -> None:
+    """New runs of the current windows, one after another, until ``stop`` (at least five):
+    each claim (``begin``) timed; reports the longest claim and how many runs it completed and
+    executed."""
+
+    longest = 0.0
+    done = executed = 0
+
+    class TimedLedger(RunLedger):
+        def begin(self, *args: Any, **kwargs: Any) -> Any:
+            nonlocal longest
+            began = time.perf_counter()
+            try:
+                return super().begin(*args, **kwargs)
+            finally:
+                longest = max(longest, time.perf_counter() - began)
+
+    now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    with TimedLedger(conninfo) as ledger:
+        hour = 0
+        while not stop.is_set() or hour < 5:
+            outcome = run_idempotent(
+                ledger,
+                RunIdentity("competitor-summary", subject, now + timedelta(hours=hour), "v1"),
+                collect=lambda _: {"documents": [f"live document of {subject}"]},
+                transform=lambda raw: {"summary": f"live answer for {subject}"},
+                notifications=lambda o: {"email": {"body": o["summary"]}},
+            )
+            done += outcome.status == "completed"
+            executed += outcome.executed
+            hour += 1
+            started.set()
+    out.put({"subject": subject, "longest_claim": longest, "done": done, "executed": executed})

@@ -1,5 +1,6 @@
 """Retention on a real server: payloads go by policy, the run rows and their promise stay."""
 
+import multiprocessing
 from datetime import timedelta
 from typing import Any
 
@@ -17,6 +18,7 @@ from idempotent_jobs_tests.helpers import (
     email,
     identity,
 )
+from idempotent_jobs_tests.workers import live_runs_while_pruning
 
 MONTH = timedelta(days=30)
 EVERYTHING_AFTER_A_MONTH = RetentionPolicy(MONTH, MONTH, MONTH, MONTH)
@@ -156,3 +158,91 @@ def test_payloads_over_the_size_limit_are_refused_before_any_write(
         assert roomy.save_raw_input(lease, big) == big
     with pytest.raises(InvalidInputError, match="max_output_bytes: must be 1 to"):
         RunLedger(database, max_output_bytes=0)
+
+
+SEEDED_OLD_RUNS = 20_000
+
+
+def seed_old_runs(db: psycopg.Connection, runs: int) -> None:
+    """``runs`` completed runs of the job, completed, attempted and notified 400 days ago."""
+    db.execute(
+        """
+        INSERT INTO idempotent_jobs.runs (run_id, job_name, subject_id, scheduled_at, version,
+            status, raw_input, output, lease_epoch, attempts, completed_at, input_fingerprint)
+        SELECT encode(sha256(('old' || g)::bytea), 'hex'), 'competitor-summary',
+            'old-' || g, '2025-01-01'::timestamptz, 'v1', 'completed',
+            '{"documents": ["an old document"]}', '{"summary": "an old answer"}', 1, 1,
+            now() - interval '400 days', md5(g::text)
+        FROM generate_series(1, %s) AS g
+        """,
+        (runs,),
+    )
+    db.execute(
+        """
+        INSERT INTO idempotent_jobs.run_attempts (run_id, lease_epoch, worker_id, started_at,
+            ended_at, outcome)
+        SELECT run_id, 1, 'old-worker', completed_at, completed_at, 'completed'
+        FROM idempotent_jobs.runs WHERE subject_id LIKE 'old-%%'
+        """
+    )
+    db.execute(
+        """
+        INSERT INTO idempotent_jobs.notification_outbox (run_id, channel, payload, created_at,
+            delivered_at, delivery_attempts)
+        SELECT run_id, 'email', output, completed_at, completed_at, 1
+        FROM idempotent_jobs.runs WHERE subject_id LIKE 'old-%%'
+        """
+    )
+
+
+@pytest.mark.slow
+def test_prune_runs_beside_live_claims_and_completions_in_other_processes(
+    ledger: RunLedger, database: str, db: psycopg.Connection
+) -> None:
+    """Two processes claim and complete runs of the current windows of the same job while a
+    prune of 20,000 old runs goes by in batches of 500: no claim waits on the prune (the longest
+    claim is shorter than the longest batch plus scheduling noise), every live run is done once
+    and keeps its payloads, every old run loses them."""
+    seed_old_runs(db, SEEDED_OLD_RUNS)
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    out: multiprocessing.Queue[dict[str, Any]] = ctx.Queue()
+    started = [ctx.Event() for _ in range(2)]
+    workers = [
+        ctx.Process(
+            target=live_runs_while_pruning, args=(database, f"live-{n}", started[n], stop, out)
+        )
+        for n in range(2)
+    ]
+    for worker in workers:
+        worker.start()
+    for event in started:
+        assert event.wait(60), "a live worker did not start"
+    report = prune(ledger, JOB, EVERYTHING_AFTER_A_MONTH, apply=True, batch_size=500)
+    stop.set()
+    results = [out.get(timeout=120) for _ in workers]
+    for worker in workers:
+        worker.join(60)
+
+    assert report.parts["raw_input"].rows == SEEDED_OLD_RUNS
+    assert report.parts["attempts"].rows == SEEDED_OLD_RUNS
+    assert report.parts["delivered_payloads"].rows == SEEDED_OLD_RUNS
+    assert report.batches >= 3 * SEEDED_OLD_RUNS // 500
+    left = db.execute(
+        "SELECT count(*) FROM idempotent_jobs.runs WHERE subject_id LIKE 'old-%%'"
+        " AND (raw_input IS NOT NULL OR output IS NOT NULL)"
+    ).fetchone()
+    assert left == (0,)
+    live = db.execute(
+        "SELECT count(*), count(*) FILTER (WHERE raw_input IS NOT NULL AND output IS NOT NULL"
+        " AND raw_input_pruned_at IS NULL AND output_pruned_at IS NULL)"
+        " FROM idempotent_jobs.runs WHERE subject_id LIKE 'live-%%'"
+    ).fetchone()
+    assert live is not None and live[0] == live[1] == sum(r["done"] for r in results)
+    assert all(r["done"] == r["executed"] >= 5 for r in results), results
+    longest_claim = max(r["longest_claim"] for r in results)
+    assert longest_claim < report.longest_batch_seconds + 0.5, (
+        longest_claim,
+        report.longest_batch_seconds,
+        report.seconds,
+    )

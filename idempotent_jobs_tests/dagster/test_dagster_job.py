@@ -6,7 +6,7 @@ from idempotent_jobs import RunLedger
 from idempotent_jobs.dagster.results import output_metadata
 from idempotent_jobs_tests.dagster_defs import NO_RETRY_SPEC, SUMMARY_SPEC, defs
 from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
-from idempotent_jobs_tests.helpers import count
+from idempotent_jobs_tests.helpers import backdate, count
 
 PARTITION = "workspace-acme|2026-08-07"
 
@@ -73,3 +73,32 @@ def test_without_op_retries_the_failure_is_recorded_and_the_next_run_completes(
     assert dagster_env.model_calls() == 2
     assert output_metadata(retried)["collect"]["result"] == "reused input"
     assert len(dagster_env.delivered()) == 1
+
+
+def test_the_retention_job_prunes_and_a_pruned_run_is_reused_not_redone(
+    dagster_env: DagsterTestEnv, ledger: RunLedger, db: psycopg.Connection
+) -> None:
+    """The location's ledger_retention job prunes by its specs' policies (competitor-summary:
+    raw input 30 days, output 365, attempts 90, delivered payloads 30); the job run again
+    reports `reused (output pruned)`, calls no model and sends nothing."""
+    from idempotent_jobs.location.definitions import defs as location_defs
+
+    job = defs.resolve_job_def("competitor_summary")
+    assert job.execute_in_process(partition_key=PARTITION).success
+    ident = SUMMARY_SPEC.identity_for(PARTITION)
+    backdate(db, ident.run_id, 400)
+
+    retention = location_defs.resolve_job_def("ledger_retention")
+    pruned = retention.execute_in_process()
+    assert pruned.success
+    [metadata] = output_metadata(pruned).values()
+    assert metadata["rows_pruned"] == 4  # raw input, output, one attempt, one payload
+    record = ledger.get(ident.run_id)
+    assert record is not None and record.output is None and record.output_pruned_at
+
+    again = job.execute_in_process(partition_key=PARTITION)
+    assert again.success
+    steps = output_metadata(again)
+    assert steps["persist"]["result"] == "reused (output pruned)"
+    assert steps["deliver"]["delivered_now"] == 0
+    assert dagster_env.model_calls() == 1 and len(dagster_env.delivered()) == 1
