@@ -734,80 +734,36 @@ class RunLedger:
         assert isinstance(now, datetime)
         return now
 
-    def prune_run_payloads(
+    def prune_batch(
         self,
         job_name: str,
-        after: str,
+        after: tuple[str, datetime, str],
         batch_size: int,
+        *,
         raw_input_before: datetime | None,
         output_before: datetime | None,
-        *,
+        attempts_before: datetime | None,
+        payloads_before: datetime | None,
         apply: bool,
     ) -> PruneBatch:
-        """One retention batch of runs (see :func:`idempotent_jobs.core.retention.prune`)."""
+        """One retention batch of a job's runs after the identity ``after`` (see
+        :func:`idempotent_jobs.core.retention.prune`)."""
         params = {
             "job_name": normalize_text(job_name),
-            "after": after,
+            "after_subject": after[0],
+            "after_scheduled_at": after[1],
+            "after_version": after[2],
             "batch_size": batch_size,
             "raw_input_before": raw_input_before,
             "output_before": output_before,
+            "attempts_before": attempts_before,
+            "payloads_before": payloads_before,
             "apply": apply,
         }
-        [row] = self._db.rows("prune_run_payloads", params)
-        last, raw_rows, raw_bytes, output_rows, output_bytes, _ = row
-        return PruneBatch(
-            None if last is None else (last,),
-            raw_rows=raw_rows,
-            raw_bytes=raw_bytes,
-            output_rows=output_rows,
-            output_bytes=output_bytes,
-        )
-
-    def prune_attempts(
-        self,
-        job_name: str,
-        after: tuple[str, int],
-        batch_size: int,
-        before: datetime,
-        *,
-        apply: bool,
-    ) -> PruneBatch:
-        """One retention batch of attempt rows."""
-        params = {
-            "job_name": normalize_text(job_name),
-            "after_run_id": after[0],
-            "after_epoch": after[1],
-            "batch_size": batch_size,
-            "before": before,
-            "apply": apply,
-        }
-        [(last_run_id, last_epoch, rows, size, _)] = self._db.rows("prune_attempts", params)
-        last = None if last_run_id is None else (last_run_id, last_epoch)
-        return PruneBatch(last, rows=rows, bytes=size)
-
-    def prune_delivered_payloads(
-        self,
-        job_name: str,
-        after: tuple[str, str, int],
-        batch_size: int,
-        before: datetime,
-        *,
-        apply: bool,
-    ) -> PruneBatch:
-        """One retention batch of delivered notifications' payloads."""
-        params = {
-            "job_name": normalize_text(job_name),
-            "after_run_id": after[0],
-            "after_channel": after[1],
-            "after_revision": after[2],
-            "batch_size": batch_size,
-            "before": before,
-            "apply": apply,
-        }
-        [row] = self._db.rows("prune_delivered_payloads", params)
-        last_run_id, last_channel, last_revision, rows, size, _ = row
-        last = None if last_run_id is None else (last_run_id, last_channel, last_revision)
-        return PruneBatch(last, rows=rows, bytes=size)
+        [row] = self._db.rows("prune_batch", params)
+        subject, scheduled_at, version, *counts, _ = row
+        last = None if subject is None else (subject, scheduled_at, version)
+        return PruneBatch(last, *counts)
 
     def storage(
         self, exact_below_rows: int = 200_000

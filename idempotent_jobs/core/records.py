@@ -284,17 +284,19 @@ class RevisionRecord:
 
 @dataclass(frozen=True)
 class PruneBatch:
-    """One retention batch of one table: the last key it walked (``None``: the table is done)
-    and what it found to prune (``raw_*``/``output_*`` for runs, ``rows``/``bytes`` for the
-    others), in rows and stored bytes."""
+    """One retention batch of one job: where the walk got to (the last run's identity
+    ``(subject_id, scheduled_at, version)``; ``None``: the job is done) and what the batch found
+    to prune of each part, in rows and stored bytes."""
 
-    last_key: tuple[Any, ...] | None
-    rows: int = 0
-    bytes: int = 0
+    last_key: tuple[str, datetime, str] | None
     raw_rows: int = 0
     raw_bytes: int = 0
     output_rows: int = 0
     output_bytes: int = 0
+    attempt_rows: int = 0
+    attempt_bytes: int = 0
+    payload_rows: int = 0
+    payload_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -3,15 +3,16 @@
 A run's row (identity, status, ``completed_at``, epoch, fingerprints, counts) is what makes a
 second invocation a no-op, so it is never pruned. What a :class:`RetentionPolicy` bounds is the
 bulk around it: the collected raw input, the accepted output, the attempt rows and the payloads
-of delivered notifications. :func:`prune` walks the tables in primary-key order in bounded
-batches (one short transaction each), touching only completed runs and delivered notifications:
-it never takes a lease, never waits on a held one, and can run while the jobs run.
+of delivered notifications. :func:`prune` walks one job's runs in identity order (an index range)
+in bounded batches, one short transaction each pruning all four parts of the batch's runs. It
+touches only completed runs and delivered notifications: it never takes a lease, never waits on a
+held one, and can run while the jobs run.
 """
 
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.core.ledger import RunLedger
@@ -116,7 +117,7 @@ def prune(
     on_batch: Callable[[PruneReport], None] | None = None,
 ) -> PruneReport:
     """Prune (``apply``) or count (the default, a dry run) what ``policy`` lets go of
-    ``job_name``'s runs (the identity job name), ``batch_size`` rows of a table per transaction.
+    ``job_name``'s runs (the identity job name), ``batch_size`` runs per transaction.
 
     Only completed runs lose their raw input, output and attempt rows, and only delivered
     notifications their payloads; a run revised or reopened meanwhile is left alone. The cutoffs
@@ -134,67 +135,27 @@ def prune(
     def cutoff(kept: timedelta | None) -> datetime | None:
         return None if kept is None else now - kept
 
-    def batch(run: Callable[[], bool]) -> bool:
+    cutoffs = {
+        "raw_input_before": cutoff(policy.raw_input),
+        "output_before": cutoff(policy.output),
+        "attempts_before": cutoff(policy.attempts),
+        "payloads_before": cutoff(policy.delivered_payloads),
+    }
+    after: tuple[str, datetime, str] | None = ("", datetime(1970, 1, 1, tzinfo=UTC), "")
+    while after is not None and policy.prunes_anything:
         began = time.perf_counter()
-        more = run()
-        took = time.perf_counter() - began
+        found = ledger.prune_batch(job_name, after, batch_size, apply=apply, **cutoffs)
         report.batches += 1
-        report.longest_batch_seconds = max(report.longest_batch_seconds, took)
+        report.longest_batch_seconds = max(
+            report.longest_batch_seconds, time.perf_counter() - began
+        )
+        _add(report.parts["raw_input"], found.raw_rows, found.raw_bytes)
+        _add(report.parts["output"], found.output_rows, found.output_bytes)
+        _add(report.parts["attempts"], found.attempt_rows, found.attempt_bytes)
+        _add(report.parts["delivered_payloads"], found.payload_rows, found.payload_bytes)
         if on_batch is not None:
             on_batch(report)
-        return more
-
-    raw_before, output_before = cutoff(policy.raw_input), cutoff(policy.output)
-    if raw_before is not None or output_before is not None:
-        after = ""
-
-        def runs_batch() -> bool:
-            nonlocal after
-            found = ledger.prune_run_payloads(
-                job_name, after, batch_size, raw_before, output_before, apply=apply
-            )
-            _add(report.parts["raw_input"], found.raw_rows, found.raw_bytes)
-            _add(report.parts["output"], found.output_rows, found.output_bytes)
-            after = found.last_key[0] if found.last_key else after
-            return found.last_key is not None
-
-        while batch(runs_batch):
-            pass
-    attempts_before = cutoff(policy.attempts)
-    if attempts_before is not None:
-        attempt_after: tuple[str, int] = ("", -1)
-
-        def attempts_batch() -> bool:
-            nonlocal attempt_after
-            found = ledger.prune_attempts(
-                job_name, attempt_after, batch_size, attempts_before, apply=apply
-            )
-            _add(report.parts["attempts"], found.rows, found.bytes)
-            if found.last_key is None:
-                return False
-            attempt_after = (str(found.last_key[0]), int(found.last_key[1]))
-            return True
-
-        while batch(attempts_batch):
-            pass
-    payloads_before = cutoff(policy.delivered_payloads)
-    if payloads_before is not None:
-        outbox_after: tuple[str, str, int] = ("", "", -1)
-
-        def outbox_batch() -> bool:
-            nonlocal outbox_after
-            found = ledger.prune_delivered_payloads(
-                job_name, outbox_after, batch_size, payloads_before, apply=apply
-            )
-            _add(report.parts["delivered_payloads"], found.rows, found.bytes)
-            if found.last_key is None:
-                return False
-            key = found.last_key
-            outbox_after = (str(key[0]), str(key[1]), int(key[2]))
-            return True
-
-        while batch(outbox_batch):
-            pass
+        after = found.last_key
     report.seconds = time.perf_counter() - started
     return report
 

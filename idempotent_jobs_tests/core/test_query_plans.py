@@ -37,6 +37,18 @@ OPERATOR_QUERIES: dict[str, dict[str, Any]] = {
     "expired_leases": {"limit": 101},
     "failed_past_retries": {"max_attempts": 3, "limit": 101},
     "stale_outbox": {"older_than_seconds": 300.0, "limit": 101},
+    "prune_batch": {
+        "job_name": "job",
+        "after_subject": "subject-50",
+        "after_scheduled_at": datetime(2020, 1, 1, tzinfo=UTC),
+        "after_version": "v1",
+        "batch_size": 5000,
+        **dict.fromkeys(
+            ("raw_input_before", "output_before", "attempts_before", "payloads_before"),
+            datetime(2030, 1, 1, tzinfo=UTC),
+        ),
+        "apply": False,
+    },
     "list_attempts": {"run_id": "f" * 64},
     "list_model_calls": {"run_id": "f" * 64},
 }

@@ -20,9 +20,7 @@ UNFENCED_WRITES = {
     "revise": "an operator reopens a completed run, which has no lease",
     "mark_delivered": "the outbox row is locked FOR UPDATE SKIP LOCKED by its deliverer",
     "mark_delivery_failed": "the outbox row is locked FOR UPDATE SKIP LOCKED by its deliverer",
-    "prune_run_payloads": "retention: completed runs only, which no lease holds",
-    "prune_attempts": "retention: ended attempts of completed runs only",
-    "prune_delivered_payloads": "retention: delivered outbox rows only",
+    "prune_batch": "retention: completed runs and delivered outbox rows only, never leased",
 }
 _WRITE = re.compile(r"\b(INSERT INTO|UPDATE|DELETE FROM)\s+\{schema\}\.", re.IGNORECASE)
 _FENCE = (

@@ -415,17 +415,24 @@ LIMIT 2
 -- The database's clock (retention cutoffs are computed by it, as leases are).
 SELECT now()
 
--- name: prune_run_payloads
--- One retention batch of runs: count, and with `apply` drop, old raw inputs and outputs.
--- The next `batch_size` runs in primary-key order after `after`; of those, the job's completed
--- runs lose their raw input (completed before `raw_input_before`) and output (before
--- `output_before`; a NULL cutoff keeps that part). Only completed runs: no lease is ever held on
--- them, so no claim waits on this. A run revised (or revised and completed again) since the
--- statement's snapshot is skipped: the update rechecks status and completed_at.
+-- name: prune_batch
+-- One retention batch of a job: count, and with `apply` prune, what its policy lets go.
+-- The job's next `batch_size` runs in identity order after the cursor (an index range of
+-- runs_identity_key: a job's batches read only its runs). Of those, completed runs lose their
+-- raw input (completed before `raw_input_before`), output (before `output_before`) and attempt
+-- rows (ended before `attempts_before`), and delivered notifications their payload (delivered
+-- before `payloads_before`); a NULL cutoff keeps that part. Only completed runs and delivered
+-- rows: no lease is held on them, so no claim waits on this. A run revised (or revised and
+-- completed again) since the statement's snapshot is skipped: the update rechecks status and
+-- completed_at. The run row, its counts and the outbox row itself always stay.
 WITH batch AS (
-  SELECT run_id FROM {schema}.runs WHERE run_id > %(after)s ORDER BY run_id
+  SELECT run_id, subject_id, scheduled_at, version FROM {schema}.runs
+  WHERE job_name = %(job_name)s
+    AND (job_name, subject_id, scheduled_at, version)
+      > (%(job_name)s, %(after_subject)s, %(after_scheduled_at)s::timestamptz, %(after_version)s)
+  ORDER BY job_name, subject_id, scheduled_at, version
   LIMIT %(batch_size)s
-), target AS (
+), done AS (
   SELECT r.run_id, r.completed_at,
     COALESCE(r.raw_input IS NOT NULL AND r.completed_at < %(raw_input_before)s, false)
       AS drop_raw,
@@ -433,84 +440,52 @@ WITH batch AS (
     COALESCE(pg_column_size(r.raw_input), 0) AS raw_bytes,
     COALESCE(pg_column_size(r.output), 0) AS output_bytes
   FROM {schema}.runs AS r JOIN batch USING (run_id)
-  WHERE r.job_name = %(job_name)s AND r.status = 'completed'
-), pruned AS (
+  WHERE r.status = 'completed'
+), pruned_runs AS (
   UPDATE {schema}.runs AS r
-  SET raw_input = CASE WHEN t.drop_raw THEN NULL ELSE r.raw_input END,
-    raw_input_pruned_at = CASE WHEN t.drop_raw THEN now() ELSE r.raw_input_pruned_at END,
-    output = CASE WHEN t.drop_output THEN NULL ELSE r.output END,
-    output_pruned_at = CASE WHEN t.drop_output THEN now() ELSE r.output_pruned_at END
-  FROM target AS t
-  WHERE %(apply)s AND r.run_id = t.run_id AND (t.drop_raw OR t.drop_output)
-    AND r.status = 'completed' AND r.completed_at = t.completed_at
+  SET raw_input = CASE WHEN d.drop_raw THEN NULL ELSE r.raw_input END,
+    raw_input_pruned_at = CASE WHEN d.drop_raw THEN now() ELSE r.raw_input_pruned_at END,
+    output = CASE WHEN d.drop_output THEN NULL ELSE r.output END,
+    output_pruned_at = CASE WHEN d.drop_output THEN now() ELSE r.output_pruned_at END
+  FROM done AS d
+  WHERE %(apply)s AND r.run_id = d.run_id AND (d.drop_raw OR d.drop_output)
+    AND r.status = 'completed' AND r.completed_at = d.completed_at
   RETURNING r.run_id
-)
-SELECT (SELECT max(run_id) FROM batch) AS last_run_id,
-  count(*) FILTER (WHERE drop_raw) AS raw_rows,
-  COALESCE(sum(raw_bytes) FILTER (WHERE drop_raw), 0)::bigint AS raw_bytes,
-  count(*) FILTER (WHERE drop_output) AS output_rows,
-  COALESCE(sum(output_bytes) FILTER (WHERE drop_output), 0)::bigint AS output_bytes,
-  (SELECT count(*) FROM pruned) AS updated
-FROM target
-
--- name: prune_attempts
--- One retention batch of attempt rows: count, and with `apply` delete, old ones of completed runs.
--- The next `batch_size` attempt rows in primary-key order after (`after_run_id`,
--- `after_epoch`); of those, the ones of the job's completed runs that ended before `before`.
--- The run keeps its `attempts` count; a run not completed keeps its whole history.
-WITH batch AS (
-  SELECT run_id, lease_epoch FROM {schema}.run_attempts
-  WHERE (run_id, lease_epoch) > (%(after_run_id)s, %(after_epoch)s)
-  ORDER BY run_id, lease_epoch
-  LIMIT %(batch_size)s
-), target AS (
+), old_attempts AS (
   SELECT a.run_id, a.lease_epoch, pg_column_size(a.*) AS bytes
-  FROM {schema}.run_attempts AS a
-  JOIN batch USING (run_id, lease_epoch)
-  JOIN {schema}.runs AS r USING (run_id)
-  WHERE r.job_name = %(job_name)s AND r.status = 'completed' AND a.ended_at < %(before)s
-), pruned AS (
-  DELETE FROM {schema}.run_attempts AS a USING target AS t
-  WHERE %(apply)s AND a.run_id = t.run_id AND a.lease_epoch = t.lease_epoch
+  FROM {schema}.run_attempts AS a JOIN done USING (run_id)
+  WHERE a.ended_at < %(attempts_before)s
+), deleted_attempts AS (
+  DELETE FROM {schema}.run_attempts AS a USING old_attempts AS o
+  WHERE %(apply)s AND a.run_id = o.run_id AND a.lease_epoch = o.lease_epoch
   RETURNING a.run_id
-), last AS (
-  SELECT run_id, lease_epoch FROM batch ORDER BY run_id DESC, lease_epoch DESC LIMIT 1
-)
-SELECT (SELECT run_id FROM last) AS last_run_id, (SELECT lease_epoch FROM last) AS last_epoch,
-  (SELECT count(*) FROM target) AS rows,
-  (SELECT COALESCE(sum(bytes), 0) FROM target)::bigint AS bytes,
-  (SELECT count(*) FROM pruned) AS deleted
-
--- name: prune_delivered_payloads
--- One retention batch of the outbox: count, and with `apply` drop, old delivered payloads.
--- The next `batch_size` outbox rows in primary-key order after the given key; of those, the
--- job's rows delivered before `before` lose their payload. The row stays (it is what keeps the
--- notification from being queued twice); an undelivered row is never touched.
-WITH batch AS (
-  SELECT run_id, channel, revision FROM {schema}.notification_outbox
-  WHERE (run_id, channel, revision) > (%(after_run_id)s, %(after_channel)s, %(after_revision)s)
-  ORDER BY run_id, channel, revision
-  LIMIT %(batch_size)s
-), target AS (
+), old_payloads AS (
   SELECT o.run_id, o.channel, o.revision, pg_column_size(o.payload) AS bytes
-  FROM {schema}.notification_outbox AS o
-  JOIN batch USING (run_id, channel, revision)
-  JOIN {schema}.runs AS r USING (run_id)
-  WHERE r.job_name = %(job_name)s AND o.payload IS NOT NULL AND o.delivered_at < %(before)s
-), pruned AS (
+  FROM {schema}.notification_outbox AS o JOIN batch USING (run_id)
+  WHERE o.payload IS NOT NULL AND o.delivered_at < %(payloads_before)s
+), cleared_payloads AS (
   UPDATE {schema}.notification_outbox AS o SET payload = NULL, payload_pruned_at = now()
-  FROM target AS t
-  WHERE %(apply)s AND o.run_id = t.run_id AND o.channel = t.channel AND o.revision = t.revision
+  FROM old_payloads AS p
+  WHERE %(apply)s AND o.run_id = p.run_id AND o.channel = p.channel AND o.revision = p.revision
     AND o.delivered_at IS NOT NULL
   RETURNING o.run_id
 ), last AS (
-  SELECT run_id, channel, revision FROM batch
-  ORDER BY run_id DESC, channel DESC, revision DESC LIMIT 1
+  SELECT subject_id, scheduled_at, version FROM batch
+  ORDER BY subject_id DESC, scheduled_at DESC, version DESC LIMIT 1
 )
-SELECT (SELECT run_id FROM last) AS last_run_id, (SELECT channel FROM last) AS last_channel,
-  (SELECT revision FROM last) AS last_revision, (SELECT count(*) FROM target) AS rows,
-  (SELECT COALESCE(sum(bytes), 0) FROM target)::bigint AS bytes,
-  (SELECT count(*) FROM pruned) AS updated
+SELECT (SELECT subject_id FROM last) AS last_subject,
+  (SELECT scheduled_at FROM last) AS last_scheduled_at,
+  (SELECT version FROM last) AS last_version,
+  (SELECT count(*) FROM done WHERE drop_raw) AS raw_rows,
+  (SELECT COALESCE(sum(raw_bytes), 0) FROM done WHERE drop_raw)::bigint AS raw_bytes,
+  (SELECT count(*) FROM done WHERE drop_output) AS output_rows,
+  (SELECT COALESCE(sum(output_bytes), 0) FROM done WHERE drop_output)::bigint AS output_bytes,
+  (SELECT count(*) FROM old_attempts) AS attempt_rows,
+  (SELECT COALESCE(sum(bytes), 0) FROM old_attempts)::bigint AS attempt_bytes,
+  (SELECT count(*) FROM old_payloads) AS payload_rows,
+  (SELECT COALESCE(sum(bytes), 0) FROM old_payloads)::bigint AS payload_bytes,
+  (SELECT count(*) FROM pruned_runs) + (SELECT count(*) FROM deleted_attempts)
+    + (SELECT count(*) FROM cleared_payloads) AS changed
 
 -- name: storage_tables
 -- The ledger's tables: estimated rows and bytes on disk (indexes and TOAST included).
