@@ -4,9 +4,10 @@
     .venv/bin/python benchmarks/bench_operators.py [--runs N]
 
 Fills a database of its own with N runs (default 1,000,000) by bulk insert, each with its
-attempt and its delivered notification, about 0.1% of them failed and a few with expired leases;
-then times what an operator runs: the database time of each command's statements (the median
-of repeats, through the ledger) and the wall time of the whole CLI process.
+attempt and its delivered notification, 90% of them completed 400 days ago, about 0.1% failed and
+a few with expired leases; then times what an operator runs: the database time of each command's
+statements (the median of repeats, through the ledger) and the wall time of the whole CLI
+process; then prunes the old 90%'s payloads while new runs are claimed beside it.
 """
 
 import argparse
@@ -14,15 +15,18 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
 from bench_ledger import COUNTS, ROWS, CountingLedger, bench_database, row
 
+from idempotent_jobs import RunIdentity, RunLedger
 from idempotent_jobs.core.health import ledger_findings
+from idempotent_jobs.core.retention import RetentionPolicy, prune
 
 CLI = str(Path(sys.executable).with_name("idempotent-jobs"))
 DB_TARGET_MS, WALL_TARGET_S = 20.0, 0.4
@@ -38,9 +42,12 @@ FILL = [
         'v1', 'completed',
         jsonb_build_object('subject', 'subject-' || (g / 5 %% 1000), 'documents',
             jsonb_build_array('a document of the window, a sentence or two long')),
-        '{"summary": "what happened in this window, in one sentence"}', 1, 1, now(), now(),
-        now(), md5(g::text), md5('config'), '{"model": "m", "prompt": "p"}'
-    FROM generate_series(1, %(runs)s) AS g
+        '{"summary": "what happened in this window, in one sentence"}', 1, 1, t.at, t.at, t.at,
+        md5(g::text), md5('config'), '{"model": "m", "prompt": "p"}'
+    FROM generate_series(1, %(runs)s) AS g,
+        -- nine in ten completed long ago (what a retention policy prunes), the rest just now
+        LATERAL (SELECT now() - CASE WHEN g %% 10 = 0 THEN interval '0'
+                                     ELSE interval '400 days' END AS at) AS t
     """,
     """
     INSERT INTO idempotent_jobs.run_attempts (run_id, lease_epoch, worker_id, caller_run_id,
@@ -169,6 +176,75 @@ def operator_commands(url: str, runs: int) -> None:
                 )
 
 
+def prune_while_claiming(url: str, runs: int) -> None:
+    """Dry run, then apply, a policy that lets go of 90% of the payloads, job by job, while a
+    thread claims and completes new runs of the same jobs: how fast batches go, how long the
+    longest took, and the longest claim meanwhile."""
+    policy = RetentionPolicy.of_days(raw_input=30, output=30, attempts=30, delivered_payloads=30)
+    jobs = [f"job-{n}" for n in range(5)]
+    stop = threading.Event()
+    claims: list[float] = []
+
+    def claim_new_runs() -> None:
+        with RunLedger(url, pool_min_size=1, pool_max_size=1) as live:
+            n = 0
+            while not stop.is_set():
+                began = time.perf_counter()
+                live.begin(
+                    RunIdentity(
+                        jobs[n % 5],
+                        "live",
+                        datetime(2027, 1, 1, tzinfo=UTC) + timedelta(hours=n),
+                        "v1",
+                    ),
+                    "live-worker",
+                    60,
+                )
+                claims.append(time.perf_counter() - began)
+                n += 1
+
+    with RunLedger(url) as ledger:
+        now = ledger.database_now()
+        started = time.perf_counter()
+        dry = [prune(ledger, job, policy, now=now) for job in jobs]
+        dry_seconds = time.perf_counter() - started
+        claimer = threading.Thread(target=claim_new_runs)
+        claimer.start()
+        applied = [prune(ledger, job, policy, apply=True, now=now) for job in jobs]
+        stop.set()
+        claimer.join()
+    payloads = sum(r.parts["raw_input"].rows for r in applied)
+    rows = sum(r.rows for r in applied)
+    size = sum(r.bytes for r in applied)
+    batches = sum(r.batches for r in applied)
+    seconds = sum(r.seconds for r in applied)
+    agree = [r.rows for r in dry] == [r.rows for r in applied]
+    row(
+        f"prune {payloads:,} runs' payloads ({rows:,} rows)",
+        f"{seconds:.1f} s, {batches / seconds:.1f} batches/s",
+        f"{size / 1e6:,.0f} MB; batches of 5,000 runs",
+        "-",
+    )
+    row(
+        "  longest batch (its locks are held this long)",
+        f"{max(r.longest_batch_seconds for r in applied) * 1e3:.0f} ms",
+        "no target",
+        "-",
+    )
+    row(
+        "  longest claim of a new run meanwhile",
+        f"{max(claims) * 1e3:.1f} ms",
+        f"{len(claims):,} claims, p50 {statistics.median(claims) * 1e3:.2f} ms",
+        "-",
+    )
+    row(
+        "  dry run first: same counts",
+        f"{dry_seconds:.1f} s",
+        "target: the dry run counts what the apply prunes",
+        "ok" if agree else "MISSED",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=1_000_000, help="runs to fill the ledger with")
@@ -177,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     with bench_database() as url:
         fill(url, args.runs)
         operator_commands(url, args.runs)
+        prune_while_claiming(url, args.runs)
     missed = [r for r in ROWS if r[3].startswith("MISSED")]
     met = [r for r in ROWS if r[3] == "ok"]
     print(f"{len(met)} targets met, {len(missed)} missed")
