@@ -773,7 +773,7 @@ class RunLedger:
         Exact for tables under ``exact_below_rows`` rows (by the catalogue's estimate); over
         that, estimated from a sample of about that many rows' pages."""
         tables = self._db.fetch("storage_tables", {"schema": self.schema}, record_row(StoredTable))
-        estimated = {t.table_name: t.estimated_rows for t in tables}
+        estimated = {t.table_name: t.estimated_rows or 0 for t in tables}
         parts: list[StoredPart] = []
 
         def percent(table: str) -> float:

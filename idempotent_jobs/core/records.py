@@ -313,8 +313,9 @@ class StoredPart:
 
 @dataclass(frozen=True)
 class StoredTable:
-    """One ledger table as the catalogue knows it: estimated rows, bytes on disk."""
+    """One ledger table as the catalogue knows it: estimated rows (``None`` until the table is
+    first analysed), bytes on disk."""
 
     table_name: str
-    estimated_rows: int
+    estimated_rows: int | None
     total_bytes: int

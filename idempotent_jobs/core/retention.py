@@ -67,14 +67,18 @@ class RetentionPolicy:
         return any(getattr(self, part) is not None for part in PARTS)
 
     def describe(self) -> str:
-        return ", ".join(f"{part} {_days(getattr(self, part))}" for part in PARTS)
+        return ", ".join(f"{part} {describe_kept(getattr(self, part))}" for part in PARTS)
 
 
-def _days(kept: timedelta | None) -> str:
+def describe_kept(kept: timedelta | None) -> str:
+    """``30 days``, ``12 h``, ``0.864 s``, ``forever``."""
     if kept is None:
         return "forever"
-    days = kept / timedelta(days=1)
-    return f"{days:g} days" if days >= 1 else f"{kept.total_seconds():g} s"
+    if kept >= timedelta(days=1):
+        return f"{kept / timedelta(days=1):g} days"
+    if kept >= timedelta(hours=1):
+        return f"{kept / timedelta(hours=1):g} h"
+    return f"{kept.total_seconds():g} s"
 
 
 @dataclass

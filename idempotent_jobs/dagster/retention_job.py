@@ -11,7 +11,13 @@ from collections.abc import Sequence
 import dagster as dg
 
 from idempotent_jobs.core.ledger import RunLedger
-from idempotent_jobs.core.retention import DEFAULT_BATCH_SIZE, PART_TABLES, PARTS, prune
+from idempotent_jobs.core.retention import (
+    DEFAULT_BATCH_SIZE,
+    PART_TABLES,
+    PARTS,
+    describe_kept,
+    prune,
+)
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 
 
@@ -43,7 +49,8 @@ def build_retention_job(
                     continue
                 count = report.parts[part]
                 lines.append(
-                    f"| {spec.name} | {PART_TABLES[part]} | {count.rows} | {count.bytes} | {kept} |"
+                    f"| {spec.name} | {PART_TABLES[part]} | {count.rows} | {count.bytes} "
+                    f"| {describe_kept(kept)} |"
                 )
             total_rows += report.rows
             total_bytes += report.bytes

@@ -154,7 +154,14 @@ def _runs_stats(args: argparse.Namespace) -> int:
         )
         for p in parts
     ]
-    disk = [(t.table_name, f"~{t.estimated_rows:,}", human_bytes(t.total_bytes)) for t in tables]
+    disk = [
+        (
+            t.table_name,
+            None if t.estimated_rows is None else f"~{t.estimated_rows:,}",
+            human_bytes(t.total_bytes),
+        )
+        for t in tables
+    ]
     human = "\n".join(
         [
             table(["job", "part", "rows", "stored bytes"], rows),
@@ -405,7 +412,7 @@ def _retention_policies(
 def _prune(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
-    from idempotent_jobs.core.retention import PART_TABLES, PARTS, prune
+    from idempotent_jobs.core.retention import PART_TABLES, PARTS, describe_kept, prune
 
     days = {
         "raw_input": args.raw_input_days,
@@ -427,7 +434,7 @@ def _prune(args: argparse.Namespace) -> int:
             PART_TABLES[part],
             report.parts[part].rows,
             human_bytes(report.parts[part].bytes),
-            getattr(report.policy, part),
+            describe_kept(getattr(report.policy, part)),
         )
         for report in reports
         for part in PARTS

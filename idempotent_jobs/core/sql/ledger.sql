@@ -488,8 +488,9 @@ SELECT (SELECT subject_id FROM last) AS last_subject,
     + (SELECT count(*) FROM cleared_payloads) AS changed
 
 -- name: storage_tables
--- The ledger's tables: estimated rows and bytes on disk (indexes and TOAST included).
-SELECT c.relname AS table_name, GREATEST(c.reltuples, 0)::bigint AS estimated_rows,
+-- The ledger's tables: estimated rows (NULL: never analysed) and bytes on disk (all included).
+SELECT c.relname AS table_name,
+  CASE WHEN c.reltuples < 0 THEN NULL ELSE c.reltuples::bigint END AS estimated_rows,
   pg_total_relation_size(c.oid) AS total_bytes
 FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
 WHERE n.nspname = %(schema)s AND c.relkind = 'r'
