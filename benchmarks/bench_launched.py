@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[DATABASE_URL_ENV] = url
         os.environ[DAGSTER_STORAGE_URL_ENV] = dagster_storage_url(url)
         env = DagsterTestEnv(database=url, tmp_path=Path(tmp))
-        launched_runs(env, 2 if args.quick else 6)
+        launched_runs(env, 2 if args.quick else 10)
         backfills(env, url, 20 if args.quick else 200)
     missed = [r for r in ROWS if r[3].startswith("MISSED")]
     met = [r for r in ROWS if r[3] == "ok"]
