@@ -287,7 +287,11 @@ def test_every_used_by_path_from_the_ui(
             )
             assert arm.returncode == 0, arm.stderr
             launch_partition_from_ui(page, url, drilled, outcome="Failure")
-            assert status_of(home, drilled) == "failed"
+            # Every try of the op failed. The run-retry daemon (dagster.yaml: run_retries) may
+            # already have retried the run from failure (runs in process take seconds): then
+            # the ledger is completed and the re-execution below reuses it.
+            assert calls_of(home, drilled)[:4] == ["failed"] * 4
+            assert status_of(home, drilled) in ("failed", "completed")
             reexecute_from_failure(page)
             page.screenshot(path=str(ARTIFACTS / "browser-reexecuted-from-failure.png"))
             assert status_of(home, drilled) == "completed"
