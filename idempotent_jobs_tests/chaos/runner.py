@@ -22,6 +22,7 @@ import random
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -31,6 +32,7 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 from idempotent_jobs import RunLedger
+from idempotent_jobs.core.retention import RetentionPolicy, prune
 from idempotent_jobs.dagster.resources import WebhookChannel
 from idempotent_jobs.operator.embedded import start_embedded_postgres, stop_embedded_postgres
 from idempotent_jobs_tests.chaos.parts import (
@@ -47,7 +49,7 @@ from idempotent_jobs_tests.chaos.parts import (
     trial_identity,
 )
 
-KINDS = ("kill", "stop", "drop", "restart", "revise", "deliver")
+KINDS = ("kill", "stop", "drop", "restart", "revise", "deliver", "prune")
 WEBHOOK_TIMEOUT = 0.5
 
 
@@ -56,6 +58,17 @@ def RELAY() -> str:  # noqa: N802 - the proxy's default action, named like the c
 
 
 RESTART_BATCH = 4
+
+
+# A run's completion, attempts and deliveries moved 400 days back: past any retention policy.
+AGE_BY_400_DAYS = (
+    "UPDATE idempotent_jobs.runs SET completed_at = completed_at - interval '400 days'"
+    " WHERE run_id = %s",
+    "UPDATE idempotent_jobs.run_attempts SET ended_at = ended_at - interval '400 days'"
+    " WHERE run_id = %s",
+    "UPDATE idempotent_jobs.notification_outbox"
+    " SET delivered_at = delivered_at - interval '400 days' WHERE run_id = %s",
+)
 
 
 def process_state(pid: int) -> str:
@@ -292,6 +305,58 @@ class Chaos:
             )
         return verdict
 
+    def prune(self, trial: int) -> Verdict:
+        """A completed, delivered run aged past its retention is pruned (in a thread, batch by
+        batch) while a worker invokes the run again; half the time the run is revised (with
+        recollect) meanwhile and a worker of the new revision may be killed at any point. The
+        reused run must not be redone, the revision must be computed on its own checkpoint and
+        keep its payloads, and nothing may be sent twice."""
+        run_id = trial_identity(trial).run_id
+        self.recover(trial)  # revision 0: completed and delivered
+        with self.conn() as conn:
+            for statement in AGE_BY_400_DAYS:
+                conn.execute(statement, (run_id,))
+        revise = self.rng.random() < 0.5
+        point = self.rng.choice(["none", *CRASH_POINTS]) if revise else "none"
+        reports: list[Any] = []
+
+        def prune_now() -> None:
+            with RunLedger(self.url) as pruner:
+                policy = RetentionPolicy.of_days(
+                    raw_input=30, output=30, attempts=30, delivered_payloads=30
+                )
+                reports.append(prune(pruner, "chaos", policy, apply=True, batch_size=50))
+
+        pruning = threading.Thread(target=prune_now)
+        pruning.start()
+        problems: list[str] = []
+        if revise:
+            with RunLedger(self.url) as ledger:
+                ledger.revise(run_id, "chaos: recompute", channels=["hook"], recollect=True)
+            if point != "none":
+                problems = self.killed_worker(trial, point)
+        else:
+            self.start(self.spec(trial)).join(timeout=60)  # invoked again: must reuse
+        pruning.join(timeout=120)
+        self.recover(trial)
+        verdict = self.verdict(trial, f"prune:{'revise' if revise else 'reuse'}+{point}")
+        verdict.problems += problems
+        if not reports:
+            verdict.problems.append("the prune did not finish")
+        with self.conn() as conn:
+            row = conn.execute(
+                "SELECT status, revision, output IS NULL, raw_input IS NULL,"
+                " output_pruned_at IS NOT NULL FROM idempotent_jobs.runs WHERE run_id = %s",
+                (run_id,),
+            ).fetchone()
+        if revise and row != ("completed", 1, False, False, False):
+            verdict.problems.append(f"the revision lost its payloads or was not recomputed: {row}")
+            verdict.lost += 1
+        if not revise and row != ("completed", 0, True, True, True):
+            verdict.problems.append(f"the aged run was redone or not pruned: {row}")
+            verdict.duplicates += row is None or row[:2] != ("completed", 0)
+        return verdict
+
     def drop(self, trial: int) -> Verdict:
         dropped: list[bool] = []
 
@@ -376,6 +441,7 @@ def summary(verdicts: list[Verdict]) -> str:
     points = Counter(v.kind.split(":")[1] for v in verdicts if v.kind.startswith("kill:"))
     restarts = Counter(v.kind.split(":")[1] for v in verdicts if v.kind.startswith("restart:"))
     revisions = Counter(v.kind.split(":")[1] for v in verdicts if v.kind.startswith("revise:"))
+    prunes = Counter(v.kind.split(":")[1] for v in verdicts if v.kind.startswith("prune:"))
     faults = Counter(
         f for v in verdicts if v.kind.startswith("deliver:") for f in v.kind[8:].split("+")
     )
@@ -385,6 +451,7 @@ def summary(verdicts: list[Verdict]) -> str:
         "restarts: " + ", ".join(f"{k}={n}" for k, n in sorted(restarts.items())),
         "revisions: " + ", ".join(f"{k}={n}" for k, n in sorted(revisions.items())),
         "delivery faults: " + ", ".join(f"{k}={n}" for k, n in sorted(faults.items())),
+        "prunes: " + ", ".join(f"{k}={n}" for k, n in sorted(prunes.items())),
         f"duplicates={sum(v.duplicates for v in verdicts)} lost={sum(v.lost for v in verdicts)}",
         f"{len(verdicts) - len(failed)} passed, {len(failed)} failed",
     ]
