@@ -156,6 +156,7 @@ class RunRecord:
     config_parts: dict[str, str] | None = None
     raw_input_pruned_at: datetime | None = None
     output_pruned_at: datetime | None = None
+    attempts_pruned_at: datetime | None = None  # when ended attempt rows were last deleted
 
     @property
     def pruned(self) -> list[str]:
@@ -165,6 +166,7 @@ class RunRecord:
             for part, when in (
                 ("raw input", self.raw_input_pruned_at),
                 ("output", self.output_pruned_at),
+                ("ended attempts", self.attempts_pruned_at),
             )
             if when is not None
         ]

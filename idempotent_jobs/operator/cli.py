@@ -215,7 +215,9 @@ def _runs_show(args: argparse.Namespace) -> int:
         ("config", record.config_parts),
         ("last error", record.last_error),
         ("output", record.output),
-        ("pruned", "; ".join(record.pruned) or None),
+        ("raw input pruned", record.raw_input_pruned_at),
+        ("output pruned", record.output_pruned_at),
+        ("ended attempts pruned", record.attempts_pruned_at),
     ]
     attempt_rows = [
         (
@@ -249,7 +251,14 @@ def _runs_show(args: argparse.Namespace) -> int:
         for c in calls
     ]
     outbox_rows = [
-        (o.idempotency_key, o.created_at, o.delivered_at, o.delivery_attempts, o.last_error)
+        (
+            o.idempotency_key,
+            o.created_at,
+            o.delivered_at,
+            o.delivery_attempts,
+            o.last_error,
+            o.payload_pruned_at,
+        )
         for o in outbox
     ]
     revision_rows = [
@@ -297,7 +306,10 @@ def _runs_show(args: argparse.Namespace) -> int:
             f"cost: {costs.summary()}",
             "",
             "outbox:",
-            table(["key", "queued", "delivered", "tries", "last error"], outbox_rows),
+            table(
+                ["key", "queued", "delivered", "tries", "last error", "payload pruned"],
+                outbox_rows,
+            ),
             "",
             "revisions:",
             table(

@@ -69,6 +69,7 @@ def test_dry_run_and_apply_agree_and_only_old_payloads_of_finished_work_go(
     assert gone is not None and gone.status == "completed" and gone.attempts == 1
     assert (gone.raw_input, gone.output) == (None, None)
     assert gone.raw_input_pruned_at is not None and gone.output_pruned_at is not None
+    assert gone.attempts_pruned_at is not None and len(gone.pruned) == 3
     assert gone.input_fingerprint is not None and gone.config_fingerprint is None
     assert ledger.attempts(old) == []
     [row] = ledger.outbox(old)

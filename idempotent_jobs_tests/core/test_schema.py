@@ -11,7 +11,8 @@ EXPECTED_COLUMNS = {
         "run_id job_name subject_id scheduled_at version status raw_input output lease_owner "
         "lease_expires_at lease_epoch attempts last_error created_at updated_at completed_at "
         "revision lease_started_at lease_caller_run_id lease_caller_step input_fingerprint "
-        "config_fingerprint config_parts raw_input_pruned_at output_pruned_at"
+        "config_fingerprint config_parts raw_input_pruned_at output_pruned_at "
+        "attempts_pruned_at"
     ).split(),
     # A view: the ended attempts plus the open one, whose details live on the run.
     "attempts": (

@@ -173,7 +173,12 @@ def test_prune_counts_first_and_prunes_with_apply(
         None,
     )
     code, out = run(capsys, "runs", "show", done.run_id[:12])
-    assert "output pruned" in out and "raw input pruned" in out
+    assert "ended attempts pruned" in out and "PAYLOAD PRUNED" in out
+    shown = as_json(capsys, "runs", "show", done.run_id)
+    assert all(
+        shown["run"][f] for f in ("raw_input_pruned_at", "output_pruned_at", "attempts_pruned_at")
+    )
+    assert shown["outbox"][0]["payload_pruned_at"] and shown["outbox"][0]["payload"] is None
     [report] = as_json(capsys, "prune", "--job", "competitor_summary")
     assert report["job_name"] == "competitor-summary" and report["applied"] is False
     assert {p: c["rows"] for p, c in report["parts"].items()} == dict.fromkeys(

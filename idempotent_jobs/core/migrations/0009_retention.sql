@@ -5,7 +5,8 @@
 
 ALTER TABLE {schema}.runs
   ADD COLUMN raw_input_pruned_at timestamptz,
-  ADD COLUMN output_pruned_at timestamptz;
+  ADD COLUMN output_pruned_at timestamptz,
+  ADD COLUMN attempts_pruned_at timestamptz;
 ALTER TABLE {schema}.notification_outbox
   ALTER COLUMN payload DROP NOT NULL,
   ADD COLUMN payload_pruned_at timestamptz;

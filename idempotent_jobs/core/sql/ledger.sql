@@ -437,6 +437,8 @@ WITH batch AS (
     COALESCE(r.raw_input IS NOT NULL AND r.completed_at < %(raw_input_before)s, false)
       AS drop_raw,
     COALESCE(r.output IS NOT NULL AND r.completed_at < %(output_before)s, false) AS drop_output,
+    EXISTS (SELECT FROM {schema}.run_attempts AS a
+      WHERE a.run_id = r.run_id AND a.ended_at < %(attempts_before)s) AS drop_attempts,
     COALESCE(pg_column_size(r.raw_input), 0) AS raw_bytes,
     COALESCE(pg_column_size(r.output), 0) AS output_bytes
   FROM {schema}.runs AS r JOIN batch USING (run_id)
@@ -446,15 +448,16 @@ WITH batch AS (
   SET raw_input = CASE WHEN d.drop_raw THEN NULL ELSE r.raw_input END,
     raw_input_pruned_at = CASE WHEN d.drop_raw THEN now() ELSE r.raw_input_pruned_at END,
     output = CASE WHEN d.drop_output THEN NULL ELSE r.output END,
-    output_pruned_at = CASE WHEN d.drop_output THEN now() ELSE r.output_pruned_at END
+    output_pruned_at = CASE WHEN d.drop_output THEN now() ELSE r.output_pruned_at END,
+    attempts_pruned_at = CASE WHEN d.drop_attempts THEN now() ELSE r.attempts_pruned_at END
   FROM done AS d
-  WHERE %(apply)s AND r.run_id = d.run_id AND (d.drop_raw OR d.drop_output)
+  WHERE %(apply)s AND r.run_id = d.run_id AND (d.drop_raw OR d.drop_output OR d.drop_attempts)
     AND r.status = 'completed' AND r.completed_at = d.completed_at
   RETURNING r.run_id
 ), old_attempts AS (
   SELECT a.run_id, a.lease_epoch, pg_column_size(a.*) AS bytes
   FROM {schema}.run_attempts AS a JOIN done USING (run_id)
-  WHERE a.ended_at < %(attempts_before)s
+  WHERE done.drop_attempts AND a.ended_at < %(attempts_before)s
 ), deleted_attempts AS (
   DELETE FROM {schema}.run_attempts AS a USING old_attempts AS o
   WHERE %(apply)s AND a.run_id = o.run_id AND a.lease_epoch = o.lease_epoch
