@@ -131,6 +131,25 @@ def test_revising_a_run_whose_input_was_pruned_needs_recollect(
     assert history.previous_output == {"summary": "first"}  # the output itself was kept
 
 
+def test_a_replaced_result_loses_its_output_by_the_output_policy(
+    ledger: RunLedger, db: psycopg.Connection
+) -> None:
+    model = ScriptedModel([{"summary": "first"}, {"summary": "recomputed"}])
+    run_id = complete_one(ledger, "workspace-acme", 9, model)
+    ledger.revise(run_id, "prompt fixed")
+    run_idempotent(ledger, identity(), collect=Collector(), transform=model)
+    db.execute(
+        "UPDATE idempotent_jobs.run_revisions"
+        " SET previous_completed_at = previous_completed_at - interval '400 days'"
+    )
+    report = prune(ledger, JOB, RetentionPolicy(output=MONTH), apply=True)
+    assert report.parts["output"].rows == 1  # the replaced one; the current result is new
+    [history] = ledger.revisions(run_id)
+    assert history.previous_output is None and history.reason == "prompt fixed"
+    current = ledger.get(run_id)
+    assert current is not None and current.output == {"summary": "recomputed"}
+
+
 def test_a_policy_must_keep_something_for_some_time() -> None:
     with pytest.raises(InvalidInputError, match="output: must be longer than zero"):
         RetentionPolicy(output=timedelta(0))

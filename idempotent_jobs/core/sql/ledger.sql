@@ -421,10 +421,11 @@ SELECT now()
 -- runs_identity_key: a job's batches read only its runs). Of those, completed runs lose their
 -- raw input (completed before `raw_input_before`), output (before `output_before`) and attempt
 -- rows (ended before `attempts_before`), and delivered notifications their payload (delivered
--- before `payloads_before`); a NULL cutoff keeps that part. Only completed runs and delivered
--- rows: no lease is held on them, so no claim waits on this. A run revised (or revised and
--- completed again) since the statement's snapshot is skipped: the update rechecks status and
--- completed_at. The run row, its counts and the outbox row itself always stay.
+-- before `payloads_before`), and results a revision replaced lose their output (by when they
+-- completed, as outputs); a NULL cutoff keeps that part. Only completed runs, delivered rows and
+-- replaced results: no lease is held on them, so no claim waits on this. A run revised (or
+-- revised and completed again) since the statement's snapshot is skipped: the update rechecks
+-- status and completed_at. The run row, its counts and the outbox row itself always stay.
 WITH batch AS (
   SELECT run_id, subject_id, scheduled_at, version FROM {schema}.runs
   WHERE job_name = %(job_name)s
@@ -472,6 +473,15 @@ WITH batch AS (
   WHERE %(apply)s AND o.run_id = p.run_id AND o.channel = p.channel AND o.revision = p.revision
     AND o.delivered_at IS NOT NULL
   RETURNING o.run_id
+), old_revisions AS (
+  SELECT v.run_id, v.revision, pg_column_size(v.previous_output) AS bytes
+  FROM {schema}.run_revisions AS v JOIN batch USING (run_id)
+  WHERE v.previous_output IS NOT NULL AND v.previous_completed_at < %(output_before)s
+), cleared_revisions AS (
+  UPDATE {schema}.run_revisions AS v SET previous_output = NULL
+  FROM old_revisions AS o
+  WHERE %(apply)s AND v.run_id = o.run_id AND v.revision = o.revision
+  RETURNING v.run_id
 ), last AS (
   SELECT subject_id, scheduled_at, version FROM batch
   ORDER BY subject_id DESC, scheduled_at DESC, version DESC LIMIT 1
@@ -481,14 +491,17 @@ SELECT (SELECT subject_id FROM last) AS last_subject,
   (SELECT version FROM last) AS last_version,
   (SELECT count(*) FROM done WHERE drop_raw) AS raw_rows,
   (SELECT COALESCE(sum(raw_bytes), 0) FROM done WHERE drop_raw)::bigint AS raw_bytes,
-  (SELECT count(*) FROM done WHERE drop_output) AS output_rows,
-  (SELECT COALESCE(sum(output_bytes), 0) FROM done WHERE drop_output)::bigint AS output_bytes,
+  (SELECT count(*) FROM done WHERE drop_output)
+    + (SELECT count(*) FROM old_revisions) AS output_rows,
+  (SELECT COALESCE(sum(output_bytes), 0) FROM done WHERE drop_output)::bigint
+    + (SELECT COALESCE(sum(bytes), 0) FROM old_revisions)::bigint AS output_bytes,
   (SELECT count(*) FROM old_attempts) AS attempt_rows,
   (SELECT COALESCE(sum(bytes), 0) FROM old_attempts)::bigint AS attempt_bytes,
   (SELECT count(*) FROM old_payloads) AS payload_rows,
   (SELECT COALESCE(sum(bytes), 0) FROM old_payloads)::bigint AS payload_bytes,
   (SELECT count(*) FROM pruned_runs) + (SELECT count(*) FROM deleted_attempts)
-    + (SELECT count(*) FROM cleared_payloads) AS changed
+    + (SELECT count(*) FROM cleared_payloads) + (SELECT count(*) FROM cleared_revisions)
+    AS changed
 
 -- name: storage_tables
 -- The ledger's tables: estimated rows (NULL: never analysed) and bytes on disk (all included).
