@@ -31,7 +31,7 @@ import psycopg
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))  # the bench's code location and the test harness
 
-from bench_ledger import ROWS, bench_database, row  # noqa: E402
+from bench_ledger import bench_database, header, row, tally  # noqa: E402
 
 from idempotent_jobs.core.database import DATABASE_URL_ENV  # noqa: E402
 from idempotent_jobs.dagster.project import (  # noqa: E402
@@ -154,16 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
     args = parser.parse_args(argv)
-    print(f"{'measure':<52} {'value':>22}   {'baseline / target':<34} verdict")
+    header()
     with bench_database() as url, tempfile.TemporaryDirectory() as tmp:
         os.environ[DATABASE_URL_ENV] = url
         os.environ[DAGSTER_STORAGE_URL_ENV] = dagster_storage_url(url)
         env = DagsterTestEnv(database=url, tmp_path=Path(tmp))
         launched_runs(env, 2 if args.quick else 10)
         backfills(env, url, 20 if args.quick else 200)
-    missed = [r for r in ROWS if r[3].startswith("MISSED")]
-    met = [r for r in ROWS if r[3] == "ok"]
-    print(f"{len(met)} targets met, {len(missed)} missed")
+    tally()
     return 0
 
 

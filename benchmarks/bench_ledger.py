@@ -30,6 +30,17 @@ from idempotent_jobs.operator.embedded import database_url
 ROWS: list[tuple[str, str, str, str]] = []
 
 
+def header() -> None:
+    print(f"{'measure':<52} {'value':>22}   {'baseline / target':<34} verdict")
+
+
+def tally() -> None:
+    """The last line of every benchmark: how many targets its rows met and missed."""
+    missed = [r for r in ROWS if r[3].startswith("MISSED")]
+    met = [r for r in ROWS if r[3] == "ok"]
+    print(f"{len(met)} targets met, {len(missed)} missed")
+
+
 def row(name: str, value: str, baseline: str, verdict: str) -> None:
     ROWS.append((name, value, baseline, verdict))
     print(f"{name:<52} {value:>22}   {baseline:<34} {verdict}", flush=True)
@@ -416,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     multiprocessing.get_context("forkserver").set_forkserver_preload(["idempotent_jobs"])
     runs = 50 if args.quick else 400
     chosen = args.only or list(SECTIONS)
-    print(f"{'measure':<52} {'value':>22}   {'baseline / target':<34} verdict")
+    header()
     with bench_database() as url:
         if "per-run" in chosen:
             per_run(url, runs)
@@ -428,9 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             dagster_fraction(url, 3 if args.quick else 10)
         if "reclaim" in chosen:
             reclaim_after_kill(url, 2.0)
-    missed = [r for r in ROWS if r[3].startswith("MISSED")]
-    met = [r for r in ROWS if r[3] == "ok"]
-    print(f"{len(met)} targets met, {len(missed)} missed")
+    tally()
     return 0
 
 

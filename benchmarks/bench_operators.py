@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
-from bench_ledger import COUNTS, ROWS, CountingLedger, bench_database, row
+from bench_ledger import COUNTS, CountingLedger, bench_database, header, row, tally
 
 from idempotent_jobs import RunIdentity, RunLedger
 from idempotent_jobs.core.health import ledger_findings
@@ -249,14 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=1_000_000, help="runs to fill the ledger with")
     args = parser.parse_args(argv)
-    print(f"{'measure':<52} {'value':>22}   {'baseline / target':<34} verdict")
+    header()
     with bench_database() as url:
         fill(url, args.runs)
         operator_commands(url, args.runs)
         prune_while_claiming(url, args.runs)
-    missed = [r for r in ROWS if r[3].startswith("MISSED")]
-    met = [r for r in ROWS if r[3] == "ok"]
-    print(f"{len(met)} targets met, {len(missed)} missed")
+    tally()
     return 0
 
 

@@ -25,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-from bench_ledger import ROWS, bench_database, row
+from bench_ledger import bench_database, header, row, tally
 from dbos import DBOS, SetWorkflowID
 
 from idempotent_jobs import RunIdentity, RunLedger, run_idempotent
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
     args = parser.parse_args(argv)
-    print(f"{'measure':<52} {'value':>22}   {'baseline / target':<34} verdict")
+    header()
     with two_databases() as urls:
         start_dbos(urls[1])
         try:
@@ -258,9 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             DBOS.destroy()
         throughput(urls, 3.0 if args.quick else 10.0)
         race(urls, 20 if args.quick else 100)
-    missed = [r for r in ROWS if r[3].startswith("MISSED")]
-    met = [r for r in ROWS if r[3] == "ok"]
-    print(f"{len(met)} targets met, {len(missed)} missed")
+    tally()
     return 0
 
 
