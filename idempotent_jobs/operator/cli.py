@@ -462,7 +462,7 @@ def _prune(args: argparse.Namespace) -> int:
     )
     if kept_all:
         lines.append(
-            f"kept whole (no retention policy): {', '.join(kept_all)}; "
+            f"kept whole (no retention policy): {escape_controls(', '.join(kept_all))}; "
             "--raw-input-days, --output-days, --attempts-days, --outbox-days set one"
         )
     _emit(args, reports, "\n".join(lines))

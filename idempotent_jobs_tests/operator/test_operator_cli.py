@@ -186,6 +186,8 @@ def test_prune_counts_first_and_prunes_with_apply(
     )
     code, out = run(capsys, "prune", "--job", "no-policy-job")
     assert code == 0 and "kept whole (no retention policy): no-policy-job" in out
+    code, out = run(capsys, "prune", "--job", "evil\x1b[2Jjob")
+    assert code == 0 and "\x1b" not in out and "evil\\x1b[2Jjob" in out
     code, out = run(capsys, "prune", "--output-days", "0")
     assert code == 2 and "must be greater than 0" in out
 
