@@ -3,7 +3,10 @@
 Each subclass's docstring is also its default message.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # records import this module
+    from idempotent_jobs.core.records import Basis, ModelUsage
 
 
 class LedgerError(Exception):
@@ -53,12 +56,37 @@ class OutputRejectedError(LedgerError):
     """The validator rejected the model's output; the attempt is recorded as failed."""
 
 
+class UsageRejectedError(OutputRejectedError):
+    """The provider reported token counts that are not believable; the answer is refused.
+
+    The call is still recorded as ``rejected``, with the counts that could be believed
+    (``recorded``).
+    """
+
+    def __init__(self, message: str, *, recorded: "ModelUsage | None") -> None:
+        self.recorded = recorded
+        super().__init__(message)
+
+
 class StaleCandidateError(LedgerError):
     """The answer was computed against an earlier revision or raw-input checkpoint of the run.
 
     It was not accepted and nothing was sent; the attempt is recorded as ``superseded``. The run
-    stays open for an answer computed on its current revision and checkpoint.
+    stays open for an answer computed on its current revision and checkpoint. ``candidate`` is
+    the basis the answer was computed on, ``current`` the run's.
     """
+
+    def __init__(
+        self,
+        *args: Any,
+        run_id: str | None = None,
+        candidate: "Basis | None" = None,
+        current: "Basis | None" = None,
+    ) -> None:
+        self.run_id = run_id
+        self.candidate = candidate
+        self.current = current
+        super().__init__(*args)
 
 
 class LedgerPermissionError(LedgerError):

@@ -19,6 +19,7 @@ from psycopg import Cursor
 from psycopg.rows import RowMaker, dict_row
 from psycopg_pool import ConnectionPool
 
+from idempotent_jobs.core.error_text import describe_error, safe_text
 from idempotent_jobs.core.errors import (
     IdentityConflictError,
     InvalidInputError,
@@ -37,6 +38,7 @@ from idempotent_jobs.core.records import (
     CallOutcome,
     Completion,
     DeliveryReport,
+    FenceOutcome,
     JobConfig,
     Lease,
     ModelCallRecord,
@@ -49,6 +51,7 @@ from idempotent_jobs.core.records import (
     StoredPart,
     StoredTable,
 )
+from idempotent_jobs.core.usage import recordable_usage
 
 Row = TypeVar("Row")
 
@@ -103,7 +106,6 @@ def _within(text: str, field: str, limit: int) -> str:
 
 
 MAX_LEASE_SECONDS = 24 * 3600.0
-MAX_ERROR_CHARS = 4000
 MAX_NAME_CHARS = 200
 MAX_CHANNEL_CHARS = 100
 MAX_REASON_CHARS = 2000
@@ -194,7 +196,10 @@ def _stale(run_id: str, candidate: Basis, current: Basis) -> StaleCandidateError
 
     return StaleCandidateError(
         f"run {run_id}: the answer was computed on {show(candidate)}, the run is now on "
-        f"{show(current)}; it was not accepted and nothing was sent"
+        f"{show(current)}; it was not accepted and nothing was sent",
+        run_id=run_id,
+        candidate=candidate,
+        current=current,
     )
 
 
@@ -221,7 +226,9 @@ def _model_name(name: str | None) -> str | None:
 
 
 def _usage(usage: ModelUsage | None) -> dict[str, Any]:
-    usage = usage or _NO_USAGE
+    """The columns of a call's usage: only believable counts (a bad one is stored as NULL, so
+    recording a paid call never fails on it; see :mod:`idempotent_jobs.core.usage`)."""
+    usage = recordable_usage(usage) or _NO_USAGE
     return {
         "model_name": _model_name(usage.model_name),
         "input_tokens": usage.input_tokens,
@@ -455,6 +462,12 @@ class RunLedger:
         stored, fingerprint, _ = rows[0]
         return replace(lease, stored_raw_input=stored, input_fingerprint=fingerprint)
 
+    def check_storable_output(self, output: object) -> None:
+        """Raise :class:`InvalidInputError` naming ``output`` if :meth:`complete` could not store
+        it (not a JSON object, NaN, NUL, too deep, over ``max_output_bytes``). Nothing is
+        written: a caller checks an answer before it decides the call's outcome."""
+        _within(dump_json_object(output, "output"), "output", self.max_output_bytes)
+
     def save_raw_input(self, lease: Lease, raw_input: dict[str, Any]) -> dict[str, Any]:
         """Checkpoint the collected input; the first stored value wins and is returned."""
         stored = self.checkpoint(lease, raw_input).stored_raw_input
@@ -500,23 +513,15 @@ class RunLedger:
             "config_fingerprint": config.fingerprint if parts else None,
             "config_parts": dump_json_object(parts, "config") if parts else None,
         }
-        rows = self._db.rows("complete", params)
-        if rows:
-            accepted, stored, revision, fingerprint = rows[0]
-            if accepted:
-                return Completion(stored, True, parts or None)
+        [(outcome, stored, revision, fingerprint, mine, stored_parts)] = self._db.rows(
+            "complete", params
+        ) or [("lease_lost", None, None, None, False, None)]
+        if outcome == FenceOutcome.APPLIED:
+            return Completion(stored, True, parts or None)
+        if outcome == FenceOutcome.STALE:
             raise _stale(lease.run_id, basis, Basis(revision, fingerprint))
-        record = self.get(lease.run_id)
-        if record is not None and record.status == "completed" and record.output is not None:
-            mine = record.lease_epoch == lease.epoch
-            return Completion(record.output, mine, record.config_parts)
-        if (
-            record is not None
-            and record.lease_epoch == lease.epoch
-            and record.status == "pending"
-            and not basis.holds_for(record.revision, record.input_fingerprint)
-        ):  # refused as stale by a statement whose answer was lost; the retry found it so
-            raise _stale(lease.run_id, basis, Basis(record.revision, record.input_fingerprint))
+        if outcome == FenceOutcome.ALREADY_DONE and stored is not None:
+            return Completion(stored, bool(mine), stored_parts)
         raise LeaseLostError()
 
     def fail(
@@ -527,13 +532,16 @@ class RunLedger:
         *,
         call: CallOutcome | None = None,
         origin: CallOrigin | None = None,
-    ) -> None:
+    ) -> FenceOutcome:
         """Record a failed attempt and free the run for a retry; raise if the lease was lost.
+
+        Returns ``applied``, or ``already_done`` when this very failure had landed (a retry
+        after a lost answer). ``error`` is stored made safe (:func:`safe_text`).
 
         ``call`` says a model call ended this way (``failed``: it raised; ``rejected``: the
         validator refused its answer); it is recorded with ``usage`` in ``model_calls``.
         """
-        error = str(error)[:MAX_ERROR_CHARS] or "unknown error"
+        error = safe_text(str(error)) or "unknown error"
         if call not in (None, "failed", "rejected"):
             raise InvalidInputError("call", f"must be 'failed' or 'rejected', got {call!r}")
         params = {
@@ -543,32 +551,20 @@ class RunLedger:
             "error": error,
             "call_outcome": call,
         }
-        rows = self._db.rows("fail", params)
-        if rows:
-            return
-        record = self.get(lease.run_id)
-        landed_before = (
-            record is not None
-            and record.status == "failed"
-            and record.lease_epoch == lease.epoch
-            and record.last_error == error
-        )
-        if not landed_before:
-            raise LeaseLostError()
+        return self._fenced("fail", params)
 
-    def release(self, lease: Lease) -> None:
-        """Give the lease back without an outcome; raise if it was already lost."""
-        if self._db.rows("release", self._lease_write(_fence(lease))):
-            return
-        record = self.get(lease.run_id)
-        landed_before = (
-            record is not None
-            and record.status == "pending"
-            and record.lease_epoch == lease.epoch
-            and record.lease_owner is None
-        )
-        if not landed_before:
+    def release(self, lease: Lease) -> FenceOutcome:
+        """Give the lease back without an outcome; raise if it was already lost (``applied``,
+        or ``already_done`` when this release had landed)."""
+        return self._fenced("release", self._lease_write(_fence(lease)))
+
+    def _fenced(self, name: str, params: dict[str, Any]) -> FenceOutcome:
+        """Run fenced statement ``name``; its outcome, or :class:`LeaseLostError`."""
+        rows = self._db.rows(name, params)
+        outcome = FenceOutcome(rows[0][0]) if rows else FenceOutcome.LEASE_LOST
+        if outcome == FenceOutcome.LEASE_LOST:
             raise LeaseLostError()
+        return outcome
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -819,26 +815,54 @@ class RunLedger:
         delivered: list[OutboxRecord] = []
         failed: list[tuple[OutboxRecord, str]] = []
         for candidate in self.outbox(run_id, pending_only=True, limit=limit):
-            with self._db.transaction() as conn:
-                key = {
-                    "run_id": candidate.run_id,
-                    "channel": candidate.channel,
-                    "revision": candidate.revision,
-                }
-                with conn.cursor(row_factory=record_row(OutboxRecord)) as cur:
-                    row = cur.execute(self._db.query("lock_undelivered"), key).fetchone()
-                if row is None:  # delivered meanwhile, or another deliverer holds it
-                    continue
-                try:
-                    send(row)
-                except Exception as exc:  # the receiver's failure is recorded, not raised
-                    reason = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
-                    conn.execute(self._db.query("mark_delivery_failed"), {**key, "error": reason})
-                    failed.append((row, reason))
-                    continue
-                conn.execute(self._db.query("mark_delivered"), key)
+            key = {
+                "run_id": candidate.run_id,
+                "channel": candidate.channel,
+                "revision": candidate.revision,
+            }
+            try:
+                done = self._deliver_one(send, key)
+            except Exception as exc:  # one bad row never stops the pass
+                reason = safe_text(f"delivery not recorded: {describe_error(exc)}")
+                self._record_delivery_failure(key, reason)
+                failed.append((candidate, reason))
+                continue
+            if done is None:  # delivered meanwhile, or another deliverer holds it
+                continue
+            row, refused = done
+            if refused is None:
                 delivered.append(row)
+            else:
+                failed.append((row, refused))
         return DeliveryReport(delivered, failed)
+
+    def _deliver_one(
+        self, send: Callable[[OutboxRecord], None], key: dict[str, Any]
+    ) -> tuple[OutboxRecord, str | None] | None:
+        """Lock one undelivered row, send it, mark it: the row and ``None`` (delivered), or the
+        row and the receiver's failure (recorded); ``None`` when the row is not to be had."""
+        with self._db.transaction() as conn:
+            with conn.cursor(row_factory=record_row(OutboxRecord)) as cur:
+                row = cur.execute(self._db.query("lock_undelivered"), key).fetchone()
+            if row is None:
+                return None
+            try:
+                send(row)
+            except Exception as exc:  # the receiver's failure is recorded, not raised
+                reason = describe_error(exc)
+                conn.execute(self._db.query("mark_delivery_failed"), {**key, "error": reason})
+                return row, reason
+            conn.execute(self._db.query("mark_delivered"), key)
+            return row, None
+
+    def _record_delivery_failure(self, key: dict[str, Any], reason: str) -> None:
+        """Best effort, in a transaction of its own: the row whose delivery could not be
+        recorded says why (when even this fails, the row simply stays undelivered)."""
+        try:
+            with self._db.transaction() as conn:
+                conn.execute(self._db.query("mark_delivery_failed"), {**key, "error": reason})
+        except Exception:  # noqa: S110 - the pass goes on; the row stays pending
+            pass
 
 
 __all__ = ["RunLedger"]

@@ -1,6 +1,8 @@
 """The idempotent-run protocol without Dagster: register, claim, collect once, transform, commit.
 
-Dagster ops call the same ledger steps; other schedulers can call :func:`run_idempotent` directly.
+:func:`run_idempotent` composes the steps of :mod:`idempotent_jobs.core.steps` in one call; the
+Dagster ops call the same steps one per op, so a failure leaves the same ledger state through
+either. Other schedulers call :func:`run_idempotent` directly.
 """
 
 import os
@@ -11,38 +13,25 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from idempotent_jobs.core.errors import (
-    LeaseLostError,
-    LedgerError,
-    OutputRejectedError,
-    StaleCandidateError,
-)
-from idempotent_jobs.core.heartbeat import LeaseHeartbeat
+from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.leases import Busy, Reused, claim_or_reuse
 from idempotent_jobs.core.ledger import RunLedger
-from idempotent_jobs.core.records import (
-    CallOrigin,
-    CallOutcome,
-    JobConfig,
-    Lease,
-    ModelUsage,
-    RunStatus,
+from idempotent_jobs.core.records import CallOrigin, JobConfig, RunStatus
+from idempotent_jobs.core.steps import (
+    ModelAnswer,
+    call_model,
+    check_output,
+    collect_once,
+    commit,
+    end_attempt,
 )
 
 JSONDict = dict[str, Any]
 DEFAULT_LEASE_SECONDS = 300.0
 
 
-@dataclass(frozen=True)
-class ModelAnswer:
-    """What a ``transform`` may return instead of a bare dict, to have its usage recorded."""
-
-    output: JSONDict
-    usage: ModelUsage
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunOutcome:
     """What one call of :func:`run_idempotent` saw and did.
 
@@ -67,24 +56,6 @@ class RunOutcome:
 def default_worker_id() -> str:
     """A worker id unique to this call: host, process and a random suffix."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-def describe_error(exc: BaseException) -> str:
-    """The reason stored for a failed attempt."""
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _unpack(answer: JSONDict | ModelAnswer) -> tuple[JSONDict, ModelUsage | None]:
-    if isinstance(answer, ModelAnswer):
-        return answer.output, answer.usage
-    return answer, None
-
-
-def check_output(output: JSONDict, validate: Callable[[JSONDict], object] | None) -> None:
-    """Raise if ``validate`` raises or returns ``False`` (:class:`OutputRejectedError`)."""
-    if validate is not None and validate(output) is False:
-        raise OutputRejectedError()
 
 
 def run_idempotent(
@@ -130,60 +101,53 @@ def run_idempotent(
         caller_step=caller_step,
     )
     if isinstance(lease, Busy):
-        return RunOutcome(lease.record.run_id, lease.record.status, None, False, worker_id)
+        record = lease.record
+        return RunOutcome(
+            run_id=record.run_id,
+            status=record.status,
+            output=None,
+            executed=False,
+            worker_id=worker_id,
+        )
     if isinstance(lease, Reused):
         done = lease.record
-        changed = tuple(config.changed_since(done.config_parts))
         return RunOutcome(
-            done.run_id,
-            "completed",
-            done.output,
-            False,
-            worker_id,
-            None,
-            changed,
-            done.output_pruned_at,
+            run_id=done.run_id,
+            status="completed",
+            output=done.output,
+            executed=False,
+            worker_id=worker_id,
+            config_changed=tuple(config.changed_since(done.config_parts)),
+            output_pruned_at=done.output_pruned_at,
         )
-
-    usage: ModelUsage | None = None
-    origin = CallOrigin(caller_step, caller_run_id)
-    call: CallOutcome | None = None  # how the model call ended, if one was made
-    try:
-        if lease.stored_raw_input is None:
-            lease = ledger.checkpoint(lease, collect(identity))
-        raw_input = lease.stored_raw_input
-        assert raw_input is not None
-        with LeaseHeartbeat(ledger, lease, heartbeat_seconds or lease_seconds / 3) as heartbeat:
-            call = "failed"
-            output, usage = _unpack(transform(raw_input))
-        heartbeat.raise_if_lost()
-        call = "rejected"
-        check_output(output, validate)
-        call = "failed"
-        messages = notifications(output) if notifications is not None else None
-        completion = ledger.complete(lease, output, messages, usage, config=config, origin=origin)
-    except (LeaseLostError, StaleCandidateError):
-        raise
-    except BaseException as exc:
-        record_failure(ledger, lease, exc, usage, call=call, origin=origin)
-        raise
+    lease = collect_once(ledger, lease, lambda: collect(identity))
+    answer = call_model(
+        ledger,
+        lease,
+        transform,
+        validate=validate,
+        config=config,
+        origin=CallOrigin(caller_step, caller_run_id),
+        heartbeat_seconds=heartbeat_seconds or lease_seconds / 3,
+    )
+    completion = commit(ledger, lease, answer, notifications)
     return RunOutcome(
-        lease.run_id, "completed", completion.output, completion.accepted, worker_id, lease.epoch
+        run_id=lease.run_id,
+        status="completed",
+        output=completion.output,
+        executed=completion.accepted,
+        worker_id=worker_id,
+        epoch=lease.epoch,
     )
 
 
-def record_failure(
-    ledger: RunLedger,
-    lease: Lease,
-    exc: BaseException,
-    usage: ModelUsage | None,
-    *,
-    call: CallOutcome | None = None,
-    origin: CallOrigin | None = None,
-) -> None:
-    """Mark the attempt failed if this lease still holds the run (and the model call, if one
-    ended this way: ``failed`` or ``rejected``); never hide the first error."""
-    try:
-        ledger.fail(lease, describe_error(exc), usage, call=call, origin=origin)
-    except LedgerError:
-        pass
+__all__ = [
+    "DEFAULT_LEASE_SECONDS",
+    "ModelAnswer",
+    "RunOutcome",
+    "check_output",
+    "default_worker_id",
+    "describe_error",
+    "end_attempt",
+    "run_idempotent",
+]

@@ -3,12 +3,23 @@
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, Literal
 
 from idempotent_jobs.core.json_values import json_fingerprint
 
 RunStatus = Literal["pending", "running", "completed", "failed"]
 AttemptOutcome = Literal["completed", "failed", "lease_lost", "superseded"]
+
+
+class FenceOutcome(StrEnum):
+    """What a fenced statement (``complete``, ``fail``, ``release``) says happened, in its own
+    words: the caller never infers it from a later read."""
+
+    APPLIED = "applied"  # written now, under this lease
+    ALREADY_DONE = "already_done"  # landed before (a retry after a lost answer), or completed
+    LEASE_LOST = "lease_lost"  # another claim moved the run on: nothing written
+    STALE = "stale"  # the candidate's basis no longer holds: refused, nothing of it kept
 
 
 @dataclass(frozen=True)

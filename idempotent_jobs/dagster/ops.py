@@ -1,8 +1,12 @@
-"""The four ops of an idempotent job, built for one :class:`IdempotentJobSpec`.
+"""The four ops of an idempotent job: thin module-level steps around the core's.
 
-The ops are thin: :func:`~idempotent_jobs.core.leases.claim_or_reuse` decides whether a step
-works (under a lease), reports a completed run's result, or stops because another worker holds
-the run; the ledger fences every write. Between ops travels a frozen :class:`Ticket`.
+Each step function takes the op's context and the job's :class:`IdempotentJobSpec`, so it can be
+called directly in a test with ``build_op_context``; :func:`build_ops` wraps them as ops named
+for the job. The work is the core's (:mod:`idempotent_jobs.core.steps`), the same steps
+:func:`~idempotent_jobs.core.protocol.run_idempotent` composes: a failure ends the attempt the
+same way through either. :func:`~idempotent_jobs.core.leases.claim_or_reuse` decides whether a
+step works (under a lease), reports a completed run's result, or stops because another worker
+holds the run. Between ops travels a frozen :class:`Ticket`.
 """
 
 import uuid
@@ -16,25 +20,23 @@ from idempotent_jobs.core.errors import (
     LedgerError,
     StaleCandidateError,
 )
-from idempotent_jobs.core.heartbeat import LeaseHeartbeat
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.leases import Busy, Reused, claim_or_reuse
 from idempotent_jobs.core.ledger import RunLedger
-from idempotent_jobs.core.protocol import check_output, record_failure
 from idempotent_jobs.core.records import (
     CallCosts,
     CallOrigin,
-    CallOutcome,
     Completion,
     JobConfig,
     Lease,
     ModelUsage,
     RunRecord,
 )
+from idempotent_jobs.core.steps import BoundAnswer, call_model, collect_once, commit, end_attempt
 from idempotent_jobs.dagster.drill import fail_if_drilled
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 from idempotent_jobs.dagster.resources import Collector, ModelStep, NotificationChannel, StepContext
-from idempotent_jobs.dagster.ticket import Answer, Ticket
+from idempotent_jobs.dagster.ticket import StepResult, Ticket
 
 
 def _worker_id(context: dg.OpExecutionContext) -> str:
@@ -44,18 +46,26 @@ def _worker_id(context: dg.OpExecutionContext) -> str:
     )
 
 
-def reuse_label(
+def reuse_notes(
     config: JobConfig, stored_parts: dict[str, str] | None, *, output_pruned: bool = False
-) -> str:
-    """``reused``; ``reused (config changed: prompt)`` when the stored result was computed
-    under another prompt, model or validator than the job has now; ``reused (output pruned)``
-    when retention has dropped the stored output (the run stays done: nothing is recomputed)."""
+) -> tuple[str, ...]:
+    """What qualifies a reused result: ``config changed: prompt`` when it was computed under
+    another prompt, model or validator than the job has now; ``output pruned`` when retention
+    has dropped the stored output (the run stays done: nothing is recomputed)."""
     notes = []
     changed = config.changed_since(stored_parts)
     if changed:
         notes.append(f"config changed: {', '.join(changed)}")
     if output_pruned:
         notes.append("output pruned")
+    return tuple(notes)
+
+
+def reuse_label(
+    config: JobConfig, stored_parts: dict[str, str] | None, *, output_pruned: bool = False
+) -> str:
+    """``reused``, with :func:`reuse_notes` in brackets when there are any."""
+    notes = reuse_notes(config, stored_parts, output_pruned=output_pruned)
     return f"reused ({'; '.join(notes)})" if notes else "reused"
 
 
@@ -72,7 +82,7 @@ def _report(
     Dagster's event log). Returns ``ticket`` for chaining."""
     metadata: dict[str, Any] = {
         "ledger_run_id": ticket.run_id,
-        "result": ticket.result,
+        "result": ticket.label,
         "lease_epoch": ticket.epoch,
         "attempts": ticket.attempts,
     }
@@ -86,8 +96,8 @@ def _report(
         metadata["tokens_wasted"] = costs.wasted_tokens
         metadata["cost"] = costs.summary()
     context.add_output_metadata(metadata)
-    if ticket.result.startswith("reused"):
-        context.log.info(f"ledger run {ticket.run_id}: {ticket.result}")
+    if ticket.result in (StepResult.REUSED, StepResult.INPUT_REUSED):
+        context.log.info(f"ledger run {ticket.run_id}: {ticket.label}")
     return ticket
 
 
@@ -95,6 +105,172 @@ def _busy(record: RunRecord) -> LeaseBusyError:
     return LeaseBusyError(
         f"run {record.run_id} is held by {record.lease_owner} until {record.lease_expires_at}"
     )
+
+
+def _identity(context: dg.OpExecutionContext, spec: IdempotentJobSpec) -> RunIdentity:
+    return spec.identity_for(context.partition_key)
+
+
+def _model(context: dg.OpExecutionContext, spec: IdempotentJobSpec) -> ModelStep:
+    model: ModelStep = getattr(context.resources, spec.model)
+    return model
+
+
+def lease_for(
+    context: dg.OpExecutionContext,
+    spec: IdempotentJobSpec,
+    ledger: RunLedger,
+    run: RunIdentity | str,
+    handed: Lease | None,
+    config: JobConfig,
+) -> Lease | Ticket:
+    """The lease to work under, or the ticket to report a completed run with; raises when
+    another worker still holds the run after the spec's wait."""
+    got = claim_or_reuse(
+        ledger,
+        run,
+        _worker_id(context),
+        spec.lease_seconds,
+        handed=handed,
+        wait_seconds=spec.holder_wait_seconds,
+        caller_run_id=context.run_id,
+        caller_step=context.op.name,
+    )
+    if isinstance(got, Busy):
+        raise _busy(got.record)
+    if isinstance(got, Reused):
+        done = got.record
+        pruned = done.output is None and done.output_pruned_at is not None
+        return Ticket.of_completed(
+            done, reuse_notes(config, done.config_parts, output_pruned=pruned)
+        )
+    return got
+
+
+def collect_step(context: dg.OpExecutionContext, spec: IdempotentJobSpec) -> Ticket:
+    """Register the run, take its lease and checkpoint the collected input (once)."""
+    identity = _identity(context, spec)
+    ledger: RunLedger = context.resources.ledger
+    collector: Collector = getattr(context.resources, spec.collector)
+    config = spec.config_of(_model(context, spec))
+    lease = lease_for(context, spec, ledger, identity, None, config)
+    if isinstance(lease, Ticket):
+        return _report(context, lease)
+    reused_input = lease.stored_raw_input is not None
+    lease = collect_once(ledger, lease, lambda: collector.collect(identity))
+    result = StepResult.INPUT_REUSED if reused_input else StepResult.COLLECTED
+    return _report(context, Ticket.under(lease, context.run_id, result))
+
+
+def transform_step(
+    context: dg.OpExecutionContext, spec: IdempotentJobSpec, collected: Ticket
+) -> Ticket:
+    """Call the model on the checkpointed input (read from the ledger) under a live lease."""
+    if collected.completed:
+        return _report(context, collected)
+    ledger: RunLedger = context.resources.ledger
+    model = _model(context, spec)
+    config = spec.config_of(model)
+    handed = collected.handed_lease(context.run_id)
+    lease = lease_for(context, spec, ledger, collected.run_id, handed, config)
+    if isinstance(lease, Ticket):
+        return _report(context, lease)
+    step = StepContext(
+        _identity(context, spec), spec.prompt, lease.run_id, context.run_id, context.op.name
+    )
+    answer = call_model(
+        ledger,
+        lease,
+        lambda raw_input: model.generate(raw_input, step),
+        validate=spec.validate,
+        config=config,
+        origin=CallOrigin(context.op.name, context.run_id, context.retry_number),
+        heartbeat_seconds=spec.lease_seconds / 3,
+        before_call=fail_if_drilled,
+    )
+    ticket = Ticket.under(lease, context.run_id, StepResult.MODEL_CALLED, answer)
+    return _report(context, ticket, answer.usage)
+
+
+def _commit_or_fail(
+    ledger: RunLedger,
+    spec: IdempotentJobSpec,
+    identity: RunIdentity,
+    lease: Lease,
+    answer: BoundAnswer,
+) -> Completion:
+    try:
+        return commit(ledger, lease, answer, lambda output: spec.notifications(identity, output))
+    except StaleCandidateError as exc:  # revised since: this answer is not the result
+        raise dg.Failure(
+            description=f"stale answer, not accepted: {exc}",
+            metadata={"ledger_run_id": lease.run_id, "result": "superseded"},
+            allow_retries=False,
+        ) from None
+
+
+def persist_step(
+    context: dg.OpExecutionContext,
+    spec: IdempotentJobSpec,
+    transformed: Ticket,
+    ledger: RunLedger,
+) -> Ticket:
+    """Commit the answer, its usage and the outbox rows in one transaction."""
+    if transformed.completed:
+        return _report(context, transformed)
+    answer: BoundAnswer | None = transformed.answer
+    if answer is None:  # a ticket no transform produced: nothing to commit, say so
+        missing = LedgerError(f"run {transformed.run_id}: the ticket carries no model answer")
+        handed_over = transformed.handed_lease(context.run_id)
+        if handed_over is not None:
+            end_attempt(ledger, handed_over, missing)
+        raise missing
+    run_id = transformed.run_id
+    identity = _identity(context, spec)
+    completion: Completion | None = None
+    ticket = transformed
+    handed = transformed.handed_lease(context.run_id)
+    if handed is not None:
+        try:
+            completion = _commit_or_fail(ledger, spec, identity, handed, answer)
+        except LeaseLostError:
+            completion = None
+    if completion is None:
+        # The handed lease was lost, or this is a re-execution: claim, then commit the answer
+        # this run already paid for (first commit wins), but only on the revision and
+        # checkpoint it was computed on.
+        lease = lease_for(context, spec, ledger, run_id, None, answer.config)
+        if isinstance(lease, Ticket):
+            return _report(context, lease, costs=CallCosts.of(ledger.model_calls(run_id)))
+        completion = _commit_or_fail(ledger, spec, identity, lease, answer)
+        ticket = Ticket.under(lease, context.run_id, ticket.result)
+    costs = CallCosts.of(ledger.model_calls(run_id))
+    if completion.accepted:
+        return _report(context, ticket.done(StepResult.NEW), answer.usage, costs)
+    notes = reuse_notes(answer.config, completion.config_parts)
+    return _report(context, ticket.done(StepResult.REUSED, notes), None, costs)
+
+
+def deliver_step(context: dg.OpExecutionContext, persisted: Ticket) -> None:
+    """Send this run's undelivered outbox rows, once each, keyed ``<run_id>:<channel>``."""
+    run_id = persisted.run_id
+    ledger: RunLedger = context.resources.ledger
+
+    def send(row: Any) -> None:
+        channel: NotificationChannel = getattr(context.resources, row.channel)
+        channel.send(row)
+
+    report = ledger.deliver_outbox(send, run_id=run_id)
+    context.add_output_metadata(
+        {
+            "ledger_run_id": run_id,
+            "delivered_now": len(report.delivered),
+            "failed": len(report.failed),
+        }
+    )
+    if report.failed:
+        reasons = "; ".join(f"{row.channel}: {reason}" for row, reason in report.failed)
+        raise dg.Failure(f"delivery failed, will retry: {reasons}", allow_retries=True)
 
 
 def build_ops(
@@ -106,42 +282,6 @@ def build_ops(
     the job uses them under the plain node names ``collect``, ``transform``, ...
     """
 
-    def identity_of(context: dg.OpExecutionContext) -> RunIdentity:
-        return spec.identity_for(context.partition_key)
-
-    def model_of(context: dg.OpExecutionContext) -> ModelStep:
-        model: ModelStep = getattr(context.resources, spec.model)
-        return model
-
-    def lease_for(
-        context: dg.OpExecutionContext,
-        ledger: RunLedger,
-        run: RunIdentity | str,
-        handed: Lease | None,
-        config: JobConfig,
-    ) -> Lease | Ticket:
-        """The lease to work under, or the ticket to report a completed run with; raises when
-        another worker still holds the run after the spec's wait."""
-        got = claim_or_reuse(
-            ledger,
-            run,
-            _worker_id(context),
-            spec.lease_seconds,
-            handed=handed,
-            wait_seconds=spec.holder_wait_seconds,
-            caller_run_id=context.run_id,
-            caller_step=context.op.name,
-        )
-        if isinstance(got, Busy):
-            raise _busy(got.record)
-        if isinstance(got, Reused):
-            done = got.record
-            pruned = done.output is None and done.output_pruned_at is not None
-            return Ticket.of_completed(
-                done, reuse_label(config, done.config_parts, output_pruned=pruned)
-            )
-        return got
-
     @dg.op(
         name=f"{spec.name}_collect",
         out=dg.Out(Ticket),
@@ -150,22 +290,7 @@ def build_ops(
     )
     def collect(context: dg.OpExecutionContext) -> Ticket:
         """Register the run, take its lease and checkpoint the collected input (once)."""
-        identity = identity_of(context)
-        ledger: RunLedger = context.resources.ledger
-        collector: Collector = getattr(context.resources, spec.collector)
-        lease = lease_for(context, ledger, identity, None, spec.config_of(model_of(context)))
-        if isinstance(lease, Ticket):
-            return _report(context, lease)
-        reused_input = lease.stored_raw_input is not None
-        if not reused_input:
-            try:
-                raw_input = collector.collect(identity)
-            except Exception as exc:
-                record_failure(ledger, lease, exc, None)
-                raise
-            ledger.checkpoint(lease, raw_input)
-        result = "reused input" if reused_input else "collected"
-        return _report(context, Ticket.under(lease, context.run_id, result))
+        return collect_step(context, spec)
 
     @dg.op(
         name=f"{spec.name}_transform",
@@ -176,91 +301,14 @@ def build_ops(
     )
     def transform(context: dg.OpExecutionContext, collected: Ticket) -> Ticket:
         """Call the model on the checkpointed input (read from the ledger) under a live lease."""
-        if collected.completed:
-            return _report(context, collected)
-        ledger: RunLedger = context.resources.ledger
-        model = model_of(context)
-        config = spec.config_of(model)
-        handed = collected.handed_lease(context.run_id)
-        lease = lease_for(context, ledger, collected.run_id, handed, config)
-        if isinstance(lease, Ticket):
-            return _report(context, lease)
-        raw_input = lease.stored_raw_input
-        if raw_input is None:
-            raise LedgerError(f"run {lease.run_id} has no raw-input checkpoint; re-run collect")
-        origin = CallOrigin(context.op.name, context.run_id, context.retry_number)
-        answer = None
-        with LeaseHeartbeat(ledger, lease, spec.lease_seconds / 3) as heartbeat:
-            try:
-                fail_if_drilled()
-                step = StepContext(
-                    identity_of(context), spec.prompt, lease.run_id, context.run_id, context.op.name
-                )
-                answer = model.generate(raw_input, step)
-                check_output(answer.output, spec.validate)
-            except Exception as exc:  # the call failed, or its answer was rejected: both cost
-                usage = answer.usage if answer is not None else None
-                call: CallOutcome = "failed" if answer is None else "rejected"
-                record_failure(ledger, lease, exc, usage, call=call, origin=origin)
-                raise
-        heartbeat.raise_if_lost()
-        # The answer is bound to what it was computed on: this lease's checkpoint.
-        bound = Answer(answer.output, answer.usage, lease.basis, config, origin)
-        ticket = Ticket.under(heartbeat.lease, context.run_id, "model called", bound)
-        return _report(context, ticket, answer.usage)
+        return transform_step(context, spec, collected)
 
     @dg.op(name=f"{spec.name}_persist", out=dg.Out(Ticket), tags={"kind": "ledger"})
     def persist(
         context: dg.OpExecutionContext, transformed: Ticket, ledger: dg.ResourceParam[RunLedger]
     ) -> Ticket:
         """Commit the answer, its usage and the outbox rows in one transaction."""
-        answer = transformed.answer
-        if transformed.completed:
-            return _report(context, transformed)
-        if answer is None:  # a ticket no transform produced: nothing to commit, say so
-            raise LedgerError(f"run {transformed.run_id}: the ticket carries no model answer")
-        run_id = transformed.run_id
-        notifications = spec.notifications(identity_of(context), answer.output)
-
-        def commit(lease: Lease) -> Completion:
-            try:
-                return ledger.complete(
-                    lease,
-                    answer.output,
-                    notifications,
-                    answer.usage,
-                    basis=answer.basis,
-                    config=answer.config,
-                    origin=answer.origin,
-                )
-            except StaleCandidateError as exc:  # revised since: this answer is not the result
-                raise dg.Failure(
-                    description=f"stale answer, not accepted: {exc}",
-                    metadata={"ledger_run_id": run_id, "result": "superseded"},
-                    allow_retries=False,
-                ) from None
-
-        completion: Completion | None = None
-        ticket = transformed
-        handed = transformed.handed_lease(context.run_id)
-        if handed is not None:
-            try:
-                completion = commit(handed)
-            except LeaseLostError:
-                completion = None
-        if completion is None:
-            # The handed lease was lost, or this is a re-execution: claim, then commit the
-            # answer this run already paid for (first commit wins), but only on the revision
-            # and checkpoint it was computed on.
-            lease = lease_for(context, ledger, run_id, None, answer.config)
-            if isinstance(lease, Ticket):
-                return _report(context, lease, costs=CallCosts.of(ledger.model_calls(run_id)))
-            completion = commit(lease)
-            ticket = Ticket.under(lease, context.run_id, ticket.result)
-        new = completion.accepted
-        result = "new" if new else reuse_label(answer.config, completion.config_parts)
-        costs = CallCosts.of(ledger.model_calls(run_id))
-        return _report(context, ticket.done(result), answer.usage if new else None, costs)
+        return persist_step(context, spec, transformed, ledger)
 
     @dg.op(
         name=f"{spec.name}_deliver",
@@ -270,23 +318,6 @@ def build_ops(
     )
     def deliver(context: dg.OpExecutionContext, persisted: Ticket) -> None:
         """Send this run's undelivered outbox rows, once each, keyed ``<run_id>:<channel>``."""
-        run_id = persisted.run_id
-        ledger: RunLedger = context.resources.ledger
-
-        def send(row: Any) -> None:
-            channel: NotificationChannel = getattr(context.resources, row.channel)
-            channel.send(row)
-
-        report = ledger.deliver_outbox(send, run_id=run_id)
-        context.add_output_metadata(
-            {
-                "ledger_run_id": run_id,
-                "delivered_now": len(report.delivered),
-                "failed": len(report.failed),
-            }
-        )
-        if report.failed:
-            reasons = "; ".join(f"{row.channel}: {reason}" for row, reason in report.failed)
-            raise dg.Failure(f"delivery failed, will retry: {reasons}", allow_retries=True)
+        deliver_step(context, persisted)
 
     return collect, transform, persist, deliver

@@ -3,61 +3,94 @@
 It names the ledger run, what the step did, whether the run is already completed, and the lease
 (owner + epoch) handed on to the next step of the *same* Dagster run. A step in another Dagster run
 (re-execution, run retry) never uses a lease it was not handed: it claims the run itself. The
-model's answer travels with what it was computed on (:class:`Answer`), so ``persist`` commits it
-only on that basis. Dagster's IO manager pickles tickets; they carry no raw input.
+model's answer travels with what it was computed on (a :class:`BoundAnswer`), so ``persist``
+commits it only on that basis. Dagster's IO manager pickles tickets; they carry no raw input.
 """
 
 from dataclasses import dataclass, replace
-from typing import Any
+from enum import StrEnum
 
-from idempotent_jobs.core.records import Basis, CallOrigin, JobConfig, Lease, ModelUsage, RunRecord
+from idempotent_jobs.core.records import Lease, RunRecord
+from idempotent_jobs.core.steps import BoundAnswer
 
-
-@dataclass(frozen=True)
-class Answer:
-    """A model answer on its way to ``persist``: the output, what the call cost, the revision
-    and checkpoint it was computed on, the job configuration, and the step that made the call."""
-
-    output: dict[str, Any]
-    usage: ModelUsage
-    basis: Basis
-    config: JobConfig
-    origin: CallOrigin
+Answer = BoundAnswer  # the name this module used before the steps moved to the core
 
 
-@dataclass(frozen=True)
+class StepResult(StrEnum):
+    """What a step did, as its output metadata ``result`` says it."""
+
+    COLLECTED = "collected"  # collect gathered the input and checkpointed it
+    INPUT_REUSED = "reused input"  # collect found the checkpoint of an earlier attempt
+    MODEL_CALLED = "model called"  # transform made the call; persist has yet to commit it
+    NEW = "new"  # persist committed this run's answer: it is the accepted result
+    REUSED = "reused"  # the run was already completed: its stored result is reported
+
+
+@dataclass(frozen=True, kw_only=True)
 class Ticket:
-    """One step's hand-over to the next (see the module's docstring)."""
+    """One step's hand-over to the next (see the module's docstring). ``notes`` qualify a
+    reused result (``config changed: prompt``, ``output pruned``)."""
 
     run_id: str
     epoch: int
     attempts: int
-    result: str
+    result: StepResult
+    notes: tuple[str, ...] = ()
     completed: bool = False
     lease: Lease | None = None
     caller_run_id: str | None = None
-    answer: Answer | None = None
+    answer: BoundAnswer | None = None
+
+    @property
+    def label(self) -> str:
+        """``result`` with its notes: ``reused (config changed: prompt; output pruned)``."""
+        notes = "; ".join(self.notes)
+        return f"{self.result} ({notes})" if notes else str(self.result)
 
     @classmethod
-    def of_completed(cls, record: RunRecord, result: str) -> "Ticket":
-        """A run already completed: later steps only report it (as ``result``)."""
-        return cls(record.run_id, record.lease_epoch, record.attempts, result, completed=True)
+    def of_completed(cls, record: RunRecord, notes: tuple[str, ...] = ()) -> "Ticket":
+        """A run already completed: later steps only report it."""
+        return cls(
+            run_id=record.run_id,
+            epoch=record.lease_epoch,
+            attempts=record.attempts,
+            result=StepResult.REUSED,
+            notes=notes,
+            completed=True,
+        )
 
     @classmethod
     def under(
-        cls, lease: Lease, caller_run_id: str, result: str, answer: Answer | None = None
+        cls,
+        lease: Lease,
+        caller_run_id: str,
+        result: StepResult,
+        answer: BoundAnswer | None = None,
     ) -> "Ticket":
         """Work in progress under ``lease``, handed on to the next step of ``caller_run_id``
         (without the checkpoint: the next step reads it from the ledger)."""
         handed = replace(lease, stored_raw_input=None, expires_at=None)
         return cls(
-            lease.run_id, lease.epoch, lease.attempts, result, False, handed, caller_run_id, answer
+            run_id=lease.run_id,
+            epoch=lease.epoch,
+            attempts=lease.attempts,
+            result=result,
+            lease=handed,
+            caller_run_id=caller_run_id,
+            answer=answer,
         )
 
     def handed_lease(self, caller_run_id: str) -> Lease | None:
         """The lease an earlier step of this very caller run handed on, if any."""
         return self.lease if self.caller_run_id == caller_run_id else None
 
-    def done(self, result: str) -> "Ticket":
+    def done(self, result: StepResult, notes: tuple[str, ...] = ()) -> "Ticket":
         """This run, now completed (as ``result``)."""
-        return Ticket(self.run_id, self.epoch, self.attempts, result, completed=True)
+        return Ticket(
+            run_id=self.run_id,
+            epoch=self.epoch,
+            attempts=self.attempts,
+            result=result,
+            notes=notes,
+            completed=True,
+        )

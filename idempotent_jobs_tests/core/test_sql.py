@@ -41,16 +41,23 @@ def test_every_write_after_a_claim_carries_the_owner_and_epoch_fence() -> None:
     for name in sorted(fenced):
         text = _one_line(STATEMENTS[name].text)
         # Each UPDATE of a run row in the statement is fenced; inserts only follow from it.
+        # Each UPDATE of a run row in the statement is fenced, either in its own WHERE or by
+        # the `mine` of the row it read under lock (the statements that say what happened).
+        mine = re.search(r"COALESCE\((.*?), false\) AS mine", text)
         wheres = re.findall(r"UPDATE \{schema\}\.runs .*? WHERE (.*?)(?: RETURNING |$)", text)
         assert wheres, name
         for where in wheres:
+            fence = where.replace("r.", "")
+            if re.search(r"\b\w+\.mine\b", where):
+                assert mine is not None, name
+                fence = mine[1]
             for part in _FENCE:
-                assert part in where.replace("r.", ""), (name, part)
+                assert part in fence, (name, part)
 
 
 def test_every_statement_has_a_purpose_and_every_one_is_used() -> None:
     source = Path(ledger_module.__file__).read_text(encoding="utf-8")
-    used = set(re.findall(r'_db\.(?:fetch|rows|query)\(\s*"([a-z_]+)"', source))
+    used = set(re.findall(r'(?:_db\.(?:fetch|rows|query)|_fenced)\(\s*"([a-z_]+)"', source))
     assert used == set(STATEMENTS)
     for statement in STATEMENTS.values():
         assert statement.purpose.endswith("."), statement.name

@@ -164,7 +164,7 @@ RETURNING raw_input, input_fingerprint,
     COALESCE(%(lease_commit)s::text, current_setting('synchronous_commit')), true)
 
 -- name: complete
--- Accept a candidate answer and queue its notifications, or refuse it as stale.
+-- Accept a candidate answer and queue its notifications, or refuse it as stale; say which.
 -- The final commit, one statement so one transaction: a candidate is accepted only on the revision
 -- and raw-input checkpoint it was computed against (a revise moves the revision, a recollect the
 -- checkpoint; a basis without a fingerprint binds the revision only). Accepted: output, config
@@ -172,12 +172,18 @@ RETURNING raw_input, input_fingerprint,
 -- channel and revision, never twice; a revised run notifies only the channels its revision named).
 -- Stale: nothing of it is stored or sent, the lease is given back (the run waits, pending, for an
 -- answer on its current basis), and the attempt and the model call end `superseded`/`stale`.
+-- `outcome` states what happened: `applied` (accepted now), `stale` (refused now, or by this
+-- lease's earlier statement whose answer was lost), `already_done` (the run is completed; `mine`
+-- says whether by this lease) or `lease_lost`. The row is read under its lock, so the outcome is
+-- the row's latest committed state, not the statement's snapshot.
 WITH basis AS (
-  SELECT run_id, (revision = %(revision)s::integer AND input_fingerprint
+  SELECT run_id, status, lease_epoch, output, revision, input_fingerprint, config_parts,
+    COALESCE(lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s AND status = 'running',
+      false) AS mine,
+    (revision = %(revision)s::integer AND input_fingerprint
       IS NOT DISTINCT FROM COALESCE(%(input_fingerprint)s::text, input_fingerprint)) AS holds
   FROM {schema}.runs
-  WHERE run_id = %(run_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
-    AND status = 'running'
+  WHERE run_id = %(run_id)s
   FOR UPDATE
 ), done AS (
   UPDATE {schema}.runs AS r
@@ -190,8 +196,7 @@ WITH basis AS (
     last_error = CASE WHEN basis.holds THEN NULL ELSE r.last_error END,
     lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
   FROM basis
-  WHERE r.run_id = basis.run_id AND r.lease_owner = %(worker_id)s
-    AND r.lease_epoch = %(epoch)s AND r.status = 'running'
+  WHERE r.run_id = basis.run_id AND basis.mine
   RETURNING r.run_id, r.lease_epoch, r.output, r.revision, r.input_fingerprint,
     r.lease_started_at, r.lease_caller_run_id, r.lease_caller_step, basis.holds AS accepted
 ), attempt AS (
@@ -223,20 +228,36 @@ WITH basis AS (
     WHERE rv.run_id = done.run_id AND rv.revision = done.revision))
   ON CONFLICT (run_id, channel, revision) DO NOTHING
 )
-SELECT accepted, output, revision, input_fingerprint FROM done
+SELECT CASE
+    WHEN done.run_id IS NOT NULL THEN CASE WHEN done.accepted THEN 'applied' ELSE 'stale' END
+    WHEN basis.status = 'completed' THEN 'already_done'
+    WHEN basis.status = 'pending' AND basis.lease_epoch = %(epoch)s AND NOT basis.holds THEN 'stale'
+    ELSE 'lease_lost' END AS outcome,
+  CASE WHEN done.run_id IS NOT NULL THEN done.output ELSE basis.output END AS output,
+  basis.revision, basis.input_fingerprint, basis.lease_epoch = %(epoch)s AS mine, basis.config_parts
+FROM basis LEFT JOIN done ON true
 
 -- name: fail
--- Record a failed attempt under the lease and free the run for a retry.
+-- Record a failed attempt under the lease and free the run for a retry; say what happened.
 -- A failed attempt: the run becomes claimable again; the reason is kept on run and attempt, and
--- on the model call's row when a model call failed or its answer was rejected.
-WITH failed AS (
-  UPDATE {schema}.runs
+-- on the model call's row when a model call failed or its answer was rejected. `outcome`:
+-- `applied`, `already_done` (this very failure landed before: a retry after a lost answer) or
+-- `lease_lost` (another claim moved the run on: nothing written).
+WITH cur AS (
+  SELECT run_id, status, lease_epoch, last_error,
+    COALESCE(lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s AND status = 'running',
+      false) AS mine
+  FROM {schema}.runs
+  WHERE run_id = %(run_id)s
+  FOR UPDATE
+), failed AS (
+  UPDATE {schema}.runs AS r
   SET status = 'failed', last_error = %(error)s, lease_owner = NULL, lease_expires_at = NULL,
     updated_at = now()
-  WHERE run_id = %(run_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
-    AND status = 'running'
-  RETURNING run_id, lease_epoch, revision, lease_started_at, lease_caller_run_id,
-    lease_caller_step
+  FROM cur
+  WHERE r.run_id = cur.run_id AND cur.mine
+  RETURNING r.run_id, r.lease_epoch, r.revision, r.lease_started_at, r.lease_caller_run_id,
+    r.lease_caller_step
 ), call AS (
   INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
     caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error)
@@ -253,16 +274,31 @@ WITH failed AS (
     %(input_tokens)s, %(output_tokens)s
   FROM failed
 )
-SELECT run_id FROM failed
+SELECT CASE
+    WHEN EXISTS (SELECT FROM failed) THEN 'applied'
+    WHEN cur.status = 'failed' AND cur.lease_epoch = %(epoch)s AND cur.last_error = %(error)s
+      THEN 'already_done'
+    ELSE 'lease_lost' END AS outcome
+FROM cur
 
 -- name: release
--- Hand the run back untouched, ending the attempt as superseded (a step that stops early).
-WITH released AS (
-  UPDATE {schema}.runs
+-- Hand the run back untouched, ending the attempt as superseded; say what happened.
+-- For a step that stops early. `outcome`: `applied`, `already_done` (this release landed
+-- before) or `lease_lost`.
+WITH cur AS (
+  SELECT run_id, status, lease_epoch, lease_owner,
+    COALESCE(lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s AND status = 'running',
+      false) AS mine
+  FROM {schema}.runs
+  WHERE run_id = %(run_id)s
+  FOR UPDATE
+), released AS (
+  UPDATE {schema}.runs AS r
   SET status = 'pending', lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
-  WHERE run_id = %(run_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
-    AND status = 'running'
-  RETURNING run_id, lease_epoch, lease_started_at, lease_caller_run_id, lease_caller_step,
+  FROM cur
+  WHERE r.run_id = cur.run_id AND cur.mine
+  RETURNING r.run_id, r.lease_epoch, r.lease_started_at, r.lease_caller_run_id,
+    r.lease_caller_step,
     set_config('synchronous_commit',
       COALESCE(%(lease_commit)s::text, current_setting('synchronous_commit')), true)
 ), attempt AS (
@@ -272,7 +308,12 @@ WITH released AS (
     COALESCE(lease_started_at, now()), now(), 'superseded'
   FROM released
 )
-SELECT run_id FROM released
+SELECT CASE
+    WHEN EXISTS (SELECT FROM released) THEN 'applied'
+    WHEN cur.status = 'pending' AND cur.lease_epoch = %(epoch)s AND cur.lease_owner IS NULL
+      THEN 'already_done'
+    ELSE 'lease_lost' END AS outcome
+FROM cur
 
 -- name: get_run
 -- One run's record.

@@ -9,8 +9,8 @@ from typing import Any
 from pydantic import Field
 
 from idempotent_jobs.core.json_values import json_fingerprint
-from idempotent_jobs.core.protocol import ModelAnswer
 from idempotent_jobs.core.records import ModelUsage
+from idempotent_jobs.core.steps import ModelAnswer
 from idempotent_jobs.dagster.resources.steps import ModelStep, StepContext
 
 _WORD = re.compile(r"[\w'-]+", re.UNICODE)

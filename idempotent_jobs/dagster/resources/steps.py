@@ -13,7 +13,7 @@ from typing import Any
 import dagster as dg
 
 from idempotent_jobs.core.identity import RunIdentity
-from idempotent_jobs.core.protocol import ModelAnswer
+from idempotent_jobs.core.steps import ModelAnswer
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,194 @@
+"""The protocol's steps, written once: collect once, call the model, commit; and the one way an
+attempt ends on failure.
+
+:func:`~idempotent_jobs.core.protocol.run_idempotent` composes them in one call; the Dagster ops
+call one each, with a lease handed from op to op. Either way a failure leaves the same ledger
+state, because it goes through the same :func:`end_attempt`:
+
+- the attempt ends and the lease is given back at once (the next attempt claims now, not after
+  the lease expires);
+- the error is stored made safe (NUL and lone surrogates escaped, capped);
+- a model call that was made is recorded with its usage: ``failed`` when it raised, ``rejected``
+  when its answer was refused (the validator, unbelievable token counts, an output the ledger
+  cannot store, or a commit that failed). A failure before the call (a drill, a missing
+  checkpoint) records no call. Only a lost lease leaves nothing to record: its holder can no
+  longer write.
+"""
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from idempotent_jobs.core.error_text import describe_error
+from idempotent_jobs.core.errors import (
+    LeaseLostError,
+    LedgerError,
+    OutputRejectedError,
+    StaleCandidateError,
+    UsageRejectedError,
+)
+from idempotent_jobs.core.heartbeat import LeaseHeartbeat
+from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.records import (
+    Basis,
+    CallOrigin,
+    CallOutcome,
+    Completion,
+    FenceOutcome,
+    JobConfig,
+    Lease,
+    ModelUsage,
+)
+from idempotent_jobs.core.usage import check_usage
+
+JSONDict = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ModelAnswer:
+    """What a model call returns instead of a bare dict, to have its usage recorded (positional
+    fields, as users' model steps have always built it)."""
+
+    output: JSONDict
+    usage: ModelUsage
+
+
+@dataclass(frozen=True, kw_only=True)
+class BoundAnswer:
+    """A checked answer on its way to :func:`commit`: the output, what the call cost, the
+    revision and checkpoint it was computed on, the configuration, and where the call was made.
+    It is accepted only while the run is still on ``basis``."""
+
+    output: JSONDict
+    usage: ModelUsage | None
+    basis: Basis
+    config: JobConfig
+    origin: CallOrigin
+
+
+def end_attempt(
+    ledger: RunLedger,
+    lease: Lease,
+    exc: BaseException,
+    usage: ModelUsage | None = None,
+    *,
+    call: CallOutcome | None = None,
+    origin: CallOrigin | None = None,
+) -> FenceOutcome | None:
+    """End the attempt under ``lease`` as failed because of ``exc``; the one way every step
+    ends on failure. Records the model call too when ``call`` says one was made (``failed`` or
+    ``rejected``) with its ``usage``. Returns what the ledger says happened, or ``None`` when
+    nothing could be written (the lease was lost, or the database is out of reach): recording
+    never hides the first error."""
+    if isinstance(exc, UsageRejectedError):
+        usage = exc.recorded
+    try:
+        return ledger.fail(lease, describe_error(exc), usage, call=call, origin=origin)
+    except Exception:  # LeaseLostError, an outage: the caller re-raises `exc` either way
+        return None
+
+
+def call_outcome(called: bool, answered: bool) -> CallOutcome | None:
+    """How a model call ended when its step failed: not made (``None``), raised (``failed``),
+    or answered and the answer refused (``rejected``)."""
+    if not called:
+        return None
+    return "rejected" if answered else "failed"
+
+
+def collect_once(ledger: RunLedger, lease: Lease, collect: Callable[[], JSONDict]) -> Lease:
+    """The lease with the run's checkpoint: the stored one, else ``collect()``'s value stored
+    now (the first stored value wins). A failure (the collector, an input the ledger refuses)
+    ends the attempt and propagates."""
+    if lease.stored_raw_input is not None:
+        return lease
+    try:
+        return ledger.checkpoint(lease, collect())
+    except BaseException as exc:
+        end_attempt(ledger, lease, exc)
+        raise
+
+
+def _unpack(answer: object) -> tuple[object, ModelUsage | None]:
+    if isinstance(answer, ModelAnswer):
+        return answer.output, answer.usage
+    return answer, None
+
+
+def check_output(output: JSONDict, validate: Callable[[JSONDict], object] | None) -> None:
+    """Raise if ``validate`` raises or returns ``False`` (:class:`OutputRejectedError`)."""
+    if validate is not None and validate(output) is False:
+        raise OutputRejectedError()
+
+
+def call_model(
+    ledger: RunLedger,
+    lease: Lease,
+    model: Callable[[JSONDict], Any],
+    *,
+    config: JobConfig,
+    origin: CallOrigin,
+    heartbeat_seconds: float,
+    validate: Callable[[JSONDict], object] | None = None,
+    before_call: Callable[[], None] | None = None,
+) -> BoundAnswer:
+    """Call ``model`` on the lease's checkpoint while renewing the lease, check the answer, and
+    bind it to the basis it was computed on.
+
+    The answer must be storable (a JSON object within the ledger's limits), its usage believable
+    and ``validate`` must accept it; otherwise the attempt ends with the call ``rejected``. A
+    ``model`` that raises ends it with the call ``failed``; ``before_call`` raising (a drill)
+    ends it with no call recorded. A lease lost meanwhile raises :class:`LeaseLostError`.
+    """
+    raw_input = lease.stored_raw_input
+    if raw_input is None:
+        missing = LedgerError(f"run {lease.run_id} has no raw-input checkpoint; collect it first")
+        end_attempt(ledger, lease, missing, origin=origin)
+        raise missing
+    called = answered = False
+    usage: ModelUsage | None = None
+    with LeaseHeartbeat(ledger, lease, heartbeat_seconds) as heartbeat:
+        try:
+            if before_call is not None:
+                before_call()
+            called = True
+            output, reported = _unpack(model(raw_input))
+            answered = True
+            usage = check_usage(reported)
+            ledger.check_storable_output(output)
+            assert isinstance(output, dict)
+            check_output(output, validate)
+        except BaseException as exc:
+            outcome = call_outcome(called, answered)
+            end_attempt(ledger, lease, exc, usage, call=outcome, origin=origin)
+            raise
+    heartbeat.raise_if_lost()
+    return BoundAnswer(output=output, usage=usage, basis=lease.basis, config=config, origin=origin)
+
+
+def commit(
+    ledger: RunLedger,
+    lease: Lease,
+    answer: BoundAnswer,
+    notifications: Callable[[JSONDict], Mapping[str, JSONDict]] | None = None,
+) -> Completion:
+    """Accept ``answer`` and queue its notifications in one transaction (see
+    :meth:`RunLedger.complete`). A lost lease or a stale basis raise as they are (the ledger
+    recorded what it could); any other failure (a payload builder, a payload the ledger
+    refuses) ends the attempt with the call ``rejected``."""
+    try:
+        messages = notifications(answer.output) if notifications is not None else None
+        return ledger.complete(
+            lease,
+            answer.output,
+            messages,
+            answer.usage,
+            basis=answer.basis,
+            config=answer.config,
+            origin=answer.origin,
+        )
+    except (LeaseLostError, StaleCandidateError):
+        raise
+    except BaseException as exc:
+        end_attempt(ledger, lease, exc, answer.usage, call="rejected", origin=answer.origin)
+        raise
