@@ -1,0 +1,270 @@
+"""One matrix of failure cases through both drivers: the ledger state must be the same.
+
+Each case is a hostile model answer, collector or race. It runs once through ``run_idempotent``
+and once through the Dagster job (in process, no op retries), on two subjects of one window, and
+the two runs' ledger state is compared: status, whether the lease is free, the error, the
+attempts' outcomes, the model calls with their tokens, and the outbox.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import dagster as dg
+import psycopg
+import pytest
+
+from idempotent_jobs import RunLedger, run_idempotent
+from idempotent_jobs.core.database import DATABASE_URL_ENV
+from idempotent_jobs.core.identity import RunIdentity
+from idempotent_jobs.core.records import ModelUsage
+from idempotent_jobs.core.steps import ModelAnswer
+from idempotent_jobs.dagster.job_factory import build_idempotent_job
+from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
+from idempotent_jobs.dagster.resource import RunLedgerResource
+from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel, ModelStep, StepContext
+from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
+
+Behaviour = Callable[[dict[str, Any], str, str], Any]  # (raw input, run id, conninfo) -> answer
+
+
+@dataclass(frozen=True)
+class Case:
+    model: Behaviour
+    raw_input: dict[str, Any] | None = None  # what the collector returns (default: small)
+    outcome: str = "failed"  # the run's status afterwards
+
+
+def _answer(output: dict[str, Any], usage: ModelUsage | None = None) -> Behaviour:
+    return lambda raw, run_id, db: ModelAnswer(output, usage or ModelUsage("m", 10, 5))
+
+
+def _raises(text: str) -> Behaviour:
+    def call(raw: dict[str, Any], run_id: str, db: str) -> Any:
+        raise RuntimeError(text)
+
+    return call
+
+
+def _deep(levels: int) -> dict[str, Any]:
+    value: dict[str, Any] = {"summary": "bottom"}
+    for _ in range(levels):
+        value = {"summary": "s", "next": value}
+    return value
+
+
+def _lose_lease(raw: dict[str, Any], run_id: str, db: str) -> Any:
+    """Mid-call, the lease expires and another worker claims the run."""
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE idempotent_jobs.runs SET lease_expires_at = now() - interval '1 ms'"
+            " WHERE run_id = %s",
+            (run_id,),
+        )
+    with RunLedger(db) as other:
+        assert other.claim(run_id, "other-worker", 600) is not None
+    return ModelAnswer({"summary": "late"}, ModelUsage("m", 10, 5))
+
+
+def _move_basis(raw: dict[str, Any], run_id: str, db: str) -> Any:
+    """Mid-call, the run moves to another revision (as a revise racing the call would)."""
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE idempotent_jobs.runs SET revision = revision + 1 WHERE run_id = %s", (run_id,)
+        )
+    return ModelAnswer({"summary": "computed on the old basis"}, ModelUsage("m", 10, 5))
+
+
+CASES: dict[str, Case] = {
+    "model raises": Case(_raises("provider down")),
+    "invalid answer": Case(_answer({"summary": ""})),
+    "oversize output": Case(_answer({"summary": "x" * (1024 * 1024 + 1)})),
+    "too deep output": Case(_answer(_deep(150))),
+    "NaN output": Case(_answer({"summary": "s", "score": float("nan")})),
+    "NUL output": Case(_answer({"summary": "a\x00b"})),
+    "not a dict": Case(_answer(["a", "list"])),  # type: ignore[arg-type]
+    "huge tokens": Case(_answer({"summary": "s"}, ModelUsage("m", 3_000_000_000, 5))),
+    "negative tokens": Case(_answer({"summary": "s"}, ModelUsage("m", -1000, -5))),
+    "hostile error text": Case(_raises("bad \x00 byte, lone \udc80 surrogate\x1b[31m" * 400)),
+    "oversize input": Case(_answer({"summary": "s"}), raw_input={"blob": "y" * (1024 * 1024)}),
+    "lost lease": Case(_lose_lease, outcome="running"),
+    "stale basis": Case(_move_basis, outcome="pending"),
+}
+
+CURRENT: dict[str, Case] = {}  # the case the Dagster resources below act out
+
+
+class CaseCollector(Collector):
+    def collect(self, identity: RunIdentity) -> dict[str, Any]:
+        return CURRENT["case"].raw_input or {"documents": ["a small input"]}
+
+
+class CaseModel(ModelStep):
+    database_url: str
+
+    @property
+    def model_name(self) -> str:
+        return "case-model"
+
+    def generate(self, raw_input: dict[str, Any], context: StepContext) -> Any:
+        return CURRENT["case"].model(raw_input, context.run_id, self.database_url)
+
+
+SPEC = IdempotentJobSpec(
+    name="parity_job",
+    identity_job_name="parity-job",
+    version="v1",
+    window=dg.DailyPartitionsDefinition(start_date="2026-08-01"),
+    subjects=["via-dagster", "via-protocol"],
+    lease_seconds=30.0,
+    wait_seconds=0.0,
+    model_retry=dg.RetryPolicy(max_retries=0),
+)
+JOB, _ = build_idempotent_job(SPEC)
+
+
+def _defs(env: DagsterTestEnv) -> dg.Definitions:
+    return dg.Definitions(
+        jobs=[JOB],
+        resources={
+            "ledger": RunLedgerResource(database_url=dg.EnvVar(DATABASE_URL_ENV)),
+            "model": CaseModel(database_url=env.database),
+            "collector": CaseCollector(),
+            "report_file": JsonLinesChannel(path=str(env.notifications)),
+        },
+    )
+
+
+def ledger_state(db: psycopg.Connection, run_id: str) -> dict[str, Any]:
+    """Everything a failure may leave, without ids, workers or times."""
+    run = db.execute(
+        "SELECT status, lease_owner IS NULL, last_error, revision, raw_input IS NOT NULL"
+        " FROM idempotent_jobs.runs WHERE run_id = %s",
+        (run_id,),
+    ).fetchone()
+    attempts = db.execute(
+        "SELECT lease_epoch, outcome, error, model_name, input_tokens, output_tokens"
+        " FROM idempotent_jobs.run_attempts WHERE run_id = %s ORDER BY lease_epoch",
+        (run_id,),
+    ).fetchall()
+    calls = db.execute(
+        "SELECT lease_epoch, revision, outcome, model_name, input_tokens, output_tokens, error"
+        " FROM idempotent_jobs.model_calls WHERE run_id = %s ORDER BY call_id",
+        (run_id,),
+    ).fetchall()
+    outbox = db.execute(
+        "SELECT channel, revision FROM idempotent_jobs.notification_outbox WHERE run_id = %s",
+        (run_id,),
+    ).fetchall()
+    assert run is not None
+    status, lease_free, error, revision, has_input = run
+    return {
+        "status": status,
+        "lease_free": lease_free,
+        "error": error,
+        "revision": revision,
+        "checkpointed": has_input,
+        "attempts": attempts,
+        "model_calls": calls,
+        "outbox": outbox,
+    }
+
+
+PARTITION = "{subject}|2026-08-07"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_failure_leaves_the_same_ledger_state_through_both_drivers(
+    name: str, dagster_env: DagsterTestEnv, ledger: RunLedger, db: psycopg.Connection
+) -> None:
+    case = CURRENT["case"] = CASES[name]
+    via_dagster = SPEC.identity_for(PARTITION.format(subject="via-dagster"))
+    via_protocol = SPEC.identity_for(PARTITION.format(subject="via-protocol"))
+
+    job = _defs(dagster_env).resolve_job_def("parity_job")
+    result = job.execute_in_process(
+        partition_key=PARTITION.format(subject="via-dagster"), raise_on_error=False
+    )
+    assert not result.success
+
+    with pytest.raises(Exception):  # noqa: B017 - each case fails in its own way
+        run_idempotent(
+            ledger,
+            via_protocol,
+            collect=lambda ident: case.raw_input or {"documents": ["a small input"]},
+            transform=lambda raw: case.model(raw, via_protocol.run_id, dagster_env.database),
+            validate=SPEC.validate,
+            notifications=lambda output: SPEC.notifications(via_protocol, output),
+            lease_seconds=30.0,
+        )
+
+    dagster_state = ledger_state(db, via_dagster.run_id)
+    protocol_state = ledger_state(db, via_protocol.run_id)
+    assert dagster_state == protocol_state
+    assert dagster_state["status"] == case.outcome
+    if case.outcome == "failed":  # the attempt ended: the next one claims now, not on expiry
+        assert dagster_state["lease_free"]
+        assert ledger.claim(via_dagster.run_id, "next-worker", 30) is not None
+    if dagster_state["error"] is not None:
+        error = dagster_state["error"]
+        assert "\x00" not in error and len(error) <= 4000
+        error.encode("utf-8")  # no lone surrogate survives
+    if name == "hostile error text":
+        assert dagster_state["error"].startswith("RuntimeError: bad \\x00 byte, lone \\udc80")
+
+
+@pytest.mark.parametrize(
+    ("name", "calls"),
+    [
+        ("model raises", [(1, 0, "failed", "m", None, None)]),
+        ("invalid answer", [(1, 0, "rejected", "m", 10, 5)]),
+        ("oversize output", [(1, 0, "rejected", "m", 10, 5)]),
+        ("huge tokens", [(1, 0, "rejected", "m", None, 5)]),
+        ("negative tokens", [(1, 0, "rejected", "m", None, None)]),
+        ("oversize input", []),
+        ("lost lease", []),
+        ("stale basis", [(1, 0, "stale", "m", 10, 5)]),
+    ],
+)
+def test_every_paid_call_is_recorded_with_the_usage_that_can_be_believed(
+    name: str,
+    calls: list[tuple[Any, ...]],
+    ledger: RunLedger,
+    db: psycopg.Connection,
+    database: str,
+) -> None:
+    case = CASES[name]
+    ident = SPEC.identity_for(PARTITION.format(subject="via-protocol"))
+    with pytest.raises(Exception):  # noqa: B017
+        run_idempotent(
+            ledger,
+            ident,
+            collect=lambda i: case.raw_input or {"documents": ["a small input"]},
+            transform=lambda raw: case.model(raw, ident.run_id, database),
+            validate=SPEC.validate,
+        )
+    got = db.execute(
+        "SELECT lease_epoch, revision, outcome, model_name, input_tokens, output_tokens"
+        " FROM idempotent_jobs.model_calls WHERE run_id = %s ORDER BY call_id",
+        (ident.run_id,),
+    ).fetchall()
+    if name == "model raises":
+        calls = [(1, 0, "failed", None, None, None)]  # a call that raised reports no usage
+    assert got == calls
+
+
+def test_relaunches_after_unbelievable_usage_claim_at_once_and_record_every_call(
+    dagster_env: DagsterTestEnv, ledger: RunLedger
+) -> None:
+    """Three launches, three provider calls, three recorded (none stuck behind a held lease)."""
+    CURRENT["case"] = CASES["huge tokens"]
+    job = _defs(dagster_env).resolve_job_def("parity_job")
+    key = PARTITION.format(subject="via-dagster")
+    for _ in range(3):
+        assert not job.execute_in_process(partition_key=key, raise_on_error=False).success
+    run_id = SPEC.identity_for(key).run_id
+    calls = ledger.model_calls(run_id)
+    assert [c.outcome for c in calls] == ["rejected"] * 3
+    assert [c.lease_epoch for c in calls] == [1, 2, 3]
+    assert all(c.input_tokens is None and c.output_tokens == 5 for c in calls)
+    assert [a.outcome for a in ledger.attempts(run_id)] == ["failed"] * 3
