@@ -1,4 +1,4 @@
-"""Every failure ends the attempt cleanly: hostile error text, hostile receivers, fenced outcomes."""
+"""Every failure ends the attempt cleanly: hostile error text and receivers, fenced outcomes."""
 
 import itertools
 from typing import Any
