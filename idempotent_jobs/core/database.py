@@ -18,24 +18,63 @@ _URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
 _KEYWORD_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
 
 
-def _password_of(url: str) -> str | None:
+_KEYWORD_VALUE = re.compile(
+    r"password\s*=\s*('(?:[^'\\]|\\.)*'|.*?)(?=\s+[A-Za-z_]+\s*=|$)", re.IGNORECASE | re.DOTALL
+)
+_FRAGMENT_SPLIT = re.compile(r"[\s@%'\"/:?&=#\\]+")
+
+
+def _passwords_of(url: str) -> set[str]:
+    """Every text ``url`` may hold as a password, however malformed ``url`` is: the parsed
+    one, and what a person meant (a URL's user info up to its *last* ``@``, so an unencoded
+    ``@`` or space stays in it; a keyword's value up to the next ``key=``)."""
+    found: set[str] = set()
     try:
-        password = conninfo_to_dict(libpq_conninfo(url)).get("password")
+        parsed = conninfo_to_dict(libpq_conninfo(url)).get("password")
+        if parsed:
+            found.add(str(parsed))
     except psycopg.Error:
-        match = re.search(r"://[^:/@\s]*:([^@\s]*)@", url)
-        password = unquote(match[1]) if match else None
-    return str(password) if password else None
+        pass
+    scheme, sep, rest = url.partition("://")
+    if sep and "@" in rest:
+        userinfo = rest[: rest.rfind("@")]
+        if ":" in userinfo:
+            found.add(userinfo.split(":", 1)[1])
+    for match in _KEYWORD_VALUE.finditer(url):
+        value = match[1].strip()
+        found.add(value)
+        if len(value) >= 2 and value[0] == value[-1] == "'":
+            found.add(value[1:-1].replace("\\'", "'").replace("\\\\", "\\"))
+    return {f for f in found if f}
+
+
+def _secret_forms(url: str) -> set[str]:
+    """What to hide for ``url``: each password as given, decoded and percent-encoded, every
+    piece of it between separators (two characters or more), and every run of four characters
+    or more within a piece (libpq echoes the part of a malformed URL it stumbled on)."""
+    forms: set[str] = set()
+    for password in _passwords_of(url):
+        for raw in {password, unquote(password)}:
+            forms.update({raw, quote(raw, safe=""), quote(raw)})
+            for piece in _FRAGMENT_SPLIT.split(raw):
+                if len(piece) >= 2:
+                    forms.add(piece)
+                ends = range(4, min(len(piece), 256) + 1)
+                forms.update(piece[i:j] for j in ends for i in range(0, j - 3))
+    return {f for f in forms if f}
 
 
 def redact(text: str, url: str | None = None) -> str:
     """``text`` with every password shown as ``****``: URL and keyword forms, and the password
-    of ``url`` (as given and percent-encoded) wherever it appears."""
+    of ``url`` (as given, decoded and percent-encoded, and every piece of it two characters or
+    longer, since libpq may echo part of a malformed one) wherever it appears."""
     text = _URL_PASSWORD.sub(r"\1****@", text)
     text = _KEYWORD_PASSWORD.sub(r"\1****", text)
-    password = _password_of(url) if url else None
-    if password:
-        for form in {password, quote(password, safe=""), quote(password)}:
-            text = text.replace(form, "****")
+    if not url:
+        return text
+    for secret in sorted(_secret_forms(url), key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, "****")
     return text
 
 

@@ -6,12 +6,14 @@ so ``--help`` and ``runs list`` start in a fraction of a second.
 """
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.errors import InvalidInputError, LedgerError, RunNotFoundError
 from idempotent_jobs.operator.render import escape_controls, human_bytes, table, to_json
 
@@ -45,14 +47,27 @@ def _when(text: str) -> datetime:
     return value
 
 
-def _positive(kind: type[int] | type[float]) -> Any:
+#: The largest value each kind of numeric option takes: a number past these is a typo, and
+#: would overflow a date or a libpq setting further on.
+MAX_SECONDS = 3600.0 * 24 * 366 * 10  # ten years
+MAX_DAYS = 366.0 * 100  # a century
+MAX_COUNT = 10_000_000
+
+
+def _positive(kind: type[int] | type[float], maximum: float = MAX_COUNT) -> Any:
+    """An argparse type: a finite number > 0 and <= ``maximum`` (else exit 2, saying why)."""
+
     def parse(text: str) -> int | float:
         try:
             value = kind(text)
-        except ValueError:
+        except (ValueError, OverflowError):
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:g}, got {text}")
         return value
 
     parse.__name__ = f"positive {kind.__name__}"
@@ -527,7 +542,16 @@ def _revise(args: argparse.Namespace) -> int:
             requested_by=args.requested_by,
         )
         if partition is not None:
-            rerun_partition(*partition)
+            try:
+                rerun_partition(*partition)
+            except Exception as exc:  # the revision stands; say so in one line
+                print(
+                    f"idempotent-jobs: run {record.run_id} is revised (revision "
+                    f"{record.revision} recorded), but its recompute failed: "
+                    f"{escape_controls(describe_error(exc))}",
+                    file=sys.stderr,
+                )
+                return 1
             record = ledger.get(run_id) or record
     done = "recomputed" if args.now else "reopened"
     human = (
@@ -566,7 +590,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--schema", default="idempotent_jobs", help="ledger schema name")
     parser.add_argument(
         "--connect-timeout",
-        type=_positive(float),
+        type=_positive(float, 3600.0),
         default=10.0,
         help="seconds to wait for the database (libpq counts whole seconds: rounded up)",
     )
@@ -575,13 +599,13 @@ def build_parser() -> argparse.ArgumentParser:
     health = argparse.ArgumentParser(add_help=False)
     health.add_argument(
         "--outbox-age",
-        type=float,
+        type=_positive(float, MAX_SECONDS),
         default=900.0,
         help="seconds after which an undelivered notification is a problem",
     )
     health.add_argument(
         "--max-attempts",
-        type=int,
+        type=_positive(int),
         default=3,
         help="a failed run with this many attempts is a problem",
     )
@@ -593,7 +617,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("demo", help="run the demo and show the ledger").set_defaults(handler=_demo)
     dev = commands.add_parser("dev", help="the Dagster UI and daemon wired to the ledger")
     dev.add_argument("--host", default="127.0.0.1")
-    dev.add_argument("--port", type=int, default=3000)
+    dev.add_argument("--port", type=_positive(int, 65535), default=3000)
     dev.set_defaults(handler=_dev)
 
     runs = commands.add_parser("runs", help="logical runs in the ledger").add_subparsers(
@@ -683,7 +707,9 @@ def build_parser() -> argparse.ArgumentParser:
         ("--outbox-days", "delivered notification payloads"),
     ):
         pruning.add_argument(
-            flag, type=_positive(float), help=f"keep {what} this many days (overrides the job's)"
+            flag,
+            type=_positive(float, MAX_DAYS),
+            help=f"keep {what} this many days (overrides the job's)",
         )
     pruning.set_defaults(handler=_prune)
 

@@ -47,5 +47,5 @@ def rerun_partition(spec: IdempotentJobSpec, key: str) -> dg.ExecuteInProcessRes
     """Execute the job's partition ``key`` once, in process; raise if the run fails."""
     from idempotent_jobs.location.definitions import defs
 
-    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    quiet = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
     return defs.resolve_job_def(spec.name).execute_in_process(partition_key=key, run_config=quiet)

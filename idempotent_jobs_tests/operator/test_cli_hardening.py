@@ -1,0 +1,109 @@
+"""No part of a password in any message, however the URL is malformed; numeric options refuse
+what is not a finite number in range (exit 2); a failed recompute of a revision says so in one
+line (exit 1)."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from idempotent_jobs import RunLedger
+from idempotent_jobs.dagster import drill
+from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
+from idempotent_jobs_tests.helpers import claimed
+from idempotent_jobs_tests.operator.test_operator_cli import cli_env, run  # noqa: F401 - fixture
+
+PASSWORDS = [
+    "correct horse battery staple",
+    "p@ssword-Zq",
+    "100%real-Zq",
+    "it's\"quoted-Zq",
+    "pässwörd-ü-Zq",
+    "a/b?c#d=Zq&x",
+    "trail space ",
+]
+
+
+def _urls(password: str) -> list[str]:
+    return [
+        f"postgresql://ledger:{password}@127.0.0.1:1/x",
+        f"postgresql+psycopg2://ledger:{password}@127.0.0.1:1/x?sslmode=disable",
+        f"host=127.0.0.1 port=1 user=ledger password={password} dbname=x",
+        f"host=127.0.0.1 port=1 password='{password}' dbname=x",
+    ]
+
+
+def _leaks(password: str, text: str) -> list[str]:
+    """The pieces of ``password`` (two characters or more between separators, or any four in
+    a row within such a piece) that appear in ``text``."""
+    pieces = {p for p in re.split(r"[\s@%'\"/:?&=#]+", password) if len(p) >= 2}
+    runs = {p[i : i + 4] for p in pieces for i in range(len(p) - 3)}
+    return sorted(p for p in pieces | runs if p.strip() and p in text)
+
+
+@pytest.mark.parametrize("password", PASSWORDS)
+def test_no_part_of_a_password_appears_in_any_message(
+    password: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for url in _urls(password):
+        with pytest.raises(Exception) as info:
+            RunLedger(url, connect_timeout_seconds=1).open()
+        assert not _leaks(password, str(info.value)), (url, str(info.value))
+        with pytest.raises(Exception) as info:
+            RunLedger(url, connect_timeout_seconds=1).migrate()
+        assert not _leaks(password, str(info.value)), (url, str(info.value))
+        monkeypatch.setenv("IDEMPOTENT_JOBS_DATABASE_URL", url)
+        for argv in (["migrate"], ["doctor"], ["runs", "list"]):
+            code, out = run(capsys, "--connect-timeout", "1", *argv)
+            assert code in (1, 2) and "Traceback" not in out, out
+            assert not _leaks(password, out), (url, argv, out)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e300", "0", "-3", "ten"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--connect-timeout", "{}", "runs", "list"],
+        ["prune", "--output-days", "{}"],
+        ["prune", "--raw-input-days", "{}"],
+        ["doctor", "--outbox-age", "{}"],
+        ["runs", "list", "--limit", "{}"],
+    ],
+)
+def test_numeric_options_refuse_what_is_not_a_finite_number_in_range(
+    argv: list[str], value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = run(capsys, *(a.format(value) for a in argv))
+    assert code == 2, out
+    assert "Traceback" not in out and "error:" in out, out
+
+
+@pytest.mark.parametrize(
+    "argv", [["prune", "--output-days", "800000"], ["--connect-timeout", "99999", "runs", "list"]]
+)
+def test_numbers_past_their_range_are_refused_saying_the_limit(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = run(capsys, *argv)
+    assert code == 2 and "must be at most" in out, out
+
+
+def test_revise_now_whose_recompute_fails_says_the_revision_stands_in_one_line(
+    cli_env: Path,  # noqa: F811
+    ledger: RunLedger,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ident = COMPETITOR_SUMMARY.identity_for("workspace-acme|2026-08-07")
+    ledger.complete(claimed(ledger, ident), {"summary": "first"}, {"report_file": {"n": 1}})
+    drill.arm(100)  # every model call of the recompute fails
+    try:
+        code, out = run(capsys, "revise", ident.run_id, "--reason", "prompt fixed", "--now")
+    finally:
+        drill.arm(0)
+    assert code == 1, out
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1, out
+    assert "revision 1 recorded" in lines[0] and "recompute failed" in lines[0]
+    record = ledger.get(ident.run_id)
+    assert record is not None and record.revision == 1 and record.status == "failed"
+    assert record.lease_owner is None
