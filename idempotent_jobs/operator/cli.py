@@ -54,8 +54,11 @@ MAX_DAYS = 366.0 * 100  # a century
 MAX_COUNT = 10_000_000
 
 
-def _positive(kind: type[int] | type[float], maximum: float = MAX_COUNT) -> Any:
-    """An argparse type: a finite number > 0 and <= ``maximum`` (else exit 2, saying why)."""
+def _positive(
+    kind: type[int] | type[float], maximum: float = MAX_COUNT, *, zero: bool = False
+) -> Any:
+    """An argparse type: a finite number > 0 (>= 0 with ``zero``) and <= ``maximum`` (else
+    exit 2, saying why)."""
 
     def parse(text: str) -> int | float:
         try:
@@ -64,8 +67,9 @@ def _positive(kind: type[int] | type[float], maximum: float = MAX_COUNT) -> Any:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
         if not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+        if value < 0 or (value == 0 and not zero):
+            least = "at least 0" if zero else "greater than 0"
+            raise argparse.ArgumentTypeError(f"must be {least}, got {text}")
         if value > maximum:
             raise argparse.ArgumentTypeError(f"must be at most {maximum:g}, got {text}")
         return value
@@ -599,7 +603,7 @@ def build_parser() -> argparse.ArgumentParser:
     health = argparse.ArgumentParser(add_help=False)
     health.add_argument(
         "--outbox-age",
-        type=_positive(float, MAX_SECONDS),
+        type=_positive(float, MAX_SECONDS, zero=True),
         default=900.0,
         help="seconds after which an undelivered notification is a problem",
     )

@@ -59,7 +59,7 @@ def test_no_part_of_a_password_appears_in_any_message(
             assert not _leaks(password, out), (url, argv, out)
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e300", "0", "-3", "ten"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e300", "-3", "ten"])
 @pytest.mark.parametrize(
     "argv",
     [
