@@ -266,3 +266,50 @@ def test_prune_runs_beside_live_claims_and_completions_in_other_processes(
         report.longest_batch_seconds,
         report.seconds,
     )
+
+
+def test_prune_during_a_revise_skips_the_run_whole_and_reports_rows_changed(
+    ledger: RunLedger, db: psycopg.Connection, database: str
+) -> None:
+    """A revise holds the run's row while prune runs: prune waits, rechecks, and leaves every
+    part of the run, its attempt rows included, as they were; --apply counts what it changed."""
+    import threading
+
+    model = ScriptedModel([{"summary": "first"}])
+    run_id = complete_one(ledger, "revised-co", 1, model)
+    deliver_all(ledger)
+    backdate(db, run_id, 100)
+    applied: list[Any] = []
+    with psycopg.connect(database) as reviser:  # a revise in flight: its transaction is open
+        reviser.execute(
+            "UPDATE idempotent_jobs.runs SET status = 'pending', output = NULL,"
+            " completed_at = NULL, revision = revision + 1 WHERE run_id = %s",
+            (run_id,),
+        )
+        worker = threading.Thread(
+            target=lambda: applied.append(prune(ledger, JOB, EVERYTHING_AFTER_A_MONTH, apply=True))
+        )
+        worker.start()
+        for _ in range(3000):  # until prune waits on the row the revise holds
+            row = db.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE %s",
+                ("%WITH batch AS%",),
+            ).fetchone()
+            if row and row[0]:
+                break
+            threading.Event().wait(0.01)
+        else:
+            raise AssertionError("prune never waited for the revise")
+        reviser.commit()
+    worker.join(timeout=30)
+    [report] = applied
+    assert {p: report.parts[p].rows for p in ("raw_input", "output", "attempts")} == {
+        "raw_input": 0,
+        "output": 0,
+        "attempts": 0,
+    }
+    record = ledger.get(run_id)
+    assert record is not None and record.revision == 1 and record.raw_input is not None
+    assert record.attempts_pruned_at is None and record.raw_input_pruned_at is None
+    assert [a.outcome for a in ledger.attempts(run_id)] == ["completed"], "revision 0's attempt"

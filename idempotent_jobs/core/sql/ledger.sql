@@ -464,9 +464,11 @@ SELECT now()
 -- rows (ended before `attempts_before`), and delivered notifications their payload (delivered
 -- before `payloads_before`), and results a revision replaced lose their output (by when they
 -- completed, as outputs); a NULL cutoff keeps that part. Only completed runs, delivered rows and
--- replaced results: no lease is held on them, so no claim waits on this. A run revised (or
--- revised and completed again) since the statement's snapshot is skipped: the update rechecks
--- status and completed_at. The run row, its counts and the outbox row itself always stay.
+-- replaced results: no lease is held on them, so no claim waits on this. With `apply`, each run
+-- is locked and rechecked first (still completed, at the same completion): a run revised (or
+-- revised and completed again) since the statement's snapshot is skipped whole, its attempt rows
+-- included, and every part pruned sets its pruned-at marker. The counts are what the dry run
+-- found, or with `apply` the rows changed. The run row, its counts and the outbox row stay.
 WITH batch AS (
   SELECT run_id, subject_id, scheduled_at, version FROM {schema}.runs
   WHERE job_name = %(job_name)s
@@ -485,25 +487,31 @@ WITH batch AS (
     COALESCE(pg_column_size(r.output), 0) AS output_bytes
   FROM {schema}.runs AS r JOIN batch USING (run_id)
   WHERE r.status = 'completed'
+), locked AS (
+  SELECT r.run_id, d.drop_raw, d.drop_output, d.drop_attempts, d.raw_bytes, d.output_bytes
+  FROM {schema}.runs AS r JOIN done AS d USING (run_id)
+  WHERE %(apply)s AND (d.drop_raw OR d.drop_output OR d.drop_attempts)
+    AND r.status = 'completed' AND r.completed_at = d.completed_at
+  FOR UPDATE OF r
+), deleted_attempts AS (
+  DELETE FROM {schema}.run_attempts AS a USING locked AS l
+  WHERE l.drop_attempts AND a.run_id = l.run_id AND a.ended_at < %(attempts_before)s
+  RETURNING a.run_id, pg_column_size(a.*) AS bytes
 ), pruned_runs AS (
   UPDATE {schema}.runs AS r
-  SET raw_input = CASE WHEN d.drop_raw THEN NULL ELSE r.raw_input END,
-    raw_input_pruned_at = CASE WHEN d.drop_raw THEN now() ELSE r.raw_input_pruned_at END,
-    output = CASE WHEN d.drop_output THEN NULL ELSE r.output END,
-    output_pruned_at = CASE WHEN d.drop_output THEN now() ELSE r.output_pruned_at END,
-    attempts_pruned_at = CASE WHEN d.drop_attempts THEN now() ELSE r.attempts_pruned_at END
-  FROM done AS d
-  WHERE %(apply)s AND r.run_id = d.run_id AND (d.drop_raw OR d.drop_output OR d.drop_attempts)
-    AND r.status = 'completed' AND r.completed_at = d.completed_at
-  RETURNING r.run_id
+  SET raw_input = CASE WHEN l.drop_raw THEN NULL ELSE r.raw_input END,
+    raw_input_pruned_at = CASE WHEN l.drop_raw THEN now() ELSE r.raw_input_pruned_at END,
+    output = CASE WHEN l.drop_output THEN NULL ELSE r.output END,
+    output_pruned_at = CASE WHEN l.drop_output THEN now() ELSE r.output_pruned_at END,
+    attempts_pruned_at = CASE WHEN l.run_id IN (SELECT run_id FROM deleted_attempts)
+      THEN now() ELSE r.attempts_pruned_at END
+  FROM locked AS l
+  WHERE r.run_id = l.run_id
+  RETURNING r.run_id, l.drop_raw, l.drop_output, l.raw_bytes, l.output_bytes
 ), old_attempts AS (
   SELECT a.run_id, a.lease_epoch, pg_column_size(a.*) AS bytes
   FROM {schema}.run_attempts AS a JOIN done USING (run_id)
   WHERE done.drop_attempts AND a.ended_at < %(attempts_before)s
-), deleted_attempts AS (
-  DELETE FROM {schema}.run_attempts AS a USING old_attempts AS o
-  WHERE %(apply)s AND a.run_id = o.run_id AND a.lease_epoch = o.lease_epoch
-  RETURNING a.run_id
 ), old_payloads AS (
   SELECT o.run_id, o.channel, o.revision, pg_column_size(o.payload) AS bytes
   FROM {schema}.notification_outbox AS o JOIN batch USING (run_id)
@@ -512,8 +520,8 @@ WITH batch AS (
   UPDATE {schema}.notification_outbox AS o SET payload = NULL, payload_pruned_at = now()
   FROM old_payloads AS p
   WHERE %(apply)s AND o.run_id = p.run_id AND o.channel = p.channel AND o.revision = p.revision
-    AND o.delivered_at IS NOT NULL
-  RETURNING o.run_id
+    AND o.delivered_at IS NOT NULL AND o.payload IS NOT NULL
+  RETURNING o.run_id, p.bytes
 ), old_revisions AS (
   SELECT v.run_id, v.revision, pg_column_size(v.previous_output) AS bytes
   FROM {schema}.run_revisions AS v JOIN batch USING (run_id)
@@ -522,7 +530,8 @@ WITH batch AS (
   UPDATE {schema}.run_revisions AS v SET previous_output = NULL
   FROM old_revisions AS o
   WHERE %(apply)s AND v.run_id = o.run_id AND v.revision = o.revision
-  RETURNING v.run_id
+    AND v.previous_output IS NOT NULL
+  RETURNING v.run_id, o.bytes
 ), last AS (
   SELECT subject_id, scheduled_at, version FROM batch
   ORDER BY subject_id DESC, scheduled_at DESC, version DESC LIMIT 1
@@ -530,16 +539,27 @@ WITH batch AS (
 SELECT (SELECT subject_id FROM last) AS last_subject,
   (SELECT scheduled_at FROM last) AS last_scheduled_at,
   (SELECT version FROM last) AS last_version,
-  (SELECT count(*) FROM done WHERE drop_raw) AS raw_rows,
-  (SELECT COALESCE(sum(raw_bytes), 0) FROM done WHERE drop_raw)::bigint AS raw_bytes,
-  (SELECT count(*) FROM done WHERE drop_output)
-    + (SELECT count(*) FROM old_revisions) AS output_rows,
-  (SELECT COALESCE(sum(output_bytes), 0) FROM done WHERE drop_output)::bigint
-    + (SELECT COALESCE(sum(bytes), 0) FROM old_revisions)::bigint AS output_bytes,
-  (SELECT count(*) FROM old_attempts) AS attempt_rows,
-  (SELECT COALESCE(sum(bytes), 0) FROM old_attempts)::bigint AS attempt_bytes,
-  (SELECT count(*) FROM old_payloads) AS payload_rows,
-  (SELECT COALESCE(sum(bytes), 0) FROM old_payloads)::bigint AS payload_bytes,
+  CASE WHEN %(apply)s THEN (SELECT count(*) FROM pruned_runs WHERE drop_raw)
+    ELSE (SELECT count(*) FROM done WHERE drop_raw) END AS raw_rows,
+  CASE WHEN %(apply)s THEN (SELECT COALESCE(sum(raw_bytes), 0) FROM pruned_runs WHERE drop_raw)
+    ELSE (SELECT COALESCE(sum(raw_bytes), 0) FROM done WHERE drop_raw) END::bigint AS raw_bytes,
+  CASE WHEN %(apply)s THEN (SELECT count(*) FROM pruned_runs WHERE drop_output)
+      + (SELECT count(*) FROM cleared_revisions)
+    ELSE (SELECT count(*) FROM done WHERE drop_output)
+      + (SELECT count(*) FROM old_revisions) END AS output_rows,
+  CASE WHEN %(apply)s
+    THEN (SELECT COALESCE(sum(output_bytes), 0) FROM pruned_runs WHERE drop_output)
+      + (SELECT COALESCE(sum(bytes), 0) FROM cleared_revisions)
+    ELSE (SELECT COALESCE(sum(output_bytes), 0) FROM done WHERE drop_output)
+      + (SELECT COALESCE(sum(bytes), 0) FROM old_revisions) END::bigint AS output_bytes,
+  CASE WHEN %(apply)s THEN (SELECT count(*) FROM deleted_attempts)
+    ELSE (SELECT count(*) FROM old_attempts) END AS attempt_rows,
+  CASE WHEN %(apply)s THEN (SELECT COALESCE(sum(bytes), 0) FROM deleted_attempts)
+    ELSE (SELECT COALESCE(sum(bytes), 0) FROM old_attempts) END::bigint AS attempt_bytes,
+  CASE WHEN %(apply)s THEN (SELECT count(*) FROM cleared_payloads)
+    ELSE (SELECT count(*) FROM old_payloads) END AS payload_rows,
+  CASE WHEN %(apply)s THEN (SELECT COALESCE(sum(bytes), 0) FROM cleared_payloads)
+    ELSE (SELECT COALESCE(sum(bytes), 0) FROM old_payloads) END::bigint AS payload_bytes,
   (SELECT count(*) FROM pruned_runs) + (SELECT count(*) FROM deleted_attempts)
     + (SELECT count(*) FROM cleared_payloads) + (SELECT count(*) FROM cleared_revisions)
     AS changed
