@@ -290,12 +290,12 @@ def test_every_used_by_path_from_the_ui(
             # Every try of the op failed. The run-retry daemon (dagster.yaml: run_retries) may
             # already have retried the run from failure (runs in process take seconds): then
             # the ledger is completed and the re-execution below reuses it.
-            assert calls_of(home, drilled)[:4] == ["failed"] * 4
+            assert calls_of(home, drilled) in ([], ["accepted"]), "a drilled call is not counted"
             assert status_of(home, drilled) in ("failed", "completed")
             reexecute_from_failure(page)
             page.screenshot(path=str(ARTIFACTS / "browser-reexecuted-from-failure.png"))
             assert status_of(home, drilled) == "completed"
-            assert calls_of(home, drilled) == ["failed"] * 4 + ["accepted"]
+            assert calls_of(home, drilled) == ["accepted"]
             steps = query(
                 home,
                 "SELECT caller_step FROM idempotent_jobs.attempts WHERE run_id = %s",
