@@ -35,7 +35,7 @@ def _passwords_of(url: str) -> set[str]:
             found.add(str(parsed))
     except psycopg.Error:
         pass
-    scheme, sep, rest = url.partition("://")
+    _, sep, rest = url.partition("://")
     if sep and "@" in rest:
         userinfo = rest[: rest.rfind("@")]
         if ":" in userinfo:

@@ -61,14 +61,6 @@ def reuse_notes(
     return tuple(notes)
 
 
-def reuse_label(
-    config: JobConfig, stored_parts: dict[str, str] | None, *, output_pruned: bool = False
-) -> str:
-    """``reused``, with :func:`reuse_notes` in brackets when there are any."""
-    notes = reuse_notes(config, stored_parts, output_pruned=output_pruned)
-    return f"reused ({'; '.join(notes)})" if notes else "reused"
-
-
 def _report(
     context: dg.OpExecutionContext,
     ticket: Ticket,

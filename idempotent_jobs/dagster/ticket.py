@@ -13,7 +13,9 @@ from enum import StrEnum
 from idempotent_jobs.core.records import Lease, RunRecord
 from idempotent_jobs.core.steps import BoundAnswer
 
-Answer = BoundAnswer  # the name this module used before the steps moved to the core
+# Tickets pickled by an earlier release (in Dagster's IO storage, read by a re-execution after an
+# upgrade) name their answer's class by this module's old name: it must keep resolving.
+Answer = BoundAnswer
 
 
 class StepResult(StrEnum):
@@ -85,12 +87,13 @@ class Ticket:
         return self.lease if self.caller_run_id == caller_run_id else None
 
     def done(self, result: StepResult, notes: tuple[str, ...] = ()) -> "Ticket":
-        """This run, now completed (as ``result``)."""
-        return Ticket(
-            run_id=self.run_id,
-            epoch=self.epoch,
-            attempts=self.attempts,
+        """This run, now completed (as ``result``): nothing is handed on any more."""
+        return replace(
+            self,
             result=result,
             notes=notes,
             completed=True,
+            lease=None,
+            caller_run_id=None,
+            answer=None,
         )

@@ -10,9 +10,17 @@ from hypothesis import strategies as st
 from idempotent_jobs import RunLedger
 from idempotent_jobs.core.error_text import MAX_ERROR_CHARS, describe_error, safe_text
 from idempotent_jobs.core.errors import LeaseLostError, StaleCandidateError
-from idempotent_jobs.core.records import Basis, FenceOutcome, OutboxRecord
-from idempotent_jobs.core.steps import end_attempt
-from idempotent_jobs_tests.helpers import claimed, identity
+from idempotent_jobs.core.records import (
+    Basis,
+    CallCosts,
+    CallOrigin,
+    FenceOutcome,
+    JobConfig,
+    ModelUsage,
+    OutboxRecord,
+)
+from idempotent_jobs.core.steps import BoundAnswer, commit, end_attempt
+from idempotent_jobs_tests.helpers import claimed, email, identity
 
 _HOURS = itertools.count()
 ANY_TEXT = st.text(st.characters(exclude_categories=()), max_size=5000)
@@ -119,3 +127,42 @@ def test_a_delivery_whose_record_fails_is_reported_and_the_pass_goes_on(
     assert report.failed[0][1].startswith("delivery not recorded: RuntimeError")
     [pending] = ledger.outbox(pending_only=True)
     assert pending.run_id == first and pending.last_error == report.failed[0][1]
+
+
+def test_an_answer_committed_again_after_a_failed_commit_is_still_one_model_call(
+    ledger: RunLedger,
+) -> None:
+    """What a re-execution of `persist` does: an earlier Dagster run paid for the answer and its
+    commit failed (recorded, `rejected`); the re-execution claims and commits the same answer.
+    The call stays one row, now `accepted`, and its tokens are counted once."""
+    ident = identity()
+    lease = claimed(ledger, ident)
+    lease = ledger.checkpoint(lease, {"documents": ["d"]})
+    origin = CallOrigin("job_transform", "dagster-run-a", 0)
+    answer = BoundAnswer(
+        output={"summary": "s"},
+        usage=ModelUsage("m", 100, 20),
+        basis=lease.basis,
+        config=JobConfig(),
+        origin=origin,
+    )
+
+    def payload_fails(output: dict[str, Any]) -> dict[str, Any]:
+        raise RuntimeError("the payload builder failed")
+
+    with pytest.raises(RuntimeError):
+        commit(ledger, lease, answer, payload_fails)
+    [call] = ledger.model_calls(ident.run_id)
+    assert (call.outcome, call.error) == ("rejected", "RuntimeError: the payload builder failed")
+
+    again = ledger.claim(ident.run_id, "re-execution", 30)
+    assert again is not None
+    with pytest.raises(RuntimeError):  # it fails once more: still the same one call
+        commit(ledger, again, answer, payload_fails)
+    assert len(ledger.model_calls(ident.run_id)) == 1
+    again = ledger.claim(ident.run_id, "re-execution-2", 30)
+    assert again is not None
+    assert commit(ledger, again, answer, email).accepted
+    [call] = ledger.model_calls(ident.run_id)
+    assert (call.outcome, call.error, call.lease_epoch, call.tokens) == ("accepted", None, 1, 120)
+    assert CallCosts.of(ledger.model_calls(ident.run_id)).wasted_tokens == 0

@@ -64,6 +64,15 @@ def test_every_statement_has_a_purpose_and_every_one_is_used() -> None:
         assert not statement.text.rstrip().endswith(";")
 
 
+def test_no_string_literal_spans_lines() -> None:
+    """The loader drops each line's indentation; that changes no value only while every
+    literal (and quoted identifier) opens and closes on one line."""
+    for statement in STATEMENTS.values():
+        for line in statement.text.splitlines():
+            code = line.split("--", 1)[0]
+            assert code.count("'") % 2 == 0 and code.count('"') % 2 == 0, (statement.name, line)
+
+
 def test_every_statement_fits_psycopgs_query_cache() -> None:
     """psycopg reuses its conversion of a statement only up to a fixed length; longer ones are
     converted again on every execute. Rendered with the longest schema name, each must fit."""

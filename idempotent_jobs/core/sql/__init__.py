@@ -34,7 +34,9 @@ def parse_statements(source: str) -> dict[str, Statement]:
     def finish() -> None:
         if name is None:
             return
-        text = "\n".join(body).strip().rstrip(";").strip()
+        # Indentation is for the reader of the file: dropped, the statement stays within
+        # psycopg's query cache (no string literal spans lines, so no literal changes).
+        text = "\n".join(line.strip() for line in body).strip().rstrip(";").strip()
         if not comments or not comments[0]:
             raise ValueError(f"statement {name!r} has no one-line purpose under its name")
         if not text:

@@ -175,7 +175,11 @@ RETURNING raw_input, input_fingerprint,
 -- `outcome` states what happened: `applied` (accepted now), `stale` (refused now, or by this
 -- lease's earlier statement whose answer was lost), `already_done` (the run is completed; `mine`
 -- says whether by this lease) or `lease_lost`. The row is read under its lock, so the outcome is
--- the row's latest committed state, not the statement's snapshot.
+-- the row's latest committed state, not the statement's snapshot. A model call is one row however
+-- often its answer is committed: a call already recorded from the same caller run, step and
+-- retry (a re-execution committing the answer an earlier Dagster run paid for, after that run's
+-- commit failed or was refused as stale) has its outcome updated, never a second row. A caller
+-- that names no run or retry (run_idempotent's own calls are committed once) is not matched.
 WITH basis AS (
   SELECT run_id, status, lease_epoch, output, revision, input_fingerprint, config_parts,
     COALESCE(lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s AND status = 'running',
@@ -212,6 +216,13 @@ WITH basis AS (
       || COALESCE(left(input_fingerprint, 12), 'none') END,
     %(model_name)s, %(input_tokens)s, %(output_tokens)s
   FROM done
+), call_again AS (
+  UPDATE {schema}.model_calls AS c
+  SET outcome = CASE WHEN done.accepted THEN 'accepted' ELSE 'stale' END, error = NULL
+  FROM done
+  WHERE c.run_id = done.run_id AND c.caller_run_id = %(call_caller_run_id)s
+    AND c.caller_step = %(call_caller_step)s AND c.retry_number = %(call_retry)s
+  RETURNING c.call_id
 ), call AS (
   INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
     caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error)
@@ -219,6 +230,7 @@ WITH basis AS (
     %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
     CASE WHEN accepted THEN 'accepted' ELSE 'stale' END, NULL
   FROM done
+  WHERE NOT EXISTS (SELECT FROM call_again)
 ), outbox AS (
   INSERT INTO {schema}.notification_outbox (run_id, channel, payload, revision)
   SELECT done.run_id, n.key, n.value, done.revision
@@ -242,7 +254,9 @@ FROM basis LEFT JOIN done ON true
 -- A failed attempt: the run becomes claimable again; the reason is kept on run and attempt, and
 -- on the model call's row when a model call failed or its answer was rejected. `outcome`:
 -- `applied`, `already_done` (this very failure landed before: a retry after a lost answer) or
--- `lease_lost` (another claim moved the run on: nothing written).
+-- `lease_lost` (another claim moved the run on: nothing written). A call already recorded from
+-- the same caller run, step and retry gets the new outcome instead of a second row (see
+-- `complete`).
 WITH cur AS (
   SELECT run_id, status, lease_epoch, last_error,
     COALESCE(lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s AND status = 'running',
@@ -258,6 +272,13 @@ WITH cur AS (
   WHERE r.run_id = cur.run_id AND cur.mine
   RETURNING r.run_id, r.lease_epoch, r.revision, r.lease_started_at, r.lease_caller_run_id,
     r.lease_caller_step
+), call_again AS (
+  UPDATE {schema}.model_calls AS c SET outcome = %(call_outcome)s, error = %(error)s
+  FROM failed
+  WHERE %(call_outcome)s::text IS NOT NULL AND c.run_id = failed.run_id
+    AND c.caller_run_id = %(call_caller_run_id)s AND c.caller_step = %(call_caller_step)s
+    AND c.retry_number = %(call_retry)s
+  RETURNING c.call_id
 ), call AS (
   INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
     caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error)
@@ -265,7 +286,7 @@ WITH cur AS (
     %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
     %(call_outcome)s, %(error)s
   FROM failed
-  WHERE %(call_outcome)s::text IS NOT NULL
+  WHERE %(call_outcome)s::text IS NOT NULL AND NOT EXISTS (SELECT FROM call_again)
 ), attempt AS (
   INSERT INTO {schema}.run_attempts (run_id, lease_epoch, worker_id, caller_run_id, caller_step,
     started_at, ended_at, outcome, error, model_name, input_tokens, output_tokens)
