@@ -16,6 +16,7 @@ from typing import Any, LiteralString, TypeVar
 import psycopg
 from psycopg import sql
 from psycopg.rows import RowFactory, tuple_row
+from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from idempotent_jobs.core.database import ledger_conninfo, redact
@@ -26,8 +27,11 @@ from idempotent_jobs.core.errors import (
     LedgerPermissionError,
     SchemaNotMigratedError,
 )
-from idempotent_jobs.core.schema import apply_migrations, check_schema_name, verify_migrations
+from idempotent_jobs.core.grants import missing_privileges, reader_role, worker_role
+from idempotent_jobs.core.json_values import read_json
+from idempotent_jobs.core.schema import check_schema_name, verify_migrations
 from idempotent_jobs.core.sql import statement
+from idempotent_jobs.core.upgrade import MigrationReport, upgrade
 
 Row = TypeVar("Row")
 
@@ -37,11 +41,21 @@ DEFAULT_SCHEMA = "idempotent_jobs"
 def permission_error(
     exc: psycopg.errors.InsufficientPrivilege, schema_name: str
 ) -> LedgerPermissionError:
+    worker, reader = worker_role(schema_name), reader_role(schema_name)
     return LedgerPermissionError(
-        f"the database role lacks a privilege: {exc.diag.message_primary or exc}. The ledger "
-        f"needs USAGE on schema {schema_name} and SELECT, INSERT, UPDATE, DELETE on its tables "
-        "(migrate needs CREATE on the database, or run it as the schema's owner)"
+        f"the database role lacks a privilege: {exc.diag.message_primary or exc}. Workers need "
+        f"USAGE on schema {schema_name} and the table privileges of the group role {worker} "
+        f"(read-only tools: {reader}), which every migrate grants: `GRANT {worker} TO <role>`. "
+        "A role granted table by table, as release 0.1 advised, lacks the tables added since "
+        "until migrate runs; `idempotent-jobs doctor` names what is missing. Migrate itself "
+        "needs CREATE on the database, or the schema's owner"
     )
+
+
+def configure_connection(conn: psycopg.Connection) -> None:
+    """What every ledger connection needs: JSON read through :func:`read_json`, so a value an
+    earlier release stored too deep is shown as unreadable instead of breaking the read."""
+    set_json_loads(read_json, conn)
 
 
 class Executor:
@@ -97,9 +111,11 @@ class Executor:
         """One direct connection: fails at once with the server's reason (wrong password,
         missing database, bad sslmode), where a pool would retry until its timeout."""
         try:
-            return psycopg.connect(self._conninfo(), autocommit=True)
+            conn = psycopg.connect(self._conninfo(), autocommit=True)
         except psycopg.Error as exc:
             raise self.connection_error(doing, exc) from None
+        configure_connection(conn)
+        return conn
 
     def open(self) -> None:
         """Verify the schema and open the pool; a no-op when already open."""
@@ -119,6 +135,7 @@ class Executor:
                 min_size=self.pool_min_size,
                 max_size=max(self.pool_max_size, self.pool_min_size),
                 kwargs={"autocommit": True, "prepare_threshold": 0},
+                configure=configure_connection,
                 timeout=self.connect_timeout_seconds,
                 name="idempotent_jobs.ledger",
                 open=False,
@@ -153,15 +170,24 @@ class Executor:
         if pool is not None and self._own_pool:
             pool.close()
 
-    def migrate(self) -> list[str]:
-        """Apply missing migrations (idempotent, serialised by an advisory lock); return them."""
+    def migrate(self) -> MigrationReport:
+        """Apply missing migrations and the upgrade steps (idempotent, serialised by an
+        advisory lock); say what was applied, done and found."""
         check_schema_name(self.schema)
         with self.connect("connect to migrate the ledger") as conn:
             try:
-                applied = apply_migrations(conn, self.schema)
+                return upgrade(conn, self.schema)
             except psycopg.Error as exc:
                 raise self.connection_error("migrate the ledger", exc) from None
-        return [f"{m.version:04d}_{m.name}" for m in applied]
+
+    def privileges(self) -> tuple[str, list[str]]:
+        """The connected role, and what it lacks of the worker's privileges (core/grants.py)."""
+        with self.connect("connect to check the role's privileges") as conn:
+            try:
+                row = conn.execute("SELECT current_user").fetchone()
+                return str(row[0] if row else "?"), missing_privileges(conn, self.schema)
+            except psycopg.Error as exc:
+                raise self.connection_error("check the role's privileges", exc) from None
 
     # -- statements --------------------------------------------------------------------------
 
@@ -201,6 +227,8 @@ class Executor:
             conn: psycopg.Connection | None = None
             try:
                 with pool.connection() as conn, conn.cursor(row_factory=row_factory) as cur:
+                    if not self._own_pool:
+                        configure_connection(conn)
                     cur.execute(query, params)
                     return cur.fetchall()
             except psycopg.errors.UniqueViolation as exc:
@@ -243,8 +271,11 @@ class Executor:
         the last, so a lock-send-mark delivery costs two round trips instead of four."""
         pool = self._pool_or_open()
         try:
-            with pool.connection() as conn, conn.pipeline(), conn.transaction():
-                yield conn
+            with pool.connection() as conn:
+                if not self._own_pool:
+                    configure_connection(conn)
+                with conn.pipeline(), conn.transaction():
+                    yield conn
         except psycopg.OperationalError as exc:
             raise LedgerConnectionError(
                 f"ledger transaction failed: {redact(str(exc), self._url)}"

@@ -14,11 +14,17 @@ checks happen here, before any write, as an :class:`InvalidInputError` naming th
 
 The text is canonical (keys sorted, no spaces, UTF-8), so :func:`json_fingerprint` of equal values
 is equal wherever it is computed.
+
+Reading is guarded the same way: :func:`read_json` (the ledger's JSONB loader) gives a value
+nested deeper than :data:`MAX_JSON_DEPTH` (which an earlier release could store) back as an
+:class:`UnreadableValue`, whatever the caller's stack, so no list, show or reuse breaks on it.
 """
 
 import hashlib
 import json
 import math
+import re
+from itertools import accumulate
 from typing import Any
 
 from idempotent_jobs.core.errors import InvalidInputError
@@ -113,3 +119,46 @@ def text_fingerprint(text: str) -> str:
 def json_fingerprint(value: Any, field: str = "value") -> str:
     """sha256 (hex) of the canonical JSON of ``value``: equal values, equal fingerprints."""
     return text_fingerprint(canonical_json(value, field))
+
+
+class UnreadableValue(dict[str, Any]):
+    """Stands in for a stored JSON value that cannot be read back safely (too deeply nested).
+
+    A dict, so it flows wherever a stored value does (a reused output, ``--json`` listings), and
+    says what it stands for: ``{"unreadable": <reason>, "bytes": <size of the stored text>}``.
+    The stored value itself is untouched in the database; ``revise`` replaces it.
+    """
+
+    @property
+    def reason(self) -> str:
+        return str(self["unreadable"])
+
+
+# A JSON string literal (escapes included) and any run of characters that is not a bracket.
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
+
+
+def json_depth(text: bytes) -> int:
+    """How deeply the JSON ``text`` nests its arrays and objects (a scalar: 0)."""
+    brackets = _NOT_BRACKET.sub(b"", _STRING.sub(b"", text))
+    if not brackets:
+        return 0
+    opening = b"[{"
+    return max(accumulate(1 if byte in opening else -1 for byte in brackets))
+
+
+def read_json(data: bytes | str) -> Any:
+    """``json.loads``, but a value nested over :data:`MAX_JSON_DEPTH` levels comes back as an
+    :class:`UnreadableValue`. Counting brackets is a C-speed scan, so a value with at most
+    that many opening brackets (nearly all) costs nothing more."""
+    raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH:
+        depth = json_depth(raw)
+        if depth > MAX_JSON_DEPTH:
+            return UnreadableValue(
+                unreadable=f"nested more than {MAX_JSON_DEPTH} levels deep ({depth}); "
+                "stored by an earlier release",
+                bytes=len(raw),
+            )
+    return json.loads(raw)

@@ -51,6 +51,7 @@ from idempotent_jobs.core.records import (
     StoredPart,
     StoredTable,
 )
+from idempotent_jobs.core.upgrade import MigrationReport
 from idempotent_jobs.core.usage import recordable_usage
 
 Row = TypeVar("Row")
@@ -307,8 +308,19 @@ class RunLedger:
         self.close()
 
     def migrate(self) -> list[str]:
-        """Apply missing migrations (idempotent, serialised by an advisory lock); return them."""
+        """Apply missing migrations and the upgrade steps (idempotent, serialised by an advisory
+        lock); return the migrations applied now. :meth:`upgrade` says what else it did."""
+        return self._db.migrate().applied
+
+    def upgrade(self) -> MigrationReport:
+        """:meth:`migrate`, returning its whole report: the migrations applied, what was done
+        besides (identities normalised, grants) and what an operator should look at."""
         return self._db.migrate()
+
+    def missing_privileges(self) -> tuple[str, list[str]]:
+        """The connected role's name, and what it lacks of the privileges workers need
+        (``PRIVILEGE on schema.table``; empty when it has them all)."""
+        return self._db.privileges()
 
     def _lease_write(self, params: dict[str, Any]) -> dict[str, Any]:
         """``params`` of a lease-only write plus its commit mode (see ``sql/ledger.sql``)."""
@@ -323,13 +335,21 @@ class RunLedger:
         try:
             rows = self._db.fetch("register", params, record_row(RunRecord))
         except IdentityConflictError:
-            # ON CONFLICT (run_id) arbitrates on the primary key only: two first registrations
-            # racing can trip runs_identity_key instead. The winner has committed by now, so
-            # the retry takes the DO UPDATE path; a real conflict raises again.
+            # The identity key holds another run id: see _stored_id_of.
+            params = self._stored_id_of(params)
             rows = self._db.fetch("register", params, record_row(RunRecord))
         record = rows[0]
         _check_identity(record, identity)
         return record
+
+    def _stored_id_of(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``params`` under the run id stored for their identity fields, after the identity key
+        refused them. ON CONFLICT (run_id) arbitrates on the primary key only, so this is either
+        a first registration that raced this one (the same id: the retry takes the existing-row
+        path) or a run an earlier release registered in another Unicode form, whose fields
+        migrate put in NFC under its old id (core/upgrade.py): the retry works on that run."""
+        rows = self._db.rows("run_id_by_identity", params)
+        return {**params, "run_id": rows[0][0]} if rows else params
 
     def begin(
         self,
@@ -362,9 +382,10 @@ class RunLedger:
             # statement waited for its lock. Either has committed and is seen by the next try.
             try:
                 rows = self._db.fetch("begin", params, dict_row)
-            except IdentityConflictError:  # racing first inserts: see register()
+            except IdentityConflictError:  # see _stored_id_of
                 if attempt:
                     raise  # a real conflict raises again
+                params = self._stored_id_of(params)
                 continue
             if rows:
                 break

@@ -8,6 +8,8 @@ worker starting up never runs DDL.
 
 import hashlib
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 
@@ -104,13 +106,23 @@ def _compare(applied: dict[int, tuple[str, str]], shipped: list[Migration]) -> l
     return [m for m in shipped if m.version not in applied]
 
 
-def apply_migrations(conn: psycopg.Connection, schema_name: str) -> list[Migration]:
-    """Apply the missing migrations on an autocommit connection; return those applied now."""
-    schema_name = check_schema_name(schema_name)
-    lock_key = f"idempotent_jobs.migrate:{schema_name}"
+@contextmanager
+def migration_lock(conn: psycopg.Connection, schema_name: str) -> Iterator[None]:
+    """Hold the schema's migration lock (a session advisory lock, re-entrant) on an autocommit
+    connection: one migrate at a time per ledger schema, across processes."""
+    lock_key = f"idempotent_jobs.migrate:{check_schema_name(schema_name)}"
     conn.autocommit = True
     conn.execute(_LOCK, (lock_key,))
     try:
+        yield
+    finally:
+        conn.execute(_UNLOCK, (lock_key,))
+
+
+def apply_migrations(conn: psycopg.Connection, schema_name: str) -> list[Migration]:
+    """Apply the missing migrations on an autocommit connection; return those applied now."""
+    schema_name = check_schema_name(schema_name)
+    with migration_lock(conn, schema_name):
         with conn.transaction():
             conn.execute(_q(_CREATE_SCHEMA, schema_name))
             conn.execute(_q(_CREATE_VERSIONS, schema_name))
@@ -123,8 +135,6 @@ def apply_migrations(conn: psycopg.Connection, schema_name: str) -> list[Migrati
                     (migration.version, migration.name, migration.checksum),
                 )
         return pending
-    finally:
-        conn.execute(_UNLOCK, (lock_key,))
 
 
 def verify_migrations(conn: psycopg.Connection, schema_name: str) -> None:

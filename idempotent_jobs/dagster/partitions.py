@@ -23,10 +23,16 @@ def load_subjects(job_name: str, default_file: str | Path) -> list[str]:
     subjects = config.get(job_name)
     if not isinstance(subjects, list) or not subjects:
         raise InvalidInputError("subjects", f"{source} lists no subjects for job {job_name!r}")
+    # Partition keys are the subjects as written (stripped): release 0.1 made them so, and a
+    # key that changed would orphan the partition's history in Dagster. The run identity puts
+    # them in NFC, so two spellings of one subject would be one run: refused.
     cleaned = [clean_identity_text("subject_id", s) for s in subjects]
     if len(set(cleaned)) != len(cleaned):
-        raise InvalidInputError("subjects", f"{source} lists a subject twice for {job_name!r}")
-    return cleaned
+        raise InvalidInputError(
+            "subjects",
+            f"{source} lists a subject twice for {job_name!r} (perhaps in two Unicode forms)",
+        )
+    return [s.strip() for s in subjects]
 
 
 def window_by_subject(

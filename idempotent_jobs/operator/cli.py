@@ -86,8 +86,12 @@ def _emit(args: argparse.Namespace, data: Any, human: str) -> None:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    applied = _ledger(args).migrate()
-    print(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
+    report = _ledger(args).upgrade()
+    print(f"applied: {', '.join(report.applied)}" if report.applied else "schema is up to date")
+    for line in report.done:
+        print(f"done: {escape_controls(line)}")
+    for line in report.found:
+        print(f"found: {escape_controls(line)}")
     return 0
 
 
@@ -402,23 +406,41 @@ def _print_findings(args: argparse.Namespace, findings: list[Any], checks: list[
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from idempotent_jobs.core.health import ledger_findings
+    from idempotent_jobs.core.grants import worker_role
+    from idempotent_jobs.core.health import Finding, ledger_findings
 
     ledger = _ledger(args)
     checks = []
+    try:  # first, so a role without USAGE on the schema hears what it lacks
+        role, missing = ledger.missing_privileges()
+    except LedgerError:
+        role, missing = "", []  # no connection or no schema: opening says which, below
+    lacking = (
+        f"problem: role {role} lacks {', '.join(missing)}: as the schema's owner, "
+        f"`GRANT {worker_role(ledger.schema)} TO {role}` (and migrate, which grants every "
+        "table to that role)"
+    )
     try:
         ledger.open()
     except LedgerError as exc:
         checks.append(
             f"problem: ledger database: {type(exc).__name__}: {escape_controls(str(exc))}"
         )
-        _emit(args, {"checks": checks, "findings": [], "problems": 1}, "\n".join(checks))
+        checks += [escape_controls(lacking)] if missing else []
+        problems = len(checks)
+        _emit(args, {"checks": checks, "findings": [], "problems": problems}, "\n".join(checks))
         return 1
     with ledger:
         checks += ["ok: database reachable", "ok: migrations current"]
         findings = ledger_findings(
             ledger, outbox_older_than_seconds=args.outbox_age, max_attempts=args.max_attempts
         )
+    if missing:
+        findings.insert(
+            0, Finding("missing_privilege", "problem", lacking.removeprefix("problem: "))
+        )
+    else:
+        checks.append(f"ok: role {escape_controls(role)} has every privilege workers need")
     return _print_findings(args, findings, checks)
 
 

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from idempotent_jobs.core.json_values import UnreadableValue
+
 # Characters a terminal may act on: C0 and C1 controls (ESC, BEL, CR, LF, CSI U+009B...), line
 # and paragraph separators, and the bidirectional overrides and isolates that reorder text.
 _BIDI = frozenset("\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
@@ -61,6 +63,8 @@ def cell(value: Any, width: int = 80) -> str:
         return "-"
     if isinstance(value, datetime):
         text = value.strftime("%Y-%m-%d %H:%M:%S")
+    elif isinstance(value, UnreadableValue):
+        text = f"(unreadable: {value.reason}; {value['bytes']} bytes stored)"
     elif isinstance(value, dict | list):
         text = json.dumps(value, ensure_ascii=False)
     else:

@@ -5,6 +5,7 @@ from zoneinfo import ZoneInfo
 import dagster as dg
 
 from idempotent_jobs.core.errors import LedgerError
+from idempotent_jobs.core.identity import normalize_text
 from idempotent_jobs.core.records import RunRecord
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 
@@ -21,9 +22,14 @@ def spec_for(record: RunRecord) -> IdempotentJobSpec:
 
 
 def partition_key_for(spec: IdempotentJobSpec, record: RunRecord) -> str:
+    """The partition key of ``record``: its subject as the job's subjects spell it (a subjects
+    file may spell it in NFD; the ledger stores NFC), and its window in the job's zone."""
     zone = ZoneInfo(spec.window.timezone or "UTC")
     window_key = record.scheduled_at.astimezone(zone).strftime(spec.window.fmt)
-    return f"{record.subject_id}|{window_key}"
+    subject = next(
+        (s for s in spec.subjects if normalize_text(s) == record.subject_id), record.subject_id
+    )
+    return f"{subject}|{window_key}"
 
 
 def partition_for_run(record: RunRecord) -> tuple[IdempotentJobSpec, str]:
@@ -32,7 +38,14 @@ def partition_for_run(record: RunRecord) -> tuple[IdempotentJobSpec, str]:
     spec = spec_for(record)
     key = partition_key_for(spec, record)
     try:
-        maps_back = spec.identity_for(key).run_id == record.run_id
+        found = spec.identity_for(key)
+        # Fields, not ids: a run an earlier release stored in NFD keeps its old id.
+        maps_back = (found.job_name, found.subject_id, found.scheduled_at, found.version) == (
+            record.job_name,
+            record.subject_id,
+            record.scheduled_at,
+            record.version,
+        )
     except LedgerError:
         maps_back = False
     if not maps_back:

@@ -20,6 +20,17 @@ VALUES (%(run_id)s, %(job_name)s, %(subject_id)s, %(scheduled_at)s, %(version)s)
 ON CONFLICT (run_id) DO UPDATE SET updated_at = now()
 RETURNING *
 
+-- name: run_id_by_identity
+-- The run id stored under these identity fields, if it may stand for them.
+-- After the identity key refused a registration: a racing first registration's id (the same),
+-- or the id an earlier release gave this identity in another Unicode form (migrate put its
+-- fields in NFC, kept its id and recorded it, core/upgrade.py). Any other id is a conflict.
+SELECT r.run_id FROM {schema}.runs AS r
+WHERE (r.job_name, r.subject_id, r.scheduled_at, r.version)
+  = (%(job_name)s, %(subject_id)s, %(scheduled_at)s::timestamptz, %(version)s)
+  AND (r.run_id = %(run_id)s OR EXISTS (SELECT 1 FROM {schema}.identity_upgrades AS u
+    WHERE u.run_id = r.run_id AND u.outcome = 'normalised'))
+
 -- name: begin
 -- Register the run and claim its lease in one round trip.
 -- Register and claim in one statement: a new run is inserted claimed (epoch 1); an existing one is

@@ -1,0 +1,184 @@
+"""Grants: the worker and reader group roles hold exactly what they need, and survive upgrades.
+
+Login roles made here are members of the group roles ``migrate`` creates, as the README says
+(``GRANT idempotent_jobs_worker TO <role>``), and run the ledger through their own connections.
+"""
+
+import uuid
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from idempotent_jobs import ModelAnswer, ModelUsage, RunLedger, run_idempotent
+from idempotent_jobs.core.errors import LedgerPermissionError
+from idempotent_jobs.core.grants import WORKER_PRIVILEGES, reader_role, worker_role
+from idempotent_jobs.core.retention import RetentionPolicy, prune
+from idempotent_jobs.operator.cli import main
+from idempotent_jobs_tests.helpers import backdate, deliver_all, email, identity
+
+SCHEMA = "idempotent_jobs"
+MakeRole = Callable[..., str]
+
+
+@pytest.fixture
+def login_role(server_url: str, database: str) -> Iterator[MakeRole]:
+    """Make a login role, member of the given group roles; yields its conninfo to the test
+    database. The roles are dropped afterwards (roles belong to the server, not the database)."""
+    made: list[str] = []
+
+    def make(*groups: str) -> str:
+        name = f"ij_login_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+            made.append(name)
+            for group in groups:
+                conn.execute(
+                    sql.SQL("GRANT {} TO {}").format(sql.Identifier(group), sql.Identifier(name))
+                )
+        return make_conninfo(database, user=name)
+
+    yield make
+    for name in made:
+        with psycopg.connect(database, autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+                (name,),
+            )
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+def answer(raw: dict[str, object]) -> ModelAnswer:
+    return ModelAnswer({"summary": "ok"}, ModelUsage("m", 10, 2))
+
+
+def test_the_map_names_every_relation_of_the_schema(db: psycopg.Connection) -> None:
+    """A migration that adds a table must say what workers may do on it."""
+    rows = db.execute(
+        "SELECT relname FROM pg_class WHERE relnamespace = %s::regnamespace "
+        "AND relkind IN ('r', 'v', 'm', 'p')",
+        (SCHEMA,),
+    ).fetchall()
+    assert {name for (name,) in rows} == set(WORKER_PRIVILEGES)
+
+
+def test_a_worker_role_runs_every_step_and_cannot_touch_the_history(
+    login_role: MakeRole, db: psycopg.Connection
+) -> None:
+    as_worker = login_role(worker_role(SCHEMA))
+    with RunLedger(as_worker) as ledger:
+        outcome = run_idempotent(
+            ledger, identity(), collect=lambda i: {"x": 1}, transform=answer, notifications=email
+        )
+        assert outcome.executed
+        assert len(deliver_all(ledger)) == 1
+        ledger.revise(outcome.run_id, "prompt fixed", channels=["email"])
+        again = run_idempotent(
+            ledger, identity(), collect=lambda i: {"x": 1}, transform=answer, notifications=email
+        )
+        assert again.executed
+        backdate(db, outcome.run_id, 400)
+        pruned = prune(
+            ledger,
+            identity().job_name,
+            RetentionPolicy.of_days(attempts=1, raw_input=1),
+            apply=True,
+        )
+        assert pruned.parts["attempts"].rows > 0
+        assert ledger.missing_privileges()[1] == []
+    with psycopg.connect(as_worker, autocommit=True) as conn:
+        for statement in (
+            "DELETE FROM idempotent_jobs.schema_migrations",
+            "UPDATE idempotent_jobs.schema_migrations SET checksum = 'x'",
+            "INSERT INTO idempotent_jobs.schema_migrations VALUES (99, 'x', 'x')",
+            "TRUNCATE idempotent_jobs.schema_migrations",
+            "DELETE FROM idempotent_jobs.runs",
+            "DELETE FROM idempotent_jobs.model_calls",
+            "CREATE TABLE idempotent_jobs.mine (x int)",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(statement)
+
+
+def test_a_reader_role_reads_and_writes_nothing(login_role: MakeRole, ledger: RunLedger) -> None:
+    done = run_idempotent(ledger, identity(), collect=lambda i: {"x": 1}, transform=answer)
+    as_reader = login_role(reader_role(SCHEMA))
+    with RunLedger(as_reader) as reading:
+        assert [r.run_id for r in reading.list_runs()] == [done.run_id]
+        assert reading.model_calls(done.run_id)
+        with pytest.raises(LedgerPermissionError, match="GRANT idempotent_jobs_worker TO"):
+            run_idempotent(reading, identity("other"), collect=lambda i: {"x": 1}, transform=answer)
+        role, missing = reading.missing_privileges()
+        assert "INSERT on idempotent_jobs.runs" in missing
+        assert "SELECT on idempotent_jobs.runs" not in missing
+
+
+def test_doctor_names_what_the_role_lacks(
+    login_role: MakeRole, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bare = login_role()
+    monkeypatch.setenv("IDEMPOTENT_JOBS_DATABASE_URL", bare)
+    assert main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    role = psycopg.conninfo.conninfo_to_dict(bare)["user"]
+    assert f"role {role} lacks USAGE on schema idempotent_jobs" in out
+    assert f"GRANT idempotent_jobs_worker TO {role}" in out
+
+    reader = login_role(reader_role(SCHEMA))
+    monkeypatch.setenv("IDEMPOTENT_JOBS_DATABASE_URL", reader)
+    assert main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    assert "missing_privilege" in out and "INSERT on idempotent_jobs.model_calls" in out
+
+    monkeypatch.setenv("IDEMPOTENT_JOBS_DATABASE_URL", login_role(worker_role(SCHEMA)))
+    assert main(["doctor"]) == 0
+    assert "has every privilege workers need" in capsys.readouterr().out
+
+
+def test_migrate_grants_again_what_a_table_lost(
+    login_role: MakeRole, database: str, db: psycopg.Connection
+) -> None:
+    """Grants are made whole by every migrate: a table added (or whose grants were lost) since
+    reaches every member of the group role with no grant of its own."""
+    as_worker = login_role(worker_role(SCHEMA))
+    db.execute("REVOKE ALL ON idempotent_jobs.model_calls FROM idempotent_jobs_worker")
+    db.execute("GRANT DELETE ON idempotent_jobs.runs TO idempotent_jobs_worker")
+    with RunLedger(as_worker) as ledger:
+        assert "INSERT on idempotent_jobs.model_calls" in ledger.missing_privileges()[1]
+    RunLedger(database).migrate()
+    with RunLedger(as_worker) as ledger:
+        assert ledger.missing_privileges()[1] == []
+        run_idempotent(ledger, identity(), collect=lambda i: {"x": 1}, transform=answer)
+    with psycopg.connect(as_worker, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("DELETE FROM idempotent_jobs.runs")
+
+
+def test_migrate_without_createrole_says_what_a_superuser_must_do(
+    server_url: str, login_role: MakeRole
+) -> None:
+    """A role that may create databases but not roles migrates its own database; the group
+    roles it cannot make are named in the report, with the statement that makes them."""
+    owner_url = login_role()
+    owner = psycopg.conninfo.conninfo_to_dict(owner_url)["user"]
+    database = f"ij_owned_{uuid.uuid4().hex[:10]}"
+    schema = f"tenant_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                sql.Identifier(database), sql.Identifier(str(owner))
+            )
+        )
+    try:
+        report = RunLedger(make_conninfo(owner_url, dbname=database), schema=schema).upgrade()
+        assert report.applied
+        assert any(f"`CREATE ROLE {schema}_worker NOLOGIN`" in line for line in report.found), (
+            report.found
+        )
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(database)))

@@ -1,0 +1,1 @@
+"""Upgrades from earlier releases, tested against ledgers those releases made themselves."""
