@@ -518,7 +518,9 @@ class RunLedger:
 
         If the run was already completed, return the stored output: ``accepted`` tells whether
         it was this lease's (a retry after a lost answer) or another attempt's. If the lease was
-        lost before completion, raise :class:`LeaseLostError` and write nothing.
+        lost before completion, raise :class:`LeaseLostError` having written nothing of the run:
+        only the model call, as ``lease_lost`` (:meth:`record_lost_call`), which a later commit
+        of the same answer from the same caller run, step and retry updates.
         """
         basis = basis or lease.basis
         config = config or JobConfig()
@@ -542,7 +544,10 @@ class RunLedger:
         if outcome == FenceOutcome.STALE:
             raise _stale(lease.run_id, basis, Basis(revision, fingerprint))
         if outcome == FenceOutcome.ALREADY_DONE and stored is not None:
+            if not mine:  # another attempt completed the run: this call is still paid for
+                self.record_lost_call(lease, usage, basis.revision, origin=origin)
             return Completion(stored, bool(mine), stored_parts)
+        self.record_lost_call(lease, usage, basis.revision, origin=origin)
         raise LeaseLostError()
 
     def fail(
@@ -560,7 +565,8 @@ class RunLedger:
         after a lost answer). ``error`` is stored made safe (:func:`safe_text`).
 
         ``call`` says a model call ended this way (``failed``: it raised; ``rejected``: the
-        validator refused its answer); it is recorded with ``usage`` in ``model_calls``.
+        validator refused its answer); it is recorded with ``usage`` in ``model_calls``, even
+        when the lease was lost (then as ``lease_lost``, :meth:`record_lost_call`).
         """
         error = safe_text(str(error)) or "unknown error"
         if call not in (None, "failed", "rejected"):
@@ -572,7 +578,37 @@ class RunLedger:
             "error": error,
             "call_outcome": call,
         }
-        return self._fenced("fail", params)
+        try:
+            return self._fenced("fail", params)
+        except LeaseLostError:
+            if call is not None:
+                self.record_lost_call(lease, usage, lease.revision, origin=origin, error=error)
+            raise
+
+    def record_lost_call(
+        self,
+        lease: Lease,
+        usage: ModelUsage | None,
+        revision: int,
+        *,
+        origin: CallOrigin | None = None,
+        error: str | None = None,
+    ) -> bool:
+        """Record the model call ``lease`` paid for after the lease was lost (taken over by
+        another claim), as ``lease_lost`` with its usage: nothing else of the attempt can be
+        written, but what the call cost is never left out. Once per epoch and worker; returns
+        whether a row was added. Never raises: the caller is already failing."""
+        params = {
+            **_fence(lease),
+            **_usage(usage),
+            **_origin(origin),
+            "revision": revision,
+            "error": safe_text(error) if error else "the lease was lost before the call ended",
+        }
+        try:
+            return bool(self._db.rows("record_lost_call", params))
+        except Exception:  # an outage: the LeaseLostError that follows says enough
+            return False
 
     def release(self, lease: Lease) -> FenceOutcome:
         """Give the lease back without an outcome; raise if it was already lost (``applied``,

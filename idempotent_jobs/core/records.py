@@ -86,7 +86,7 @@ class CallOrigin:
     retry_number: int | None = None
 
 
-CallOutcome = Literal["accepted", "stale", "rejected", "failed"]
+CallOutcome = Literal["accepted", "stale", "rejected", "failed", "lease_lost"]
 
 
 @dataclass(frozen=True)

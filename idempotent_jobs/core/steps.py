@@ -11,8 +11,9 @@ state, because it goes through the same :func:`end_attempt`:
 - a model call that was made is recorded with its usage: ``failed`` when it raised, ``rejected``
   when its answer was refused (the validator, unbelievable token counts, an output the ledger
   cannot store, or a commit that failed). A failure before the call (a drill, a missing
-  checkpoint) records no call. Only a lost lease leaves nothing to record: its holder can no
-  longer write.
+  checkpoint) records no call. A lease lost meanwhile (another worker took the run over) lets
+  its holder write nothing of the run, but the call it paid for is still recorded, as
+  ``lease_lost``.
 """
 
 from collections.abc import Callable, Mapping
@@ -162,6 +163,8 @@ def call_model(
             outcome = call_outcome(called, answered)
             end_attempt(ledger, lease, exc, usage, call=outcome, origin=origin)
             raise
+    if heartbeat.lost:  # the call was paid for: record it though the run moved on
+        ledger.record_lost_call(lease, usage, lease.revision, origin=origin)
     heartbeat.raise_if_lost()
     return BoundAnswer(output=output, usage=usage, basis=lease.basis, config=config, origin=origin)
 

@@ -60,6 +60,46 @@ def trial_identity(trial: int) -> Any:
 
 CHAOS_AUTHORIZATION = "Bearer chaos-token-never-elsewhere"
 
+# What a hostile model answers (the ``hostile`` trials): each is refused, and the call recorded.
+HOSTILE = (
+    "huge_tokens",
+    "negative_tokens",
+    "nan",
+    "nul",
+    "surrogate",
+    "deep",
+    "oversize",
+    "not_a_dict",
+    "invalid",
+    "raises_hostile_text",
+)
+
+
+def hostile_answer(kind: str) -> Any:
+    """The hostile model's answer of ``kind`` (see :data:`HOSTILE`); raises for one kind."""
+    from idempotent_jobs import ModelAnswer, ModelUsage
+
+    fine = {"summary": "looks fine"}
+    if kind == "huge_tokens":
+        return ModelAnswer(fine, ModelUsage("hostile", 3_000_000_000, 5))
+    if kind == "negative_tokens":
+        return ModelAnswer(fine, ModelUsage("hostile", -1000, -5))
+    if kind == "raises_hostile_text":
+        raise RuntimeError("bad \x00 byte, lone \udc80 surrogate\x1b[31m" * 400)
+    deep: Any = "bottom"
+    for _ in range(150):
+        deep = [deep]
+    output = {
+        "nan": {"summary": "s", "score": float("nan")},
+        "nul": {"summary": "a\x00b"},
+        "surrogate": {"summary": "lone \udc80"},
+        "deep": {"summary": "s", "tree": deep},
+        "oversize": {"summary": "x" * (1024 * 1024 + 1)},
+        "not_a_dict": ["a", "list"],
+        "invalid": {"summary": ""},
+    }[kind]
+    return ModelAnswer(output, ModelUsage("hostile", 10, 5))  # type: ignore[arg-type]
+
 
 def run_worker(spec: dict[str, Any]) -> None:
     """One worker process: the protocol on one logical run, dying where ``spec`` says.
@@ -105,7 +145,7 @@ def run_worker(spec: dict[str, Any]) -> None:
             die()
         return {"documents": [f"collected by {os.getpid()} at {time.time_ns()}"]}
 
-    def transform(raw: dict[str, Any]) -> dict[str, Any]:
+    def transform(raw: dict[str, Any]) -> Any:
         if crash == "during_model":
             die()
         if spec.get("pause_marker"):
@@ -115,8 +155,15 @@ def run_worker(spec: dict[str, Any]) -> None:
                 if not results.parent.exists():  # the runner is gone and took its workdir
                     die()
                 time.sleep(0.02)
+        # The call is made and paid for: the checker counts these against model_calls.
+        record({"event": "paid_call"})
+        if spec.get("hostile"):
+            return hostile_answer(spec["hostile"])
         # The answer names the checkpoint it was computed on, so the checker can tell.
         return {"summary": f"answer from {os.getpid()}", "input": raw["documents"][0]}
+
+    def validate(output: dict[str, Any]) -> bool:
+        return bool(output.get("summary"))
 
     ledger = ChaosLedger(
         spec["database_url"],
@@ -144,6 +191,7 @@ def run_worker(spec: dict[str, Any]) -> None:
                 collect=collect,
                 transform=transform,
                 notifications=notify,
+                validate=validate,
                 lease_seconds=spec["lease_seconds"],
                 heartbeat_seconds=spec["lease_seconds"] / 4,
                 wait_seconds=spec.get("wait_seconds", 0.0),
@@ -193,8 +241,12 @@ def commit_like_persist(
     from idempotent_jobs import LeaseLostError, StaleCandidateError
     from idempotent_jobs.core.leases import acquire
     from idempotent_jobs.core.protocol import default_worker_id
+    from idempotent_jobs.core.records import CallOrigin
 
     worker = default_worker_id()
+    # Where the call was made, as a Dagster step names it: the answer committed again after a
+    # lost lease updates the call's row instead of adding a second one.
+    origin = CallOrigin(caller_step="persist", caller_run_id=f"chaos-{os.getpid()}", retry_number=0)
     record, lease = ledger.begin(identity, worker, spec["lease_seconds"])
     if lease is None:
         return False, record.output
@@ -202,7 +254,7 @@ def commit_like_persist(
         lease = ledger.checkpoint(lease, collect(identity))
     output = transform(lease.stored_raw_input)
     try:
-        done = ledger.complete(lease, output, notify(output), basis=lease.basis)
+        done = ledger.complete(lease, output, notify(output), basis=lease.basis, origin=origin)
         return done.accepted, done.output
     except LeaseLostError:
         pass
@@ -216,7 +268,7 @@ def commit_like_persist(
     if not hasattr(again, "epoch"):  # a record: completed meanwhile (or still held)
         return False, again.output
     try:
-        done = ledger.complete(again, output, notify(output), basis=lease.basis)
+        done = ledger.complete(again, output, notify(output), basis=lease.basis, origin=origin)
     except StaleCandidateError:
         return False, None
     return done.accepted, done.output
@@ -458,6 +510,15 @@ def check_invariants(
     if status == "completed" and accepted_calls != {r: 1 for r in range(revision + 1)}:
         verdict.problems.append(f"accepted model calls per revision: {accepted_calls}")
         verdict.duplicates += 1
+    # Every paid call is recorded, once: whatever its answer, even when its lease was lost.
+    # Only a call whose worker could not reach the database at all (a restart) may be missing.
+    paid = sum(1 for r in read_results(results) if r.get("event") == "paid_call")
+    [(recorded,)] = conn.execute(
+        "SELECT count(*) FROM idempotent_jobs.model_calls WHERE run_id = %s", (run_id,)
+    ).fetchall()
+    if recorded > paid or (recorded < paid and not kind.startswith("restart")):
+        verdict.problems.append(f"{paid} paid model call(s), {recorded} recorded")
+        verdict.lost += recorded < paid
     epochs = [
         e
         for (e,) in conn.execute(

@@ -11,8 +11,13 @@ writes nothing), ``drop`` (the connection is cut after the final commit reached 
 in its model call is overtaken, the run is revised with or without recollecting, maybe a worker
 of the new revision is killed, then the paused one resumes and commits as ``persist`` would:
 its stale answer must be refused), ``deliver`` (the receiver answers redirects, 5xx, too slowly
-or by dropping the connection before it answers 200). After each trial the invariants are
-checked from the database and the receiver. Prints ``N passed, M failed``.
+or by dropping the connection before it answers 200), ``prune`` (retention runs while a run is
+revised), ``hostile`` (the model answers a hostile value: absurd or negative token counts, NaN,
+NUL, a lone surrogate, too deep, too big, not an object, invalid, or it raises with hostile text;
+its worker fails on its own, or is paused past its lease and overtaken, or a second worker is
+killed in its model call; then a healthy worker recovers the run). After each trial the
+invariants are checked from the database and the receiver, among them: every paid model call is
+recorded once, and no lease outlives its holder's failure. Prints ``N passed, M failed``.
 """
 
 import argparse
@@ -39,6 +44,7 @@ from idempotent_jobs_tests.chaos.parts import (
     CHAOS_AUTHORIZATION,
     CRASH_POINTS,
     FAULTS,
+    HOSTILE,
     CommitProxy,
     Receiver,
     Verdict,
@@ -49,7 +55,7 @@ from idempotent_jobs_tests.chaos.parts import (
     trial_identity,
 )
 
-KINDS = ("kill", "stop", "drop", "restart", "revise", "deliver", "prune")
+KINDS = ("kill", "stop", "drop", "restart", "revise", "deliver", "prune", "hostile")
 WEBHOOK_TIMEOUT = 0.5
 
 
@@ -382,6 +388,45 @@ class Chaos:
             )
         return verdict
 
+    def hostile(self, trial: int) -> Verdict:
+        """A hostile model's answer fails its attempt: the lease must be free at once (the next
+        worker claims now, not after the lease expires), the stored errors safe, and the call
+        recorded, also when its worker was paused past its lease and overtaken meanwhile."""
+        value = self.rng.choice(HOSTILE)
+        mode = self.rng.choice(["fails", "paused", "then-killed"])
+        run_id = trial_identity(trial).run_id
+        problems: list[str] = []
+        if mode == "paused":
+            process, marker = self.pause_in_model_call(trial, hostile=value)
+            self.recover(trial)
+            self.resume(process, marker)
+        else:
+            process = self.start(self.spec(trial, hostile=value))
+            process.join(timeout=60)
+            with self.conn() as conn:
+                row = conn.execute(
+                    "SELECT status, lease_owner FROM idempotent_jobs.runs WHERE run_id = %s",
+                    (run_id,),
+                ).fetchone()
+            if row != ("failed", None):
+                problems.append(f"after the hostile answer the run is {row}, not failed and free")
+            if mode == "then-killed":
+                problems += self.killed_worker(trial, "during_model")
+            self.recover(trial)
+        verdict = self.verdict(trial, f"hostile:{value}+{mode}")
+        verdict.problems += problems
+        with self.conn() as conn:
+            errors = conn.execute(
+                "SELECT error FROM idempotent_jobs.attempts WHERE run_id = %(id)s"
+                " UNION ALL SELECT error FROM idempotent_jobs.model_calls WHERE run_id = %(id)s"
+                " UNION ALL SELECT last_error FROM idempotent_jobs.runs WHERE run_id = %(id)s",
+                {"id": run_id},
+            ).fetchall()
+        for (error,) in errors:
+            if error is not None and ("\x00" in error or len(error) > 4000):
+                verdict.problems.append(f"an unsafe error was stored: {error[:80]!r}")
+        return verdict
+
     def restart(self, trial: int) -> Verdict:
         trials = [trial * 1000 + i for i in range(RESTART_BATCH)]
         markers = [str(self.workdir / f"pause-{t}") for t in trials]
@@ -442,6 +487,12 @@ def summary(verdicts: list[Verdict]) -> str:
     restarts = Counter(v.kind.split(":")[1] for v in verdicts if v.kind.startswith("restart:"))
     revisions = Counter(v.kind.split(":")[1] for v in verdicts if v.kind.startswith("revise:"))
     prunes = Counter(v.kind.split(":")[1] for v in verdicts if v.kind.startswith("prune:"))
+    hostile = Counter(
+        part
+        for v in verdicts
+        if v.kind.startswith("hostile:")
+        for part in v.kind.split(":")[1].split("+")
+    )
     faults = Counter(
         f for v in verdicts if v.kind.startswith("deliver:") for f in v.kind[8:].split("+")
     )
@@ -452,6 +503,7 @@ def summary(verdicts: list[Verdict]) -> str:
         "revisions: " + ", ".join(f"{k}={n}" for k, n in sorted(revisions.items())),
         "delivery faults: " + ", ".join(f"{k}={n}" for k, n in sorted(faults.items())),
         "prunes: " + ", ".join(f"{k}={n}" for k, n in sorted(prunes.items())),
+        "hostile answers and modes: " + ", ".join(f"{k}={n}" for k, n in sorted(hostile.items())),
         f"duplicates={sum(v.duplicates for v in verdicts)} lost={sum(v.lost for v in verdicts)}",
         f"{len(verdicts) - len(failed)} passed, {len(failed)} failed",
     ]

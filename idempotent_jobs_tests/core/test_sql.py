@@ -21,6 +21,8 @@ UNFENCED_WRITES = {
     "mark_delivered": "the outbox row is locked FOR UPDATE SKIP LOCKED by its deliverer",
     "mark_delivery_failed": "the outbox row is locked FOR UPDATE SKIP LOCKED by its deliverer",
     "prune_batch": "retention: completed runs and delivered outbox rows only, never leased",
+    "record_lost_call": "only the cost of a call whose lease was lost, never the run's state; "
+    "only for an epoch the ledger recorded as this worker's",
 }
 _WRITE = re.compile(r"\b(INSERT INTO|UPDATE|DELETE FROM)\s+\{schema\}\.", re.IGNORECASE)
 _FENCE = (

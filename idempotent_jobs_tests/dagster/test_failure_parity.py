@@ -222,7 +222,7 @@ def test_a_failure_leaves_the_same_ledger_state_through_both_drivers(
         ("huge tokens", [(1, 0, "rejected", "m", None, 5)]),
         ("negative tokens", [(1, 0, "rejected", "m", None, None)]),
         ("oversize input", []),
-        ("lost lease", []),
+        ("lost lease", [(1, 0, "lease_lost", "m", 10, 5)]),  # paid for: recorded though lost
         ("stale basis", [(1, 0, "stale", "m", 10, 5)]),
     ],
 )

@@ -313,6 +313,22 @@ SELECT CASE
     ELSE 'lease_lost' END AS outcome
 FROM cur
 
+-- name: record_lost_call
+-- Record a paid model call of a lease that was lost before the call could be committed.
+-- Only the call's cost is written, never the run's state: the row names an epoch this worker
+-- held (the claim that took the run over recorded that attempt as this worker's), once per
+-- epoch and worker, so a retried statement adds no second row.
+INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
+  caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error)
+SELECT a.run_id, a.lease_epoch, %(revision)s::integer, a.worker_id, %(call_caller_run_id)s,
+  %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
+  'lease_lost', %(error)s
+FROM {schema}.run_attempts AS a
+WHERE a.run_id = %(run_id)s AND a.lease_epoch = %(epoch)s AND a.worker_id = %(worker_id)s
+  AND NOT EXISTS (SELECT FROM {schema}.model_calls AS c
+    WHERE c.run_id = a.run_id AND c.lease_epoch = a.lease_epoch AND c.worker_id = a.worker_id)
+RETURNING call_id
+
 -- name: release
 -- Hand the run back untouched, ending the attempt as superseded; say what happened.
 -- For a step that stops early. `outcome`: `applied`, `already_done` (this release landed
