@@ -78,7 +78,13 @@ def persist(context: dg.OpExecutionContext, answer: dict[str, Any]) -> dict[str,
 @dg.op(required_resource_keys={"null_channel"})
 def deliver(context: dg.OpExecutionContext, payload: dict[str, Any]) -> None:
     row = OutboxRecord(
-        _identity(context).run_id, "null_channel", payload, datetime.now(UTC), None, 0, None
+        run_id=_identity(context).run_id,
+        channel="null_channel",
+        payload=payload,
+        created_at=datetime.now(UTC),
+        delivered_at=None,
+        delivery_attempts=0,
+        last_error=None,
     )
     context.resources.null_channel.send(row)
 

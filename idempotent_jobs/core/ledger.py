@@ -397,15 +397,15 @@ class RunLedger:
         if not claimed:
             return record, None
         lease = Lease(
-            record.run_id,
-            worker_id,
-            record.lease_epoch,
-            record.lease_expires_at,
-            lease_seconds,
-            record.raw_input,
-            record.attempts,
-            record.revision,
-            record.input_fingerprint,
+            run_id=record.run_id,
+            worker_id=worker_id,
+            epoch=record.lease_epoch,
+            expires_at=record.lease_expires_at,
+            lease_seconds=lease_seconds,
+            stored_raw_input=record.raw_input,
+            attempts=record.attempts,
+            revision=record.revision,
+            input_fingerprint=record.input_fingerprint,
         )
         return record, lease
 
@@ -436,15 +436,15 @@ class RunLedger:
             return None
         epoch, expires_at, raw_input, attempts, revision, fingerprint = rows[0]
         return Lease(
-            run_id,
-            worker_id,
-            epoch,
-            expires_at,
-            lease_seconds,
-            raw_input,
-            attempts,
-            revision,
-            fingerprint,
+            run_id=run_id,
+            worker_id=worker_id,
+            epoch=epoch,
+            expires_at=expires_at,
+            lease_seconds=lease_seconds,
+            stored_raw_input=raw_input,
+            attempts=attempts,
+            revision=revision,
+            input_fingerprint=fingerprint,
         )
 
     def renew(self, lease: Lease) -> Lease:
@@ -540,13 +540,15 @@ class RunLedger:
             "complete", params
         ) or [("lease_lost", None, None, None, False, None)]
         if outcome == FenceOutcome.APPLIED:
-            return Completion(stored, True, parts or None)
+            return Completion(output=stored, accepted=True, config_parts=parts or None)
         if outcome == FenceOutcome.STALE:
-            raise _stale(lease.run_id, basis, Basis(revision, fingerprint))
+            raise _stale(
+                lease.run_id, basis, Basis(revision=revision, input_fingerprint=fingerprint)
+            )
         if outcome == FenceOutcome.ALREADY_DONE and stored is not None:
             if not mine:  # another attempt completed the run: this call is still paid for
                 self.record_lost_call(lease, usage, basis.revision, origin=origin)
-            return Completion(stored, bool(mine), stored_parts)
+            return Completion(output=stored, accepted=bool(mine), config_parts=stored_parts)
         self.record_lost_call(lease, usage, basis.revision, origin=origin)
         raise LeaseLostError()
 
@@ -816,7 +818,8 @@ class RunLedger:
         [row] = self._db.rows("prune_batch", params)
         subject, scheduled_at, version, *counts, _ = row
         last = None if subject is None else (subject, scheduled_at, version)
-        return PruneBatch(last, *counts)
+        names = [f.name for f in dataclasses.fields(PruneBatch) if f.name != "last_key"]
+        return PruneBatch(last_key=last, **dict(zip(names, counts, strict=True)))
 
     def storage(
         self, exact_below_rows: int = 200_000
@@ -835,7 +838,15 @@ class RunLedger:
 
         def add(part: str, job: str, rows: int, size: int, sampled_percent: float) -> None:
             scale = 100.0 / sampled_percent
-            parts.append(StoredPart(job, part, round(rows * scale), round(size * scale), scale > 1))
+            parts.append(
+                StoredPart(
+                    job_name=job,
+                    part=part,
+                    rows=round(rows * scale),
+                    bytes=round(size * scale),
+                    estimated=scale > 1,
+                )
+            )
 
         runs_percent = percent("runs")
         for job, rows, row_bytes, raw_bytes, output_bytes in self._db.rows(
@@ -891,7 +902,7 @@ class RunLedger:
                 delivered.append(row)
             else:
                 failed.append((row, refused))
-        return DeliveryReport(delivered, failed)
+        return DeliveryReport(delivered=delivered, failed=failed)
 
     def _deliver_one(
         self, send: Callable[[OutboxRecord], None], key: dict[str, Any]

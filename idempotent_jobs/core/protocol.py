@@ -127,7 +127,7 @@ def run_idempotent(
         transform,
         validate=validate,
         config=config,
-        origin=CallOrigin(caller_step, caller_run_id),
+        origin=CallOrigin(caller_step=caller_step, caller_run_id=caller_run_id),
         heartbeat_seconds=heartbeat_seconds or lease_seconds / 3,
     )
     completion = commit(ledger, lease, answer, notifications)

@@ -22,7 +22,7 @@ class FenceOutcome(StrEnum):
     STALE = "stale"  # the candidate's basis no longer holds: refused, nothing of it kept
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Basis:
     """What a candidate answer was computed against: the run's revision and the fingerprint of
     the raw-input checkpoint it read (``None`` for a checkpoint stored before fingerprints)."""
@@ -38,7 +38,7 @@ class Basis:
         return self.revision == revision and fingerprint_holds
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Lease:
     """Proof of a successful claim. Every later write names the owner *and* the epoch.
 
@@ -63,7 +63,7 @@ class Lease:
 
     @property
     def basis(self) -> Basis:
-        return Basis(self.revision, self.input_fingerprint)
+        return Basis(revision=self.revision, input_fingerprint=self.input_fingerprint)
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class ModelUsage:
     output_tokens: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CallOrigin:
     """Where a model call was made: the caller's step that made it (a Dagster op), the caller's
     run and the step's retry. The attempt names the step that *claimed* the lease, which may be
@@ -89,7 +89,7 @@ class CallOrigin:
 CallOutcome = Literal["accepted", "stale", "rejected", "failed", "lease_lost"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelCallRecord:
     """One row of ``model_calls``: a model call, what it cost and what became of its answer."""
 
@@ -113,7 +113,7 @@ class ModelCallRecord:
         return (self.input_tokens or 0) + (self.output_tokens or 0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CallCosts:
     """What a logical run's model calls cost: the accepted answers' tokens, and the rest."""
 
@@ -126,10 +126,10 @@ class CallCosts:
     def of(cls, calls: "list[ModelCallRecord]") -> "CallCosts":
         accepted = [c for c in calls if c.outcome == "accepted"]
         return cls(
-            len(calls),
-            len(accepted),
-            sum(c.tokens for c in accepted),
-            sum(c.tokens for c in calls if c.outcome != "accepted"),
+            calls=len(calls),
+            accepted_calls=len(accepted),
+            accepted_tokens=sum(c.tokens for c in accepted),
+            wasted_tokens=sum(c.tokens for c in calls if c.outcome != "accepted"),
         )
 
     def summary(self) -> str:
@@ -141,7 +141,7 @@ class CallCosts:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunRecord:
     """One row of ``runs``: the durable record of a logical run."""
 
@@ -183,7 +183,7 @@ class RunRecord:
         ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AttemptRecord:
     """One row of the ``attempts`` view: one successful claim and how it ended.
 
@@ -205,7 +205,7 @@ class AttemptRecord:
     output_tokens: int | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OutboxRecord:
     """One row of ``notification_outbox``: a side effect to perform once per (run, channel)."""
 
@@ -261,7 +261,7 @@ class JobConfig:
         return [n for n in names if self.parts.get(n) != stored.get(n)]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Completion:
     """The answer of ``complete``: the accepted output, whether this lease produced it, and
     the configuration parts it was computed under."""
@@ -271,7 +271,7 @@ class Completion:
     config_parts: dict[str, str] | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DeliveryReport:
     """What one outbox delivery pass sent, and what failed with the reason."""
 
@@ -279,7 +279,7 @@ class DeliveryReport:
     failed: list[tuple[OutboxRecord, str]]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RevisionRecord:
     """One row of ``run_revisions``: an accepted result replaced on an operator's request."""
 
@@ -295,7 +295,7 @@ class RevisionRecord:
     requested_at: datetime
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PruneBatch:
     """One retention batch of one job: where the walk got to (the last run's identity
     ``(subject_id, scheduled_at, version)``; ``None``: the job is done) and what the batch found
@@ -312,7 +312,7 @@ class PruneBatch:
     payload_bytes: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StoredPart:
     """Rows and stored bytes of one part of the ledger for one job (``estimated``: scaled up
     from a sample of the table's pages)."""
@@ -324,7 +324,7 @@ class StoredPart:
     estimated: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StoredTable:
     """One ledger table as the catalogue knows it: estimated rows (``None`` until the table is
     first analysed), bytes on disk."""

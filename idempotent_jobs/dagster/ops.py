@@ -176,7 +176,11 @@ def transform_step(
         lambda raw_input: model.generate(raw_input, step),
         validate=spec.validate,
         config=config,
-        origin=CallOrigin(context.op.name, context.run_id, context.retry_number),
+        origin=CallOrigin(
+            caller_step=context.op.name,
+            caller_run_id=context.run_id,
+            retry_number=context.retry_number,
+        ),
         heartbeat_seconds=spec.lease_seconds / 3,
         before_call=fail_if_drilled,
     )

@@ -24,7 +24,10 @@ CRASH_POINTS = (
     "after_claim",
     "during_collect",
     "during_model",
-    "commit_sent",  # killed by the parent between COMMIT reaching the server and the answer
+    # Killed by the parent when the server first answers the final commit's statement: after
+    # it ran, or, when the connection prepares it first (a worker's first commit), after the
+    # Parse and before it runs. Either way the worker's paid call may go unrecorded.
+    "commit_sent",
     "after_commit",
     "before_delivery",
     "during_delivery",
@@ -444,7 +447,12 @@ def read_results(path: Path) -> list[dict[str, Any]]:
 
 
 def check_invariants(
-    conn: psycopg.Connection, trial: int, kind: str, receiver: Receiver, results: Path
+    conn: psycopg.Connection,
+    trial: int,
+    kind: str,
+    receiver: Receiver,
+    results: Path,
+    killed_in_commit: frozenset[int] = frozenset(),
 ) -> Verdict:
     """Check, from the database and the receiver, what the promise says for one logical run:
     per revision one accepted result, computed on that revision's checkpoint and never
@@ -511,14 +519,17 @@ def check_invariants(
         verdict.problems.append(f"accepted model calls per revision: {accepted_calls}")
         verdict.duplicates += 1
     # Every paid call is recorded, once: whatever its answer, even when its lease was lost.
-    # Only a call whose worker could not reach the database at all (a restart) may be missing.
-    paid = sum(1 for r in read_results(results) if r.get("event") == "paid_call")
+    # Only a call whose worker died between the answer and its commit (``killed_in_commit``:
+    # SIGKILLed as its commit went out, which may be before the server ran it) or could not
+    # reach the database at all (a restart) may be missing.
+    calls = [r["pid"] for r in read_results(results) if r.get("event") == "paid_call"]
+    must = sum(1 for pid in calls if pid not in killed_in_commit)
     [(recorded,)] = conn.execute(
         "SELECT count(*) FROM idempotent_jobs.model_calls WHERE run_id = %s", (run_id,)
     ).fetchall()
-    if recorded > paid or (recorded < paid and not kind.startswith("restart")):
-        verdict.problems.append(f"{paid} paid model call(s), {recorded} recorded")
-        verdict.lost += recorded < paid
+    if recorded > len(calls) or (recorded < must and not kind.startswith("restart")):
+        verdict.problems.append(f"{len(calls)} paid model call(s), {recorded} recorded")
+        verdict.lost += recorded < must
     epochs = [
         e
         for (e,) in conn.execute(

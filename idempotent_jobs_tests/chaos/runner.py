@@ -92,6 +92,7 @@ class Chaos:
         self.lease = lease_seconds
         self.rng = random.Random(seed)
         self.restarts = 0
+        self.killed_in_commit: set[int] = set()  # workers SIGKILLed as their commit went out
         self.pgdata = workdir / "pgdata"
         self.url = start_embedded_postgres(self.pgdata)
         RunLedger(self.url).migrate()
@@ -161,7 +162,12 @@ class Chaos:
     def verdict(self, trial: int, kind: str) -> Verdict:
         with self.conn() as conn:
             verdict = check_invariants(
-                conn, trial, kind, self.receiver, self.workdir / f"results-{trial}.jsonl"
+                conn,
+                trial,
+                kind,
+                self.receiver,
+                self.workdir / f"results-{trial}.jsonl",
+                frozenset(self.killed_in_commit),
             )
         if sum(self.trap.requests.values()):
             verdict.problems.append(f"a redirect was followed: {dict(self.trap.requests)}")
@@ -216,6 +222,8 @@ class Chaos:
             self.proxy.on_commit_answer = kill_before_answer
         process = self.start(self.spec(trial, crash=crash, database_url=self.proxy_url))
         victim.append(process)
+        if point == "commit_sent":
+            self.killed_in_commit.add(process.pid)
         process.join(timeout=60)
         self.proxy.on_commit_answer = RELAY
         if process.exitcode != -signal.SIGKILL:

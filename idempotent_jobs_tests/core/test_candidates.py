@@ -38,7 +38,9 @@ def test_a_stale_answer_never_becomes_a_revisions_result(
 ) -> None:
     ident = identity()
     stale_basis = stalled_then_overtaken(ledger, db).basis
-    assert stale_basis == Basis(0, json_fingerprint({"documents": ["before"]}))
+    assert stale_basis == Basis(
+        revision=0, input_fingerprint=json_fingerprint({"documents": ["before"]})
+    )
     ledger.revise(ident.run_id, "prompt fixed", channels=["email"], recollect=recollect)
 
     # Worker 1 resumes: its handed lease is lost, so it claims the reopened run again...

@@ -138,7 +138,7 @@ def test_an_answer_committed_again_after_a_failed_commit_is_still_one_model_call
     ident = identity()
     lease = claimed(ledger, ident)
     lease = ledger.checkpoint(lease, {"documents": ["d"]})
-    origin = CallOrigin("job_transform", "dagster-run-a", 0)
+    origin = CallOrigin(caller_step="job_transform", caller_run_id="dagster-run-a", retry_number=0)
     answer = BoundAnswer(
         output={"summary": "s"},
         usage=ModelUsage("m", 100, 20),

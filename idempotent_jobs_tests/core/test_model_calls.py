@@ -95,7 +95,9 @@ def test_a_stale_answer_is_recorded_as_a_wasted_call(
             {"summary": "stale"},
             usage=ModelUsage("m", 40, 2),
             basis=first.basis,
-            origin=CallOrigin("transform", "dagster-run-1", 2),
+            origin=CallOrigin(
+                caller_step="transform", caller_run_id="dagster-run-1", retry_number=2
+            ),
         )
     calls = ledger.model_calls(ident.run_id)
     assert [(c.outcome, c.revision, c.input_tokens) for c in calls] == [

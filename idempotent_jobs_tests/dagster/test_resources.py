@@ -143,7 +143,15 @@ def test_openai_compatible_model_surfaces_server_errors() -> None:
 
 
 def outbox_row(channel: str = "hook") -> OutboxRecord:
-    return OutboxRecord("a" * 64, channel, {"summary": "s"}, datetime.now(UTC), None, 0, None)
+    return OutboxRecord(
+        run_id="a" * 64,
+        channel=channel,
+        payload={"summary": "s"},
+        created_at=datetime.now(UTC),
+        delivered_at=None,
+        delivery_attempts=0,
+        last_error=None,
+    )
 
 
 def test_webhook_sends_the_idempotency_key() -> None:
