@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         StaleCandidateError,
     )
     from idempotent_jobs.core.identity import RunIdentity, stable_run_id
+    from idempotent_jobs.core.json_values import UnreadableValue
     from idempotent_jobs.core.ledger import RunLedger
     from idempotent_jobs.core.protocol import ModelAnswer, RunOutcome, run_idempotent
     from idempotent_jobs.core.records import (
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
         OutboxRecord,
         RunRecord,
     )
+    from idempotent_jobs.core.upgrade import MigrationReport
 
 # Imported on first use (PEP 562), so `idempotent_jobs.operator.cli --help` starts fast.
 _HOMES = {
@@ -48,6 +50,8 @@ _HOMES = {
     ),
     "RunIdentity": "identity",
     "stable_run_id": "identity",
+    "UnreadableValue": "json_values",
+    "MigrationReport": "upgrade",
     "RunLedger": "ledger",
     "ModelAnswer": "protocol",
     "RunOutcome": "protocol",
@@ -85,6 +89,7 @@ __all__ = [
     "LedgerConnectionError",
     "LedgerError",
     "LedgerPermissionError",
+    "MigrationReport",
     "ModelAnswer",
     "ModelCallRecord",
     "ModelUsage",
@@ -97,6 +102,7 @@ __all__ = [
     "RunRecord",
     "SchemaNotMigratedError",
     "StaleCandidateError",
+    "UnreadableValue",
     "run_idempotent",
     "stable_run_id",
 ]
