@@ -627,6 +627,10 @@ class RunLedger:
 
     # -- reading -----------------------------------------------------------------------------
 
+    def job_names(self) -> list[str]:
+        """The identity job names of the runs in the ledger, in order."""
+        return [name for (name,) in self._db.rows("job_names", {})]
+
     def get(self, run_id: str) -> RunRecord | None:
         """The stored record of a run, or ``None``."""
         rows = self._db.fetch("get_run", {"run_id": run_id}, record_row(RunRecord))

@@ -10,6 +10,20 @@ import dagster as dg
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 from idempotent_jobs.dagster.ops import build_ops
 
+# Each built job's spec, by the job's collect op. The op definition object stays the same when
+# ``Definitions`` binds resources to the job (the job itself is copied), so tools that load a
+# code location find the spec of every job the factory built: nothing is looked up by module.
+_SPEC_BY_OP: dict[int, tuple[dg.OpDefinition, IdempotentJobSpec]] = {}
+
+
+def spec_of_job(job: dg.JobDefinition) -> IdempotentJobSpec | None:
+    """The spec :func:`build_idempotent_job` built ``job`` from, or ``None`` for another job."""
+    for node in job.graph.node_defs:
+        found = _SPEC_BY_OP.get(id(node))
+        if found is not None and found[0] is node:
+            return found[1]
+    return None
+
 
 def build_idempotent_job(
     spec: IdempotentJobSpec, executor_def: dg.ExecutorDefinition | None = None
@@ -36,6 +50,7 @@ def build_idempotent_job(
         collected = collect.alias("collect")()
         deliver.alias("deliver")(persist.alias("persist")(transform.alias("transform")(collected)))
 
+    _SPEC_BY_OP[id(collect)] = (collect, spec)
     schedule = dg.build_schedule_from_partitioned_job(idempotent_job, name=f"{spec.name}_schedule")
     assert isinstance(schedule, dg.ScheduleDefinition)
     return idempotent_job, schedule

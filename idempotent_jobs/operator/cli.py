@@ -20,6 +20,7 @@ from idempotent_jobs.operator.render import escape_controls, human_bytes, table,
 if TYPE_CHECKING:
     from idempotent_jobs.core.ledger import RunLedger
     from idempotent_jobs.core.retention import RetentionPolicy
+    from idempotent_jobs.operator.code_location import Workspace
 
 DATABASE_URL_ENV = "IDEMPOTENT_JOBS_DATABASE_URL"  # core.database's, without importing psycopg
 
@@ -37,6 +38,19 @@ def _ledger(args: argparse.Namespace) -> "RunLedger":
         ensure_database_url(),
         schema=args.schema,
         connect_timeout_seconds=args.connect_timeout,
+    )
+
+
+def _workspace(args: argparse.Namespace) -> "Workspace":
+    """The user's code location, found as Dagster's CLI finds it (see
+    ``operator/code_location.py``): only the commands that need jobs or channels load it."""
+    from idempotent_jobs.operator.code_location import load_workspace
+
+    return load_workspace(
+        module=args.module_name,
+        python_file=args.python_file,
+        attribute=args.attribute,
+        workspace=args.workspace,
     )
 
 
@@ -114,13 +128,47 @@ def _demo(args: argparse.Namespace) -> int:
 def _dev(args: argparse.Namespace) -> int:
     from idempotent_jobs.operator.dev import run_dev
 
-    return run_dev(args.host, args.port)
+    return run_dev(
+        args.host,
+        args.port,
+        module=args.module_name,
+        python_file=args.python_file,
+        attribute=args.attribute,
+        workspace=args.workspace,
+    )
+
+
+def _identity_job(args: argparse.Namespace, ledger: "RunLedger") -> tuple[str | None, str]:
+    """``--job`` as the identity job name the ledger keys runs by. An identity name the ledger
+    holds is used as it is (no code is loaded); another name is looked up in the code location
+    (a Dagster job name); a name neither knows exits 2, listing the ledger's jobs."""
+    from idempotent_jobs.operator.code_location import CodeLocationError
+
+    if args.job is None:
+        return None, ""
+    from idempotent_jobs.core.identity import normalize_text
+
+    held = ledger.job_names()
+    name = normalize_text(str(args.job))  # as identities store it: stripped, NFC
+    if name in held:
+        return name, f"identity job {name}"
+    try:
+        match = _workspace(args).find_job(name)
+    except (CodeLocationError, InvalidInputError) as exc:
+        reason = exc.reason if isinstance(exc, InvalidInputError) else str(exc)
+        raise InvalidInputError(
+            "--job",
+            f"no runs of a job named {args.job!r}: the ledger's jobs are "
+            f"{', '.join(held) or 'none yet'}; as a Dagster job name: {reason}",
+        ) from None
+    return match.spec.identity_job_name, match.describe()
 
 
 def _runs_list(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
+        job_name, matched = _identity_job(args, ledger)
         runs = ledger.list_runs(
-            job_name=args.job,
+            job_name=job_name,
             subject_id=args.subject,
             status=args.status,
             since=args.since,
@@ -158,6 +206,8 @@ def _runs_list(args: argparse.Namespace) -> int:
         "last error",
     ]
     human = table(headers, rows)
+    if matched:
+        human = f"job: {escape_controls(matched)}\n{human}"
     if len(runs) == args.limit:
         human += f"\nnext page: --after {runs[-1].run_id[:12]}"
     _emit(args, runs, human)
@@ -367,15 +417,17 @@ def _outbox_list(args: argparse.Namespace) -> int:
 
 
 def _outbox_deliver(args: argparse.Namespace) -> int:
-    from idempotent_jobs.operator.channels_config import configured_channels
-
-    with _ledger(args) as ledger, configured_channels() as channels:
+    workspace = _workspace(args)
+    with _ledger(args) as ledger, workspace.channels() as channels:
         run_id = ledger.resolve_run_id(args.run) if args.run else None
 
         def send(row: Any) -> None:
             channel = channels.get(row.channel)
             if channel is None:
-                raise LedgerError(f"no notification channel resource named {row.channel!r}")
+                raise LedgerError(
+                    f"no notification channel resource named {row.channel!r} in "
+                    f"{workspace.describe()}"
+                )
             channel.send(row)
 
         report = ledger.deliver_outbox(send, run_id=run_id, limit=args.limit)
@@ -445,21 +497,38 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _retention_policies(
-    jobs: Sequence[str] | None, overrides: dict[str, Any]
-) -> list[tuple[str, "RetentionPolicy"]]:
-    """(identity job name, policy) to prune by: each job's spec policy in the code location,
-    with the command line's overrides; ``jobs`` by Dagster or identity job name (a job the
-    location does not define keeps everything but what the overrides say)."""
+    args: argparse.Namespace, overrides: dict[str, Any]
+) -> tuple[list[tuple[str, "RetentionPolicy"]], list[str]]:
+    """(identity job name, policy) to prune by, and what was matched: each job's spec policy in
+    the code location, with the command line's overrides; ``--job`` by Dagster or identity job
+    name (unknown: exit 2). Without a code location, the overrides alone, for the ``--job``
+    identity names given or every job in the ledger."""
     from idempotent_jobs.core.retention import RetentionPolicy
-    from idempotent_jobs.location.jobs import JOB_SPECS
+    from idempotent_jobs.operator.code_location import CodeLocationError
 
-    policies = {s.identity_job_name: s.retention for s in JOB_SPECS}
-    by_dagster_name = {s.name: s.identity_job_name for s in JOB_SPECS}
-    names = [by_dagster_name.get(j, j) for j in jobs] if jobs else list(policies)
-    return [
-        (name, policies.get(name, RetentionPolicy()).overridden(**overrides))
-        for name in dict.fromkeys(names)
-    ]
+    try:
+        workspace = _workspace(args)
+    except CodeLocationError as exc:
+        if not overrides:
+            raise CodeLocationError(
+                f"{exc.reason}; or give the parts to prune on the command line "
+                "(--raw-input-days, --output-days, --attempts-days, --outbox-days)"
+            ) from None
+        with _ledger(args) as ledger:
+            names = list(args.job or ledger.job_names())
+        policy = RetentionPolicy().overridden(**overrides)
+        return [(name, policy) for name in dict.fromkeys(names)], [
+            "no code location: the command line's retention for identity jobs "
+            + (", ".join(names) or "(none in the ledger)")
+        ]
+    if args.job:
+        matches = [workspace.find_job(name) for name in args.job]
+        specs = [m.spec for m in matches]
+        said = [f"job: {m.describe()}" for m in matches]
+    else:
+        specs, said = workspace.specs, [f"jobs of {workspace.describe()}"]
+    policies = [(s.identity_job_name, s.retention.overridden(**overrides)) for s in specs]
+    return list(dict(policies).items()), said
 
 
 def _prune(args: argparse.Namespace) -> int:
@@ -474,7 +543,7 @@ def _prune(args: argparse.Namespace) -> int:
         "delivered_payloads": args.outbox_days,
     }
     overrides = {part: timedelta(days=d) for part, d in days.items() if d is not None}
-    policies = _retention_policies(args.job, overrides)
+    policies, said = _retention_policies(args, overrides)
     with _ledger(args) as ledger:
         reports = [
             prune(ledger, name, policy, apply=args.apply, batch_size=args.batch_size)
@@ -495,7 +564,11 @@ def _prune(args: argparse.Namespace) -> int:
     ]
     kept_all = [name for name, policy in policies if not policy.prunes_anything]
     head = "pruned:" if args.apply else "dry run, nothing was pruned; with --apply these would go:"
-    lines = [head, table(["job", "part", "rows", "bytes", "kept for"], rows)]
+    lines = [
+        *map(escape_controls, said),
+        head,
+        table(["job", "part", "rows", "bytes", "kept for"], rows),
+    ]
     lines.append(
         f"{sum(r.rows for r in reports)} rows, {human_bytes(sum(r.bytes for r in reports))} "
         f"in {sum(r.batches for r in reports)} batches of at most {args.batch_size}, "
@@ -514,14 +587,21 @@ def _reconcile(args: argparse.Namespace) -> int:
     import dagster as dg
 
     from idempotent_jobs.dagster.health import dagster_findings, drift_findings, ledger_findings
-    from idempotent_jobs.location.jobs import JOB_SPECS
-    from idempotent_jobs.operator.channels_config import configured_configs
     from idempotent_jobs.operator.dagster_home import prepare_dagster_home
 
-    specs = [s for s in JOB_SPECS if args.job in (None, s.name)]
+    workspace = _workspace(args)
+    if args.job:
+        match = workspace.find_job(args.job)
+        specs, said = [match.spec], f"job: {match.describe()}"
+    else:
+        specs = workspace.specs
+        said = f"jobs: {', '.join(s.name for s in specs) or 'none'} ({workspace.describe()})"
     if not specs:
-        names = ", ".join(s.name for s in JOB_SPECS)
-        raise InvalidInputError("--job", f"no job named {args.job!r} here; the jobs are: {names}")
+        raise InvalidInputError(
+            "--job",
+            f"no job of {workspace.describe()} was built by "
+            "idempotent-jobs (build_idempotent_job): nothing to reconcile",
+        )
     ensure_database_url()
     home = prepare_dagster_home()
     with _ledger(args) as ledger, dg.DagsterInstance.from_config(str(home)) as instance:
@@ -530,9 +610,9 @@ def _reconcile(args: argparse.Namespace) -> int:
             + ledger_findings(
                 ledger, outbox_older_than_seconds=args.outbox_age, max_attempts=args.max_attempts
             )
-            + drift_findings(ledger, specs, configured_configs(specs))
+            + drift_findings(ledger, specs, workspace.configs(specs))
         )
-    return _print_findings(args, findings, [f"jobs: {', '.join(s.name for s in specs)}"])
+    return _print_findings(args, findings, [escape_controls(said)])
 
 
 def _revise(args: argparse.Namespace) -> int:
@@ -548,9 +628,10 @@ def _revise(args: argparse.Namespace) -> int:
             )
         partition = None
         if args.channel or args.now:
-            from idempotent_jobs.operator.rerun import partition_for_run, rerun_partition, spec_for
+            from idempotent_jobs.operator.rerun import partition_for_run, rerun_partition
 
-            spec = spec_for(record)
+            workspace = _workspace(args)
+            spec = workspace.spec_for_identity(record.job_name, record.version)
             unknown = [c for c in args.channel if c not in spec.channels]
             if unknown:
                 raise InvalidInputError(
@@ -559,7 +640,7 @@ def _revise(args: argparse.Namespace) -> int:
                     f"its channels: {', '.join(spec.channels) or 'none'}",
                 )
             if args.now:
-                partition = partition_for_run(record)
+                partition = partition_for_run(workspace, record)
         record = ledger.revise(
             run_id,
             args.reason,
@@ -569,7 +650,7 @@ def _revise(args: argparse.Namespace) -> int:
         )
         if partition is not None:
             try:
-                rerun_partition(*partition)
+                rerun_partition(workspace, *partition)
             except Exception as exc:  # the revision stands; say so in one line
                 print(
                     f"idempotent-jobs: run {record.run_id} is revised (revision "
@@ -614,6 +695,15 @@ def build_parser() -> argparse.ArgumentParser:
         "IDEMPOTENT_JOBS_DATABASE_URL, or an embedded PostgreSQL when it is unset.",
     )
     parser.add_argument("--schema", default="idempotent_jobs", help="ledger schema name")
+    where = parser.add_argument_group(
+        "code location (for reconcile, revise --channel/--now, outbox deliver, prune, dev; "
+        "default: $IDEMPOTENT_JOBS_CODE_LOCATION=module[:attribute], else the project's "
+        "[tool.dagster] or workspace.yaml, as dagster dev finds them)"
+    )
+    where.add_argument("-m", "--module-name", help="module holding your Dagster Definitions")
+    where.add_argument("-f", "--python-file", help="Python file holding your Definitions")
+    where.add_argument("-a", "--attribute", help="the Definitions' name in that module or file")
+    where.add_argument("-w", "--workspace", help="a Dagster workspace.yaml")
     parser.add_argument(
         "--connect-timeout",
         type=_positive(float, 3600.0),
@@ -650,7 +740,9 @@ def build_parser() -> argparse.ArgumentParser:
         dest="runs_command", required=True
     )
     listing = runs.add_parser("list", parents=[json_flag], help="list runs")
-    listing.add_argument("--job", help="identity job name, e.g. competitor-summary")
+    listing.add_argument(
+        "--job", help="identity job name (e.g. competitor-summary) or Dagster job name"
+    )
     listing.add_argument("--subject")
     listing.add_argument("--status", choices=["pending", "running", "completed", "failed"])
     listing.add_argument("--since", type=_when, help="window start >= this (ISO, with zone)")
@@ -688,7 +780,9 @@ def build_parser() -> argparse.ArgumentParser:
     reconcile = commands.add_parser(
         "reconcile", parents=[json_flag, health], help="compare the ledger with Dagster's runs"
     )
-    reconcile.add_argument("--job", help="Dagster job name (default: all)")
+    reconcile.add_argument(
+        "--job", help="Dagster job name or identity job name (default: all jobs)"
+    )
     reconcile.set_defaults(handler=_reconcile)
 
     revise = commands.add_parser(

@@ -6,14 +6,12 @@ from typing import Any
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.dagster.resources import JsonLinesChannel
 from idempotent_jobs.dagster.results import output_metadata
-from idempotent_jobs.location.definitions import defs
-from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
+from idempotent_jobs.operator.code_location import Target, load_location
 
-DEMO_PARTITIONS = [
-    f"{subject}|{day}"
-    for subject in COMPETITOR_SUMMARY.subjects
-    for day in ("2026-08-05", "2026-08-06")
-]
+#: The sample code location, loaded as any user's is: the operator never imports it.
+SAMPLE_LOCATION = "idempotent_jobs.location.definitions"
+DEMO_JOB = "competitor_summary"
+DEMO_DAYS = ("2026-08-05", "2026-08-06")
 
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
@@ -21,12 +19,14 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 def run_dagster_demo(ledger: RunLedger, print_line: Callable[[str], Any] = print) -> None:
     """Execute each demo partition twice in process; print what the ledger holds for each."""
-    job = defs.resolve_job_def(COMPETITOR_SUMMARY.name)
+    location = load_location(Target(module=SAMPLE_LOCATION, found_in="the sample"))
+    spec = next(s for s in location.specs if s.name == DEMO_JOB)
+    job = location.defs.resolve_job_def(spec.name)
     channel = JsonLinesChannel()
     notifications = channel.target()
     resources = {"report_file": channel}
     print_line(f"Dagster job {job.name}: each partition executed twice (in process)")
-    for key in DEMO_PARTITIONS:
+    for key in [f"{subject}|{day}" for subject in spec.subjects for day in DEMO_DAYS]:
         results = [
             output_metadata(
                 job.execute_in_process(
@@ -35,7 +35,7 @@ def run_dagster_demo(ledger: RunLedger, print_line: Callable[[str], Any] = print
             )["persist"]["result"]
             for _ in range(2)
         ]
-        run_id = COMPETITOR_SUMMARY.identity_for(key).run_id
+        run_id = spec.identity_for(key).run_id
         record = ledger.get(run_id)
         assert record is not None
         attempts = ledger.attempts(run_id)

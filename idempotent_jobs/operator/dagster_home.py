@@ -1,27 +1,50 @@
-"""A DAGSTER_HOME for this project: the project's dagster.yaml under ``.idempotent_jobs/``."""
+"""The Dagster instance the operator tools use: ``$DAGSTER_HOME`` as it is, else the project's own.
+
+A user's instance configuration is never written: with ``DAGSTER_HOME`` set, its folder and its
+``dagster.yaml`` are used untouched. Only when it is unset does the project get a home of its own
+(``.idempotent_jobs/dagster_home``), and a ``dagster.yaml`` is written there only if none exists:
+Dagster's storage on the ledger's PostgreSQL, run retries and run monitoring on.
+"""
 
 import os
-import shutil
 from pathlib import Path
 
-from idempotent_jobs.dagster.project import CHECKOUT, project_home, project_root
+from idempotent_jobs.dagster.project import project_home
 
-PACKAGE_ROOT = CHECKOUT
+DAGSTER_HOME_ENV = "DAGSTER_HOME"
+
+#: What the project's own DAGSTER_HOME starts with (the repository's top-level dagster.yaml says
+#: the same, for ``dagster dev`` run there).
+DEFAULT_DAGSTER_YAML = """\
+# Written by idempotent-jobs into the project's own DAGSTER_HOME (never over an existing file).
+# Dagster's run, event-log and schedule storage on the ledger's PostgreSQL: the commands set
+# IDEMPOTENT_JOBS_DAGSTER_STORAGE_URL (a postgresql+psycopg2:// URL of the same database).
+storage:
+  postgres:
+    postgres_url:
+      env: IDEMPOTENT_JOBS_DAGSTER_STORAGE_URL
+run_retries:
+  enabled: true
+  max_retries: 2
+run_monitoring:
+  enabled: true
+  start_timeout_seconds: 180
+  poll_interval_seconds: 30
+telemetry:
+  enabled: false
+"""
 
 
-def project_dagster_yaml() -> Path:
-    for candidate in (project_root() / "dagster.yaml", PACKAGE_ROOT / "dagster.yaml"):
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError("dagster.yaml not found in the working directory or project root")
-
-
-def prepare_dagster_home(home: Path | None = None) -> Path:
-    """Create (or refresh) the Dagster home with the project's dagster.yaml and export it."""
-    home = (
-        home or Path(os.environ.get("DAGSTER_HOME") or project_home() / "dagster_home")
-    ).resolve()
+def prepare_dagster_home() -> Path:
+    """The Dagster home to use, exported as ``DAGSTER_HOME``: the user's, untouched, when set;
+    else the project's own, created with :data:`DEFAULT_DAGSTER_YAML` the first time."""
+    configured = os.environ.get(DAGSTER_HOME_ENV)
+    if configured:
+        return Path(configured).resolve()
+    home = (project_home() / "dagster_home").resolve()
     home.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(project_dagster_yaml(), home / "dagster.yaml")
-    os.environ["DAGSTER_HOME"] = str(home)
+    config = home / "dagster.yaml"
+    if not config.exists():
+        config.write_text(DEFAULT_DAGSTER_YAML, encoding="utf-8")
+    os.environ[DAGSTER_HOME_ENV] = str(home)
     return home

@@ -9,16 +9,35 @@ from types import FrameType
 
 from idempotent_jobs.core.database import DATABASE_URL_ENV
 from idempotent_jobs.core.ledger import RunLedger
-from idempotent_jobs.dagster.project import project_home, project_root
-from idempotent_jobs.operator.dagster_home import PACKAGE_ROOT, prepare_dagster_home
+from idempotent_jobs.dagster.project import project_home
+from idempotent_jobs.operator.code_location import find_targets
+from idempotent_jobs.operator.dagster_home import prepare_dagster_home
 from idempotent_jobs.operator.embedded import ensure_database_url, stop_embedded_postgres
 
 
-def _workspace_file() -> Path:
-    for candidate in (project_root() / "workspace.yaml", PACKAGE_ROOT / "workspace.yaml"):
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError("workspace.yaml not found in the working directory or project root")
+def _workspace_args(
+    module: str | None, python_file: str | None, attribute: str | None, workspace: str | None
+) -> list[str]:
+    """``dagster dev``'s arguments for the code location the CLI would load: the same options,
+    or the project's own ``[tool.dagster]`` / ``workspace.yaml`` (checked here first, so a
+    project without either hears it before anything is started)."""
+    targets = find_targets(
+        module=module, python_file=python_file, attribute=attribute, workspace=workspace
+    )
+    if workspace:
+        return ["-w", str(Path(workspace).resolve())]
+    args: list[str] = []
+    for target in targets:
+        if target.module:
+            args += ["-m", target.module]
+        elif target.python_file:
+            args += ["-f", str(target.python_file)]
+        if target.attribute:
+            args += ["-a", target.attribute]
+    first = targets[0]
+    if first.working_directory:
+        args += ["-d", str(first.working_directory)]
+    return args
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -29,21 +48,36 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def run_dev(host: str = "127.0.0.1", port: int = 3000) -> int:
-    """Start PostgreSQL if needed, prepare DAGSTER_HOME, migrate, run ``dagster dev``.
+def run_dev(
+    host: str = "127.0.0.1",
+    port: int = 3000,
+    *,
+    module: str | None = None,
+    python_file: str | None = None,
+    attribute: str | None = None,
+    workspace: str | None = None,
+) -> int:
+    """Find the code location, start PostgreSQL if needed, use DAGSTER_HOME (the user's as it
+    is, else the project's own), migrate, run ``dagster dev`` on that code location.
 
     Ctrl-C (or SIGTERM) stops ``dagster dev`` and the embedded PostgreSQL if this call started
-    it; the data stays on disk, so the next start loses nothing.
+    it; the data stays on disk, so the next start loses nothing. Any failure before
+    ``dagster dev`` starts stops an embedded server this call started, too.
     """
+    location = _workspace_args(module, python_file, attribute, workspace)
     pgdata = project_home() / "pgdata"
     embedded_was_running = (pgdata / "postmaster.pid").exists()
     uses_embedded = not os.environ.get(DATABASE_URL_ENV)
     url = ensure_database_url()
-    home = prepare_dagster_home()
-    applied = RunLedger(url).migrate()
-    workspace = _workspace_file()
+    try:
+        home = prepare_dagster_home()
+        applied = RunLedger(url).migrate()
+    except BaseException:
+        if uses_embedded and not embedded_was_running:
+            stop_embedded_postgres(pgdata)
+        raise
     dagster = Path(sys.executable).with_name("dagster")
-    command = [str(dagster), "dev", "-w", str(workspace), "-h", host, "-p", str(port)]
+    command = [str(dagster), "dev", *location, "-h", host, "-p", str(port)]
     print(f"ledger: {'migrated ' + ', '.join(applied) if applied else 'schema up to date'}")
     print(f"DAGSTER_HOME={home}")
     print(f"Dagster UI: http://{host}:{port}", flush=True)

@@ -1,4 +1,5 @@
-"""Run the Dagster partition of a ledger run in this process (``revise --now``)."""
+"""Run the Dagster partition of a ledger run in this process (``revise --now``), from the loaded
+code location's definitions."""
 
 from zoneinfo import ZoneInfo
 
@@ -8,17 +9,7 @@ from idempotent_jobs.core.errors import LedgerError
 from idempotent_jobs.core.identity import normalize_text
 from idempotent_jobs.core.records import RunRecord
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
-
-
-def spec_for(record: RunRecord) -> IdempotentJobSpec:
-    from idempotent_jobs.location.jobs import JOB_SPECS
-
-    for spec in JOB_SPECS:
-        if (spec.identity_job_name, spec.version) == (record.job_name, record.version):
-            return spec
-    raise LedgerError(
-        f"no job of this code location has identity {record.job_name}/{record.version}"
-    )
+from idempotent_jobs.operator.code_location import Workspace
 
 
 def partition_key_for(spec: IdempotentJobSpec, record: RunRecord) -> str:
@@ -32,10 +23,10 @@ def partition_key_for(spec: IdempotentJobSpec, record: RunRecord) -> str:
     return f"{subject}|{window_key}"
 
 
-def partition_for_run(record: RunRecord) -> tuple[IdempotentJobSpec, str]:
-    """The job and partition key of this code location that compute ``record``; raise
+def partition_for_run(workspace: Workspace, record: RunRecord) -> tuple[IdempotentJobSpec, str]:
+    """The job and partition key of the workspace that compute ``record``; raise
     :class:`LedgerError` if there is none (checked before ``revise --now`` writes anything)."""
-    spec = spec_for(record)
+    spec = workspace.spec_for_identity(record.job_name, record.version)
     key = partition_key_for(spec, record)
     try:
         found = spec.identity_for(key)
@@ -56,9 +47,10 @@ def partition_for_run(record: RunRecord) -> tuple[IdempotentJobSpec, str]:
     return spec, key
 
 
-def rerun_partition(spec: IdempotentJobSpec, key: str) -> dg.ExecuteInProcessResult:
+def rerun_partition(
+    workspace: Workspace, spec: IdempotentJobSpec, key: str
+) -> dg.ExecuteInProcessResult:
     """Execute the job's partition ``key`` once, in process; raise if the run fails."""
-    from idempotent_jobs.location.definitions import defs
-
+    defs = workspace.location_of(spec).defs
     quiet = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
     return defs.resolve_job_def(spec.name).execute_in_process(partition_key=key, run_config=quiet)

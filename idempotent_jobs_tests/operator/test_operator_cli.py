@@ -14,6 +14,7 @@ from idempotent_jobs.core.health import MAX_FINDINGS_PER_CHECK
 from idempotent_jobs.core.testing import ScriptedModel
 from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
 from idempotent_jobs.operator.cli import main
+from idempotent_jobs.operator.code_location import load_workspace
 from idempotent_jobs.operator.rerun import partition_for_run, rerun_partition
 from idempotent_jobs_tests.helpers import (
     Collector,
@@ -103,7 +104,9 @@ def test_runs_list_as_table_and_json_with_filters(
         capsys, "runs", "list", "--since", "2026-08-07T02:00Z", "--until", "2026-08-07T04:00Z"
     )
     assert sorted(r["subject_id"] for r in window) == ["expired-co", "running-co"]
-    assert as_json(capsys, "runs", "list", "--job", "another-job") == []
+    code, out = run(capsys, "runs", "list", "--job", "another-job")  # a typo is never "(none)"
+    assert code == 2 and "the ledger's jobs are competitor-summary" in out
+    assert as_json(capsys, "runs", "list", "--job", "competitor_summary")  # the Dagster name
     code, out = run(capsys, "runs", "list", "--since", "2026-08-07")
     assert code == 2 and "needs a timezone" in out
 
@@ -155,7 +158,8 @@ def test_prune_counts_first_and_prunes_with_apply(
     backdate(db, done.run_id, 400)
 
     code, out = run(capsys, "prune")
-    assert code == 0 and out.startswith("dry run, nothing was pruned"), out
+    assert code == 0 and "\ndry run, nothing was pruned" in out, out
+    assert out.startswith("jobs of module idempotent_jobs.location.definitions"), out
     lines = out.splitlines()
     for part in ("runs.raw_input", "runs.output", "run_attempts", "notification_outbox.payload"):
         [line] = [ln for ln in lines if ln.startswith("competitor-summary") and part in ln]
@@ -165,7 +169,7 @@ def test_prune_counts_first_and_prunes_with_apply(
     assert record is not None and record.output == {"summary": "old news"}
 
     code, out = run(capsys, "prune", "--apply", "--batch-size", "1")
-    assert code == 0 and out.startswith("pruned:"), out
+    assert code == 0 and "\npruned:" in out, out
     record = ledger.get(done.run_id)
     assert record is not None and (record.status, record.output, record.raw_input) == (
         "completed",
@@ -184,10 +188,11 @@ def test_prune_counts_first_and_prunes_with_apply(
     assert {p: c["rows"] for p, c in report["parts"].items()} == dict.fromkeys(
         ("raw_input", "output", "attempts", "delivered_payloads"), 0
     )
-    code, out = run(capsys, "prune", "--job", "no-policy-job")
-    assert code == 0 and "kept whole (no retention policy): no-policy-job" in out
+    code, out = run(capsys, "prune", "--job", "no-such-job")  # a typo: never an empty table
+    assert code == 2 and "no job named 'no-such-job'" in out
+    assert "the jobs are: competitor_summary (identity competitor-summary)" in out
     code, out = run(capsys, "prune", "--job", "evil\x1b[2Jjob")
-    assert code == 0 and "\x1b" not in out and "evil\\x1b[2Jjob" in out
+    assert code == 2 and "\x1b" not in out and "evil\\x1b[2Jjob" in out
     code, out = run(capsys, "prune", "--output-days", "0")
     assert code == 2 and "must be greater than 0" in out
 
@@ -320,7 +325,10 @@ def test_revise_keeps_history_and_notifies_only_named_channels(
     key = "workspace-acme|2026-08-07"
     ident = COMPETITOR_SUMMARY.identity_for(key)
     ledger.register(ident)
-    first = rerun_partition(*partition_for_run(ledger.get(ident.run_id)))  # type: ignore[arg-type]
+    workspace = load_workspace(module="idempotent_jobs.location.definitions")
+    record = ledger.get(ident.run_id)
+    assert record is not None
+    first = rerun_partition(workspace, *partition_for_run(workspace, record))
     assert first.success
     original = ledger.get(ident.run_id)
     assert original is not None and original.status == "completed"

@@ -363,6 +363,18 @@ SELECT CASE
     ELSE 'lease_lost' END AS outcome
 FROM cur
 
+-- name: job_names
+-- The identity job names the ledger holds runs of, in order.
+-- A skip scan of runs_identity_key (job_name leads it): one index probe per job, however many
+-- runs each has.
+WITH RECURSIVE job AS (
+  SELECT min(job_name) AS name FROM {schema}.runs
+  UNION ALL
+  SELECT (SELECT min(r.job_name) FROM {schema}.runs AS r WHERE r.job_name > job.name)
+  FROM job WHERE job.name IS NOT NULL
+)
+SELECT name FROM job WHERE name IS NOT NULL
+
 -- name: get_run
 -- One run's record.
 SELECT * FROM {schema}.runs WHERE run_id = %(run_id)s

@@ -1,0 +1,375 @@
+"""Find and load the user's Dagster code location, the way Dagster's own CLI does.
+
+Where the definitions come from, first match wins:
+
+1. the command line: ``-m/--module-name``, ``-f/--python-file`` (each with ``-a/--attribute``),
+   or ``-w/--workspace`` (a ``workspace.yaml``);
+2. ``$IDEMPOTENT_JOBS_CODE_LOCATION``: ``module[:attribute]``;
+3. the project the command runs in: the nearest folder at or above the working directory with
+   a ``pyproject.toml`` holding ``[tool.dagster]`` (``module_name``, ``attribute``,
+   ``working_directory``), else a ``workspace.yaml``/``workspace.yml`` (its ``python_module``
+   and ``python_file`` entries), as ``dagster dev`` reads them in its own folder.
+
+The jobs, their :class:`IdempotentJobSpec` (which :func:`build_idempotent_job` attached to each
+job) and the channel and model resources all come from the loaded ``Definitions``; nothing is
+looked up by module path. Commands that need only the ledger never load a code location.
+"""
+
+import importlib
+import importlib.util
+import os
+import sys
+import tomllib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import yaml
+
+from idempotent_jobs.core.errors import InvalidInputError
+from idempotent_jobs.core.records import JobConfig
+from idempotent_jobs.dagster.job_factory import spec_of_job
+from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
+from idempotent_jobs.dagster.resources import ModelStep, NotificationChannel
+
+CODE_LOCATION_ENV = "IDEMPOTENT_JOBS_CODE_LOCATION"
+_WORKSPACE_FILES = ("workspace.yaml", "workspace.yml")
+
+
+class CodeLocationError(InvalidInputError):
+    """No code location, or one that cannot be loaded: what was tried and how to say which."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__("code location", reason)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """One place to load definitions from: a module or a file, an attribute, a folder to import
+    from, and where this target was found (said in messages)."""
+
+    module: str | None = None
+    python_file: Path | None = None
+    attribute: str | None = None
+    working_directory: Path | None = None
+    found_in: str = "the command line"
+
+    def describe(self) -> str:
+        what = f"module {self.module}" if self.module else f"file {self.python_file}"
+        return what + (f" ({self.attribute})" if self.attribute else "") + f", {self.found_in}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobMatch:
+    """A ``--job`` value resolved: the spec, and which of its names matched."""
+
+    spec: IdempotentJobSpec
+    matched: str  # "Dagster job" or "identity job"
+
+    def describe(self) -> str:
+        other = (
+            f"identity job {self.spec.identity_job_name}"
+            if self.matched == "Dagster job"
+            else f"Dagster job {self.spec.name}"
+        )
+        name = self.spec.name if self.matched == "Dagster job" else self.spec.identity_job_name
+        return f"{self.matched} {name} ({other})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CodeLocation:
+    """The loaded ``Definitions`` of one target and the idempotent job specs in them."""
+
+    defs: dg.Definitions
+    target: Target
+    specs: tuple[IdempotentJobSpec, ...] = field(default=())
+
+    @property
+    def resources(self) -> dict[str, Any]:
+        return dict(self.defs.resources or {})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workspace:
+    """Every code location the CLI loaded (a workspace file may name several)."""
+
+    locations: tuple[CodeLocation, ...]
+
+    @property
+    def specs(self) -> list[IdempotentJobSpec]:
+        return [spec for location in self.locations for spec in location.specs]
+
+    def describe(self) -> str:
+        return "; ".join(location.target.describe() for location in self.locations)
+
+    def location_of(self, spec: IdempotentJobSpec) -> CodeLocation:
+        return next(loc for loc in self.locations if spec in loc.specs)
+
+    def known_jobs(self) -> str:
+        names = [f"{s.name} (identity {s.identity_job_name})" for s in self.specs]
+        return ", ".join(names) or "none: no job of these definitions was built by idempotent-jobs"
+
+    def find_job(self, name: str) -> JobMatch:
+        """The job ``name`` names, by its Dagster job name or its identity job name; raise
+        (exit 2) listing the known jobs if neither matches."""
+        for spec in self.specs:
+            if spec.name == name:
+                return JobMatch(spec=spec, matched="Dagster job")
+        for spec in self.specs:
+            if spec.identity_job_name == name:
+                return JobMatch(spec=spec, matched="identity job")
+        raise InvalidInputError(
+            "--job",
+            f"no job named {name!r} in {self.describe()}; the jobs are: {self.known_jobs()}",
+        )
+
+    def spec_for_identity(self, job_name: str, version: str) -> IdempotentJobSpec:
+        """The spec whose runs have this identity job name and version; raise if none."""
+        for spec in self.specs:
+            if (spec.identity_job_name, spec.version) == (job_name, version):
+                return spec
+        raise InvalidInputError(
+            "run",
+            f"no job of {self.describe()} has identity {job_name}/{version}; "
+            f"the jobs are: {self.known_jobs()}",
+        )
+
+    @contextmanager
+    def channels(self) -> Iterator[dict[str, NotificationChannel]]:
+        """Every ``NotificationChannel`` resource of the loaded definitions, by key, built (so
+        ``EnvVar`` settings are resolved from this process's environment)."""
+        wanted: list[tuple[CodeLocation, dict[str, NotificationChannel]]] = [
+            (
+                location,
+                {k: v for k, v in location.resources.items() if isinstance(v, NotificationChannel)},
+            )
+            for location in self.locations
+        ]
+        built: dict[str, NotificationChannel] = {}
+        with _built_all([w for _, w in wanted]) as instances:
+            for resources in instances:
+                built.update(resources)
+            yield built
+
+    def configs(self, specs: Sequence[IdempotentJobSpec]) -> dict[str, JobConfig]:
+        """Each spec's configuration under its location's model step resource (what drift is
+        compared to), by spec name; a spec whose model step is not a resource is left out."""
+        configs: dict[str, JobConfig] = {}
+        for spec in specs:
+            resource = self.location_of(spec).resources.get(spec.model)
+            if isinstance(resource, ModelStep):
+                with dg.build_resources({spec.model: resource}) as built:
+                    configs[spec.name] = spec.config_of(getattr(built, spec.model))
+        return configs
+
+
+@contextmanager
+def _built_all(
+    groups: Sequence[dict[str, NotificationChannel]],
+) -> Iterator[list[dict[str, NotificationChannel]]]:
+    if not groups:
+        yield []
+        return
+    first, *rest = groups
+    with dg.build_resources(first) as built, _built_all(rest) as others:
+        yield [{key: getattr(built, key) for key in first}, *others]
+
+
+# -- finding the target ---------------------------------------------------------------------
+
+
+def _pyproject_targets(pyproject: Path) -> list[Target] | None:
+    """The targets of ``[tool.dagster]``, or ``None`` when the file has no such block."""
+    try:
+        config = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise CodeLocationError(f"{pyproject} cannot be read: {exc}") from None
+    block = config.get("tool", {}).get("dagster")
+    if not isinstance(block, dict):
+        return None
+    modules = block.get("module_name")
+    if isinstance(modules, str):
+        modules = [modules]
+    if not modules or not all(isinstance(m, str) for m in modules):
+        raise CodeLocationError(f"[tool.dagster] in {pyproject} names no module_name")
+    folder = pyproject.parent
+    working = block.get("working_directory")
+    return [
+        Target(
+            module=module,
+            attribute=block.get("attribute"),
+            working_directory=(folder / working) if working else folder,
+            found_in=f"from [tool.dagster] in {pyproject}",
+        )
+        for module in modules
+    ]
+
+
+def _workspace_targets(workspace: Path) -> list[Target]:
+    """The ``python_module`` and ``python_file`` entries of a Dagster workspace file."""
+    try:
+        config = yaml.safe_load(workspace.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise CodeLocationError(f"{workspace} cannot be read: {exc}") from None
+    folder = workspace.parent
+    found_in = f"from {workspace}"
+    targets: list[Target] = []
+    for entry in config.get("load_from") or []:
+        if not isinstance(entry, dict):
+            continue
+        if "python_module" in entry:
+            value = entry["python_module"]
+            value = {"module_name": value} if isinstance(value, str) else value
+            working = value.get("working_directory")
+            targets.append(
+                Target(
+                    module=value["module_name"],
+                    attribute=value.get("attribute"),
+                    working_directory=(folder / working) if working else folder,
+                    found_in=found_in,
+                )
+            )
+        elif "python_file" in entry:
+            value = entry["python_file"]
+            value = {"relative_path": value} if isinstance(value, str) else value
+            working = value.get("working_directory")
+            targets.append(
+                Target(
+                    python_file=folder / value["relative_path"],
+                    attribute=value.get("attribute"),
+                    working_directory=(folder / working) if working else folder,
+                    found_in=found_in,
+                )
+            )
+    if not targets:
+        raise CodeLocationError(f"{workspace} has no python_module or python_file entry")
+    return targets
+
+
+def find_targets(
+    *,
+    module: str | None = None,
+    python_file: str | None = None,
+    attribute: str | None = None,
+    workspace: str | None = None,
+    start: Path | None = None,
+) -> list[Target]:
+    """Where to load definitions from, by the rules in the module docstring."""
+    if sum(bool(x) for x in (module, python_file, workspace)) > 1:
+        raise CodeLocationError("give one of -m/--module-name, -f/--python-file, -w/--workspace")
+    if attribute and not (module or python_file):
+        raise CodeLocationError("-a/--attribute goes with -m/--module-name or -f/--python-file")
+    here = (start or Path.cwd()).resolve()
+    if module:
+        return [Target(module=module, attribute=attribute, working_directory=here)]
+    if python_file:
+        path = Path(python_file).resolve()
+        if not path.is_file():
+            raise CodeLocationError(f"-f {python_file}: no such file")
+        return [Target(python_file=path, attribute=attribute, working_directory=here)]
+    if workspace:
+        path = Path(workspace).resolve()
+        if not path.is_file():
+            raise CodeLocationError(f"-w {workspace}: no such file")
+        return _workspace_targets(path)
+    configured = os.environ.get(CODE_LOCATION_ENV, "").strip()
+    if configured:
+        name, _, attr = configured.partition(":")
+        return [
+            Target(
+                module=name,
+                attribute=attr or None,
+                working_directory=here,
+                found_in=f"from ${CODE_LOCATION_ENV}",
+            )
+        ]
+    for folder in (here, *here.parents):
+        pyproject = folder / "pyproject.toml"
+        if pyproject.is_file():
+            targets = _pyproject_targets(pyproject)
+            if targets:
+                return targets
+        for name in _WORKSPACE_FILES:
+            if (folder / name).is_file():
+                return _workspace_targets(folder / name)
+    raise CodeLocationError(
+        f"no Dagster code location found from {here}: pass -m <module> (or -f <file>, "
+        f"-w <workspace.yaml>) before the command, set {CODE_LOCATION_ENV}=module[:attribute], "
+        "or run it in a project whose pyproject.toml has [tool.dagster] module_name or that "
+        "has a workspace.yaml"
+    )
+
+
+# -- loading --------------------------------------------------------------------------------
+
+
+def _import(target: Target) -> Any:
+    folder = str(target.working_directory or Path.cwd())
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    try:
+        if target.module:
+            return importlib.import_module(target.module)
+        assert target.python_file is not None
+        name = f"idempotent_jobs_user_location_{abs(hash(str(target.python_file)))}"
+        spec = importlib.util.spec_from_file_location(name, target.python_file)
+        if spec is None or spec.loader is None:
+            raise CodeLocationError(f"{target.python_file} is not a Python file")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+    except CodeLocationError:
+        raise
+    except Exception as exc:
+        raise CodeLocationError(
+            f"{target.describe()} could not be imported: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _definitions(module: Any, target: Target) -> dg.Definitions:
+    if target.attribute:
+        value = getattr(module, target.attribute, None)
+        if not isinstance(value, dg.Definitions):
+            raise CodeLocationError(
+                f"{target.describe()}: {target.attribute!r} is not a dagster Definitions"
+            )
+        return value
+    found = {k: v for k, v in vars(module).items() if isinstance(v, dg.Definitions)}
+    if len(found) == 1:
+        return next(iter(found.values()))
+    if not found:
+        raise CodeLocationError(f"{target.describe()} defines no dagster Definitions")
+    raise CodeLocationError(
+        f"{target.describe()} defines several Definitions ({', '.join(sorted(found))}): "
+        "say which with -a/--attribute"
+    )
+
+
+def load_location(target: Target) -> CodeLocation:
+    """Import the target and collect the idempotent job specs of its jobs."""
+    defs = _definitions(_import(target), target)
+    repository = defs.get_repository_def()
+    specs = [spec_of_job(job) for job in repository.get_all_jobs()]
+    return CodeLocation(defs=defs, target=target, specs=tuple(s for s in specs if s is not None))
+
+
+def load_workspace(
+    *,
+    module: str | None = None,
+    python_file: str | None = None,
+    attribute: str | None = None,
+    workspace: str | None = None,
+    start: Path | None = None,
+) -> Workspace:
+    targets = find_targets(
+        module=module,
+        python_file=python_file,
+        attribute=attribute,
+        workspace=workspace,
+        start=start,
+    )
+    return Workspace(locations=tuple(load_location(t) for t in targets))

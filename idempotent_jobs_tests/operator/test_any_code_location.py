@@ -1,0 +1,155 @@
+"""The CLI on a job that is not in this repository: the ticket-triage example, copied into a
+project folder of its own (``[tool.dagster]`` in its pyproject), with a Dagster instance whose
+``dagster.yaml`` is the user's. Every command that needs jobs or channels finds them there."""
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from idempotent_jobs import RunLedger
+from idempotent_jobs.operator.cli import main
+from idempotent_jobs.operator.code_location import CODE_LOCATION_ENV, load_workspace
+from idempotent_jobs_tests.chaos.parts import Receiver
+from idempotent_jobs_tests.dagster.test_your_own_job import EXAMPLE, Helpdesk
+
+PARTITIONS = ("support|2026-11-02", "sales|2026-11-02")
+# The user's own instance configuration: the CLI must leave it as it is, byte for byte.
+USER_DAGSTER_YAML = (
+    "# my team's instance\n"
+    "run_coordinator:\n"
+    "  module: dagster.core.run_coordinator\n"
+    "  class: QueuedRunCoordinator\n"
+    "  config:\n"
+    "    max_concurrent_runs: 3\n"
+    "telemetry:\n"
+    "  enabled: false\n"
+)
+
+
+@pytest.fixture
+def project(
+    database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[dict[str, Any]]:
+    """A user's project outside the repository, the shell sitting in it."""
+    folder = tmp_path / "triage-project"
+    (folder / "src").mkdir(parents=True)
+    module = f"triage_defs_{uuid.uuid4().hex[:8]}"  # a fresh import per test
+    shutil.copyfile(EXAMPLE, folder / f"{module}.py")
+    (folder / "pyproject.toml").write_text(
+        f'[project]\nname = "triage"\n\n[tool.dagster]\nmodule_name = "{module}"\n'
+    )
+    home = tmp_path / "dagster-home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(USER_DAGSTER_YAML)
+    helpdesk, receiver = Helpdesk(), Receiver()
+    for name, value in {
+        "IDEMPOTENT_JOBS_DATABASE_URL": database,
+        "HELPDESK_TICKETS_URL": helpdesk.url,
+        "TRIAGE_WEBHOOK_URL": receiver.url,
+        "DAGSTER_HOME": str(home),
+        "IDEMPOTENT_JOBS_HOME": str(tmp_path / "state"),
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv(CODE_LOCATION_ENV, raising=False)
+    monkeypatch.chdir(folder / "src")  # a subfolder: the project is found above it
+    try:
+        yield {"home": home, "receiver": receiver, "module": module, "folder": folder}
+    finally:
+        helpdesk.close()
+        receiver.close()
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+@pytest.mark.dagster_instance
+def test_every_command_finds_the_users_job(
+    project: dict[str, Any], database: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    receiver: Receiver = project["receiver"]
+    workspace = load_workspace()
+    assert [s.name for s in workspace.specs] == ["ticket_triage"]
+    assert project["module"] in workspace.describe()
+    receiver.faults = ["500"] * 100  # the job's own delivery fails: the CLI delivers later
+    with dg.DagsterInstance.get() as instance:
+        job = workspace.locations[0].defs.resolve_job_def("ticket_triage")
+        for key in PARTITIONS:
+            result = job.execute_in_process(
+                partition_key=key, instance=instance, raise_on_error=False
+            )
+            assert result.output_for_node("persist")  # the answer is in; only delivery failed
+    receiver.faults = []
+
+    code, out = cli(capsys, "runs", "list", "--job", "ticket_triage")
+    assert code == 0, out
+    assert "job: Dagster job ticket_triage (identity job ticket-triage)" in out
+    assert out.count("ticket-triage") == 3  # the line above and two runs
+
+    code, out = cli(capsys, "outbox", "deliver")
+    assert code == 0, out
+    assert out.count("delivered") == 2
+    assert sorted(receiver.effects.values()) == [1, 1]
+
+    code, out = cli(capsys, "reconcile", "--job", "ticket-triage")
+    assert "job: identity job ticket-triage (Dagster job ticket_triage)" in out
+    assert code == 0, out
+
+    code, out = cli(capsys, "prune", "--job", "ticket_triage", "--output-days", "0.00001")
+    assert code == 0, out
+    assert "ticket-triage  runs.output" in out and "dry run" in out
+
+    with RunLedger(database) as ledger:
+        [first, _] = ledger.list_runs(job_name="ticket-triage")
+    code, out = cli(
+        capsys,
+        "revise",
+        first.run_id[:12],
+        "--reason",
+        "labels v2",
+        "--channel",
+        "triage_webhook",
+        "--now",
+    )
+    assert code == 0, out
+    with RunLedger(database) as ledger:
+        record = ledger.get(first.run_id)
+        assert record is not None and (record.status, record.revision) == ("completed", 1)
+        assert [c.outcome for c in ledger.model_calls(first.run_id)] == ["accepted", "accepted"]
+    assert receiver.effects[f"{first.run_id}:triage_webhook:r1"] == 1
+
+    code, out = cli(capsys, "reconcile", "--job", "lead_scoring")
+    assert code == 2
+    assert "no job named 'lead_scoring'" in out and "ticket_triage (identity ticket-triage)" in out
+    assert (project["home"] / "dagster.yaml").read_text() == USER_DAGSTER_YAML
+
+
+def test_the_code_location_can_be_named_on_the_command_line_or_in_the_environment(
+    project: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.chdir(tmp_path)  # outside the project: nothing to discover
+    code, out = cli(capsys, "reconcile")
+    assert code == 2
+    assert "no Dagster code location found" in out and "-m <module>" in out
+    monkeypatch.syspath_prepend(str(project["folder"]))
+    code, out = cli(capsys, "-m", project["module"], "reconcile", "--job", "nope")
+    assert code == 2 and "ticket_triage (identity ticket-triage)" in out
+    monkeypatch.setenv(CODE_LOCATION_ENV, f"{project['module']}:defs")
+    code, out = cli(capsys, "reconcile", "--job", "nope")
+    assert code == 2 and f"from ${CODE_LOCATION_ENV}" in out
+    file = project["folder"] / f"{project['module']}.py"
+    code, out = cli(capsys, "-f", str(file), "-a", "no_such", "reconcile")
+    assert code == 2 and "'no_such' is not a dagster Definitions" in out
