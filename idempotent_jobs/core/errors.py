@@ -16,6 +16,11 @@ class LedgerError(Exception):
         super().__init__(*(args or ((self.__doc__ or "").strip(),)))
 
 
+class DrilledFailure(Exception):  # noqa: N818 - a failure made on purpose, not an error
+    """A failure made on purpose by a drill (``idempotent-jobs drill``): its attempt ends with
+    the outcome ``drill``, and no model call is recorded (none was made)."""
+
+
 class InvalidInputError(LedgerError, ValueError):
     """A value given to the ledger is not valid."""
 

@@ -73,7 +73,18 @@ def ledger_findings(
         )
         for r in ledger.failed_past_retries(max_attempts, limit)
     ]
+    drills = [
+        Finding(
+            "drill_armed",
+            "info",
+            f"failure drill armed for {'every job' if d.job_name == '*' else d.job_name}: the "
+            f"next {d.remaining} model call(s) fail, until {d.expires_at} "
+            "(`idempotent-jobs drill off` ends it)",
+        )
+        for d in ledger.drills()
+    ]
     return [
+        *drills,
         *_bounded("expired_lease", expired, "`runs list --status running`"),
         *_bounded("undelivered_outbox", undelivered, "`outbox list --pending`"),
         *_bounded("failed_past_retries", failed, "`runs list --status failed`"),

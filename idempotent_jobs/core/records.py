@@ -9,7 +9,7 @@ from typing import Any, Literal
 from idempotent_jobs.core.json_values import json_fingerprint
 
 RunStatus = Literal["pending", "running", "completed", "failed"]
-AttemptOutcome = Literal["completed", "failed", "lease_lost", "superseded"]
+AttemptOutcome = Literal["completed", "failed", "lease_lost", "superseded", "drill"]
 
 
 class FenceOutcome(StrEnum):
@@ -111,6 +111,18 @@ class ModelCallRecord:
     @property
     def tokens(self) -> int:
         return (self.input_tokens or 0) + (self.output_tokens or 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DrillRecord:
+    """An armed failure drill: the next ``remaining`` model calls of ``job_name`` (an identity
+    job name, ``*`` for every job) fail before the call, until ``expires_at``."""
+
+    job_name: str
+    remaining: int
+    expires_at: datetime
+    armed_by: str | None
+    armed_at: datetime
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,6 +22,7 @@ from typing import Any
 
 from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.errors import (
+    DrilledFailure,
     LeaseLostError,
     LedgerError,
     OutputRejectedError,
@@ -83,8 +84,11 @@ def end_attempt(
     never hides the first error."""
     if isinstance(exc, UsageRejectedError):
         usage = exc.recorded
+    drilled = isinstance(exc, DrilledFailure)
     try:
-        return ledger.fail(lease, describe_error(exc), usage, call=call, origin=origin)
+        return ledger.fail(
+            lease, describe_error(exc), usage, call=call, origin=origin, drilled=drilled
+        )
     except Exception:  # LeaseLostError, an outage: the caller re-raises `exc` either way
         return None
 

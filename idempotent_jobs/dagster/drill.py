@@ -1,67 +1,33 @@
-"""A failure drill that needs no code change: make the next N model calls fail.
+"""A failure drill that needs no code change: make the next N model calls of a job fail.
 
-``idempotent-jobs drill fail-model-calls N`` writes N to ``$IDEMPOTENT_JOBS_HOME/drill/``; each
-``transform`` step of this code location that is about to call the model takes one failure from
-it (under a file lock, so every process of every run counts against the same N) and fails the
-way an outage does, before any model call is made. ``drill off`` (or N reaching 0) ends it.
+``idempotent-jobs drill fail-model-calls N [--job X]`` arms it in the ledger, so every worker of
+every deployment sees the same drill. Each ``transform`` step of that job (or of every job) that
+is about to call the model takes one failure from it, under the drill row's lock, and fails the
+way an outage does, before any model call is made: the attempt ends with the outcome ``drill``,
+and no model call or token is counted. The drill ends by itself when N is used up or when it
+expires (``--expires-in``, one hour by default); ``drill off`` ends it at once; ``doctor`` shows
+it while it is armed.
 """
 
-import fcntl
-from pathlib import Path
+from collections.abc import Callable
 
-from idempotent_jobs.dagster.project import project_home
+from idempotent_jobs.core.errors import DrilledFailure
+from idempotent_jobs.core.ledger import RunLedger
 
 
-class ModelOutageDrill(ConnectionError):
+class ModelOutageDrill(DrilledFailure, ConnectionError):
     """A model call failed on purpose: `idempotent-jobs drill fail-model-calls` is armed."""
 
 
-def drill_file() -> Path:
-    return project_home() / "drill" / "fail_model_calls"
+def drill_for(ledger: RunLedger, job_name: str) -> Callable[[], None]:
+    """The check a ``transform`` step runs before its model call: raise
+    :class:`ModelOutageDrill` when an armed drill of ``job_name`` takes this call."""
 
+    def fail_if_drilled() -> None:
+        left = ledger.take_drill(job_name)
+        if left is not None:
+            raise ModelOutageDrill(
+                f"model outage drill: this call failed on purpose ({left} more will)"
+            )
 
-def arm(calls: int) -> Path:
-    """Make the next ``calls`` model calls fail (0 turns the drill off)."""
-    path = drill_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a+", encoding="utf-8") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{max(0, calls)}\n")
-    return path
-
-
-def remaining() -> int:
-    """How many model calls the drill will still fail."""
-    try:
-        return int(drill_file().read_text().strip() or 0)
-    except (FileNotFoundError, ValueError):
-        return 0
-
-
-def take_failure() -> bool:
-    """If the drill is armed, use up one failure and return ``True``."""
-    path = drill_file()
-    if not path.exists():
-        return False
-    with path.open("r+", encoding="utf-8") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            left = int(handle.read().strip() or 0)
-        except ValueError:
-            left = 0
-        if left <= 0:
-            return False
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{left - 1}\n")
-        return True
-
-
-def fail_if_drilled() -> None:
-    """Raise :class:`ModelOutageDrill` when the drill takes this call."""
-    if take_failure():
-        raise ModelOutageDrill(
-            f"model outage drill: this call failed on purpose ({remaining()} more will)"
-        )
+    return fail_if_drilled

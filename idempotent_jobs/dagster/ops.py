@@ -33,7 +33,7 @@ from idempotent_jobs.core.records import (
     RunRecord,
 )
 from idempotent_jobs.core.steps import BoundAnswer, call_model, collect_once, commit, end_attempt
-from idempotent_jobs.dagster.drill import fail_if_drilled
+from idempotent_jobs.dagster.drill import drill_for
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 from idempotent_jobs.dagster.resources import Collector, ModelStep, NotificationChannel, StepContext
 from idempotent_jobs.dagster.ticket import StepResult, Ticket
@@ -182,7 +182,7 @@ def transform_step(
             retry_number=context.retry_number,
         ),
         heartbeat_seconds=spec.lease_seconds / 3,
-        before_call=fail_if_drilled,
+        before_call=drill_for(ledger, spec.identity_job_name),
     )
     ticket = Ticket.under(lease, context.run_id, StepResult.MODEL_CALLED, answer)
     return _report(context, ticket, answer.usage)

@@ -5,10 +5,12 @@ run inside DAGSTER_HOME) and a Celery worker started anywhere agree on one folde
 """
 
 import os
+import tomllib
 from pathlib import Path
 from urllib.parse import quote, urlencode
 
-from idempotent_jobs.core.database import parse_database_url
+from idempotent_jobs.core.database import DATABASE_URL_ENV, parse_database_url
+from idempotent_jobs.core.errors import InvalidInputError
 
 DAGSTER_STORAGE_URL_ENV = "IDEMPOTENT_JOBS_DAGSTER_STORAGE_URL"
 HOME_ENV = "IDEMPOTENT_JOBS_HOME"
@@ -40,21 +42,61 @@ def dagster_storage_url(url: str) -> str:
 
 
 PROJECT_MARKER = "workspace.yaml"
+_MARKERS = ("workspace.yaml", "workspace.yml", ".idempotent_jobs")
+
+
+class ProjectNotFoundError(InvalidInputError):
+    """Not inside a Dagster project, so there is no project database or state folder to use."""
+
+    def __init__(self, here: Path) -> None:
+        super().__init__(
+            "project",
+            f"{here} is not inside a Dagster project (no pyproject.toml with [tool.dagster], "
+            "workspace.yaml or .idempotent_jobs/ here or above): run the command in your "
+            f"project, or set {DATABASE_URL_ENV} (the ledger's database) or {HOME_ENV} (the "
+            "folder of the project's embedded database and state)",
+        )
+
+
+def _has_dagster_block(pyproject: Path) -> bool:
+    try:
+        config = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+    return isinstance(config.get("tool", {}).get("dagster"), dict)
+
+
+def find_project_root(start: Path | None = None) -> Path | None:
+    """The nearest folder at or above ``start`` (the working directory) that is a Dagster
+    project: a ``workspace.yaml``, a ``pyproject.toml`` with ``[tool.dagster]``, or this
+    package's ``.idempotent_jobs`` state folder. Else the source checkout this package runs from,
+    if that is a project (an editable install of this repository); else ``None``."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if any((folder / marker).exists() for marker in _MARKERS):
+            return folder
+        pyproject = folder / "pyproject.toml"
+        if pyproject.is_file() and _has_dagster_block(pyproject):
+            return folder
+    return CHECKOUT if (CHECKOUT / PROJECT_MARKER).is_file() else None
 
 
 def project_root() -> Path:
-    """The Dagster project this process works for: the nearest folder at or above the working
-    directory holding a ``workspace.yaml``, else the source checkout this package is in, else
-    the working directory. ``dagster dev`` runs its processes inside DAGSTER_HOME (under
-    ``.idempotent_jobs/``) and a Celery worker may start anywhere: all find the same project."""
-    here = Path.cwd().resolve()
-    for folder in (here, *here.parents):
-        if (folder / PROJECT_MARKER).is_file():
-            return folder
-    return CHECKOUT if (CHECKOUT / PROJECT_MARKER).is_file() else here
+    """The Dagster project this process works for (see :func:`find_project_root`); raise
+    :class:`ProjectNotFoundError` outside any. ``dagster dev``'s processes run inside
+    DAGSTER_HOME (under ``.idempotent_jobs/``) and find the same project."""
+    root = find_project_root()
+    if root is None:
+        raise ProjectNotFoundError(Path.cwd().resolve())
+    return root
 
 
 def project_home() -> Path:
     """The folder for local state (embedded database, Dagster home, the notifications file):
-    ``$IDEMPOTENT_JOBS_HOME``, else ``.idempotent_jobs`` in :func:`project_root`. Git-ignored."""
-    return Path(os.environ.get(HOME_ENV) or project_root() / ".idempotent_jobs").resolve()
+    ``$IDEMPOTENT_JOBS_HOME``, else ``.idempotent_jobs`` in :func:`project_root`. Git-ignored.
+    Outside a project, without the variable: :class:`ProjectNotFoundError` (never a new folder,
+    never a new database)."""
+    configured = os.environ.get(HOME_ENV)
+    if configured:
+        return Path(configured).resolve()
+    return (project_root() / ".idempotent_jobs").resolve()

@@ -116,13 +116,41 @@ def _demo(args: argparse.Namespace) -> int:
     def say(line: str) -> None:  # model answers are printed: escape what a terminal acts on
         print(escape_controls(line))
 
+    embedded = not os.environ.get(DATABASE_URL_ENV)
+    if not embedded and not args.any_database:
+        raise InvalidInputError(
+            "demo",
+            f"{DATABASE_URL_ENV} is set: the demo runs only on the project's embedded database, "
+            "so that it never reuses or delivers another deployment's runs; unset it, or pass "
+            "--any-database",
+        )
     ledger = _ledger(args)
     ledger.migrate()
     with ledger:
         run_demo(ledger, say)
         print()
         run_dagster_demo(ledger, say)
+    if embedded:
+        from idempotent_jobs.operator.database_commands import data_directory
+
+        print(
+            f"\nthe ledger is the embedded PostgreSQL in {data_directory()}; it keeps running. "
+            "`idempotent-jobs db stop` stops it, `db psql` opens psql on it, and "
+            '`eval "$(idempotent-jobs db env)"` lets plain `dagster dev` use it'
+        )
     return 0
+
+
+def _db(name: str) -> Any:
+    """The handler ``name`` of ``operator/database_commands.py``, imported when it runs."""
+
+    def handler(args: argparse.Namespace) -> int:
+        from idempotent_jobs.operator import database_commands
+
+        code: int = getattr(database_commands, name)(args)
+        return code
+
+    return handler
 
 
 def _dev(args: argparse.Namespace) -> int:
@@ -487,10 +515,11 @@ def _doctor(args: argparse.Namespace) -> int:
         findings = ledger_findings(
             ledger, outbox_older_than_seconds=args.outbox_age, max_attempts=args.max_attempts
         )
-    if missing:
-        findings.insert(
-            0, Finding("missing_privilege", "problem", lacking.removeprefix("problem: "))
-        )
+    if missing:  # the whole list as a check line (a table cell is cut at 80 characters)
+        checks.append(escape_controls(lacking))
+        grant = f"GRANT {worker_role(ledger.schema)} TO {role}"
+        detail = f"role {role} lacks {len(missing)} privilege(s) workers need: {grant}"
+        findings.insert(0, Finding("missing_privilege", "problem", escape_controls(detail)))
     else:
         checks.append(f"ok: role {escape_controls(role)} has every privilege workers need")
     return _print_findings(args, findings, checks)
@@ -672,16 +701,40 @@ def _revise(args: argparse.Namespace) -> int:
 
 
 def _drill(args: argparse.Namespace) -> int:
-    from idempotent_jobs.dagster import drill
+    """Arm, end or list the ledger's failure drills; ``--job`` by Dagster or identity name."""
+    job = "*"
+    said = "every job"
+    job_option = getattr(args, "job", None)
+    if job_option:
+        from idempotent_jobs.operator.code_location import CodeLocationError
 
-    calls = 0 if args.drill_command == "off" else args.calls
-    path = drill.arm(calls)
-    human = (
-        f"the next {calls} model call(s) of this code location will fail (drill file {path})"
-        if calls
-        else "drill off: model calls go through"
-    )
-    _emit(args, {"fail_model_calls": calls, "file": str(path)}, human)
+        try:
+            match = _workspace(args).find_job(job_option)
+            job, said = match.spec.identity_job_name, match.describe()
+        except CodeLocationError:  # no code location here: the name is the identity job name
+            from idempotent_jobs.core.identity import normalize_text
+
+            job = normalize_text(job_option)
+            said = f"identity job {job}"
+    with _ledger(args) as ledger:
+        if args.drill_command == "fail-model-calls":
+            drill = ledger.arm_drill(
+                job, args.calls, args.expires_in, armed_by=os.environ.get("USER")
+            )
+            human = (
+                f"the next {drill.remaining} model call(s) of {said} will fail, on every worker, "
+                f"until {drill.expires_at:%Y-%m-%d %H:%M:%S %Z} (drill off ends it)"
+            )
+            _emit(args, drill, escape_controls(human))
+            return 0
+        if args.drill_command == "off":
+            ended = ledger.disarm_drills(job if job_option else None)
+            human = f"drill off for {said}" if ended else f"no drill was armed for {said}"
+            _emit(args, ended, escape_controls(human))
+            return 0
+        drills = ledger.drills()
+    rows = [(d.job_name, d.remaining, d.expires_at, d.armed_by) for d in drills]
+    _emit(args, drills, table(["job", "calls left", "expires", "armed by"], rows))
     return 0
 
 
@@ -730,7 +783,27 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("migrate", help="create or upgrade the ledger schema").set_defaults(
         handler=_migrate
     )
-    commands.add_parser("demo", help="run the demo and show the ledger").set_defaults(handler=_demo)
+    demo = commands.add_parser("demo", help="run the demo and show the ledger")
+    demo.add_argument(
+        "--any-database",
+        action="store_true",
+        help="run it on the configured database too (by default only on the embedded one, so "
+        "it never touches another deployment's runs)",
+    )
+    demo.set_defaults(handler=_demo)
+
+    db = commands.add_parser(
+        "db", help="the project's embedded PostgreSQL: url, env, status, stop, psql"
+    ).add_subparsers(dest="db_command", required=True)
+    db.add_parser("url", help="its URL (starts it if needed)").set_defaults(handler=_db("db_url"))
+    db.add_parser(
+        "env", help='export lines for plain `dagster dev`: eval "$(idempotent-jobs db env)"'
+    ).set_defaults(handler=_db("db_env"))
+    db.add_parser("status", help="running or not, and where").set_defaults(handler=_db("db_status"))
+    db.add_parser("stop", help="stop it (the data stays)").set_defaults(handler=_db("db_stop"))
+    psql = db.add_parser("psql", help="psql on the ledger database")
+    psql.add_argument("psql_args", nargs=argparse.REMAINDER, help="passed on to psql")
+    psql.set_defaults(handler=_db("db_psql"))
     dev = commands.add_parser("dev", help="the Dagster UI and daemon wired to the ledger")
     dev.add_argument("--host", default="127.0.0.1")
     dev.add_argument("--port", type=_positive(int, 65535), default=3000)
@@ -834,14 +907,29 @@ def build_parser() -> argparse.ArgumentParser:
     pruning.set_defaults(handler=_prune)
 
     drill = commands.add_parser(
-        "drill", help="failure drills that need no code change"
+        "drill", help="failure drills that need no code change (kept in the ledger)"
     ).add_subparsers(dest="drill_command", required=True)
+    drill_job = argparse.ArgumentParser(add_help=False)
+    drill_job.add_argument("--job", help="Dagster or identity job name (default: every job)")
     fail = drill.add_parser(
-        "fail-model-calls", parents=[json_flag], help="make the next N model calls fail"
+        "fail-model-calls",
+        parents=[json_flag, drill_job],
+        help="make the next N model calls fail before the call, on every worker",
     )
-    fail.add_argument("calls", type=_positive(int), help="how many calls fail")
+    fail.add_argument("calls", type=_positive(int), help="how many model calls fail")
+    fail.add_argument(
+        "--expires-in",
+        type=_positive(float, MAX_SECONDS),
+        default=3600.0,
+        help="seconds after which the drill ends by itself (default: 3600)",
+    )
     fail.set_defaults(handler=_drill)
-    drill.add_parser("off", parents=[json_flag], help="end the drill").set_defaults(handler=_drill)
+    drill.add_parser("list", parents=[json_flag], help="the drills armed now").set_defaults(
+        handler=_drill
+    )
+    drill.add_parser("off", parents=[json_flag, drill_job], help="end the drill").set_defaults(
+        handler=_drill
+    )
     return parser
 
 

@@ -56,6 +56,8 @@ class Target:
     attribute: str | None = None
     working_directory: Path | None = None
     found_in: str = "the command line"
+    #: The pyproject.toml or workspace file this target was read from, if any.
+    config_file: Path | None = None
 
     def describe(self) -> str:
         what = f"module {self.module}" if self.module else f"file {self.python_file}"
@@ -203,6 +205,7 @@ def _pyproject_targets(pyproject: Path) -> list[Target] | None:
             attribute=block.get("attribute"),
             working_directory=(folder / working) if working else folder,
             found_in=f"from [tool.dagster] in {pyproject}",
+            config_file=pyproject,
         )
         for module in modules
     ]
@@ -230,6 +233,7 @@ def _workspace_targets(workspace: Path) -> list[Target]:
                     attribute=value.get("attribute"),
                     working_directory=(folder / working) if working else folder,
                     found_in=found_in,
+                    config_file=workspace,
                 )
             )
         elif "python_file" in entry:
@@ -242,6 +246,7 @@ def _workspace_targets(workspace: Path) -> list[Target]:
                     attribute=value.get("attribute"),
                     working_directory=(folder / working) if working else folder,
                     found_in=found_in,
+                    config_file=workspace,
                 )
             )
     if not targets:

@@ -15,29 +15,26 @@ from idempotent_jobs.operator.dagster_home import prepare_dagster_home
 from idempotent_jobs.operator.embedded import ensure_database_url, stop_embedded_postgres
 
 
-def _workspace_args(
+def _dagster_dev_target(
     module: str | None, python_file: str | None, attribute: str | None, workspace: str | None
-) -> list[str]:
-    """``dagster dev``'s arguments for the code location the CLI would load: the same options,
-    or the project's own ``[tool.dagster]`` / ``workspace.yaml`` (checked here first, so a
-    project without either hears it before anything is started)."""
+) -> tuple[list[str], Path | None]:
+    """``dagster dev``'s target arguments and working directory for the code location the CLI
+    would load (checked here first, so a project without one hears it before anything starts):
+    a project's own ``[tool.dagster]`` is read by ``dagster dev`` itself in that folder, a
+    workspace file is passed on, and ``-m``/``-f``/``$IDEMPOTENT_JOBS_CODE_LOCATION`` become
+    ``-m``/``-f`` with ``-a`` and ``-d``."""
     targets = find_targets(
         module=module, python_file=python_file, attribute=attribute, workspace=workspace
     )
-    if workspace:
-        return ["-w", str(Path(workspace).resolve())]
-    args: list[str] = []
-    for target in targets:
-        if target.module:
-            args += ["-m", target.module]
-        elif target.python_file:
-            args += ["-f", str(target.python_file)]
-        if target.attribute:
-            args += ["-a", target.attribute]
     first = targets[0]
-    if first.working_directory:
-        args += ["-d", str(first.working_directory)]
-    return args
+    if first.config_file is not None and first.config_file.name == "pyproject.toml":
+        return [], first.config_file.parent
+    if first.config_file is not None:
+        return ["-w", str(first.config_file)], None
+    args = ["-m", first.module] if first.module else ["-f", str(first.python_file)]
+    args += ["-a", first.attribute] if first.attribute else []
+    args += ["-d", str(first.working_directory)] if first.working_directory else []
+    return args, None
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -64,7 +61,7 @@ def run_dev(
     it; the data stays on disk, so the next start loses nothing. Any failure before
     ``dagster dev`` starts stops an embedded server this call started, too.
     """
-    location = _workspace_args(module, python_file, attribute, workspace)
+    location, folder = _dagster_dev_target(module, python_file, attribute, workspace)
     pgdata = project_home() / "pgdata"
     embedded_was_running = (pgdata / "postmaster.pid").exists()
     uses_embedded = not os.environ.get(DATABASE_URL_ENV)
@@ -85,7 +82,7 @@ def run_dev(
     # us, and dagster dev gets a default SIGINT it can act on.
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
-    process = subprocess.Popen(command, cwd=home, preexec_fn=_default_sigint)
+    process = subprocess.Popen(command, cwd=folder or home, preexec_fn=_default_sigint)
     try:
         return process.wait()
     except KeyboardInterrupt:

@@ -21,6 +21,9 @@ UNFENCED_WRITES = {
     "mark_delivered": "the outbox row is locked FOR UPDATE SKIP LOCKED by its deliverer",
     "mark_delivery_failed": "the outbox row is locked FOR UPDATE SKIP LOCKED by its deliverer",
     "prune_batch": "retention: completed runs and delivered outbox rows only, never leased",
+    "arm_drill": "an operator arms a drill; it touches no run",
+    "disarm_drills": "an operator ends a drill; it touches no run",
+    "take_drill": "the drill row is locked FOR UPDATE; it touches no run",
     "record_lost_call": "only the cost of a call whose lease was lost, never the run's state; "
     "only for an epoch the ledger recorded as this worker's",
 }

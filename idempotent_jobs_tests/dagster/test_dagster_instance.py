@@ -180,24 +180,30 @@ def test_the_failure_drill_then_reexecution_from_failure(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """The README's drill, with no code change: arm it, launch, re-execute from failure."""
-    from idempotent_jobs.dagster.drill import remaining
+    """The README's drill, with no code change: arm it (in the ledger, so the run worker sees
+    it), launch, re-execute from failure."""
     from idempotent_jobs.operator.cli import main
 
     monkeypatch.setenv("IDEMPOTENT_JOBS_HOME", str(dagster_env.tmp_path / "home"))
     assert main(["drill", "fail-model-calls", "1"]) == 0
-    assert "the next 1 model call(s)" in capsys.readouterr().out
+    assert "the next 1 model call(s) of every job will fail" in capsys.readouterr().out
+    assert main(["doctor"]) == 0
+    assert "failure drill armed for every job: the next 1 model call(s)" in (
+        capsys.readouterr().out
+    )
     with dagster_instance(dagster_env) as instance, workspace(instance) as context:
         failed = launch_partition(context, "summary_without_op_retries", PARTITION)
         assert status(instance, failed) == dg.DagsterRunStatus.FAILURE
-        assert remaining() == 0
+        assert ledger.drills() == []  # used up
         retried = reexecute(context, failed, "FROM_FAILURE")
         assert status(instance, retried) == dg.DagsterRunStatus.SUCCESS
         assert step_metadata(instance, retried, "transform")["result"] == "model called"
     ident = NO_RETRY_SPEC.identity_for(PARTITION)
     assert (dagster_env.collect_calls(), dagster_env.model_calls()) == (1, 1)
     [failure, success] = ledger.attempts(ident.run_id)
-    assert failure.outcome == "failed" and failure.error is not None
+    assert failure.outcome == "drill" and failure.error is not None
     assert failure.error.startswith("ModelOutageDrill: model outage drill")
     assert success.outcome == "completed" and len(dagster_env.delivered()) == 1
-    assert main(["drill", "off"]) == 0 and remaining() == 0
+    assert ledger.model_calls(ident.run_id)[0].outcome == "accepted"  # the drill is no call
+    assert len(ledger.model_calls(ident.run_id)) == 1
+    assert main(["drill", "off"]) == 0 and ledger.drills() == []

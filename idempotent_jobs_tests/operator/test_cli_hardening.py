@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from idempotent_jobs import RunLedger
-from idempotent_jobs.dagster import drill
 from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
 from idempotent_jobs_tests.helpers import claimed
 from idempotent_jobs_tests.operator.test_operator_cli import cli_env, run  # noqa: F401 - fixture
@@ -95,11 +94,11 @@ def test_revise_now_whose_recompute_fails_says_the_revision_stands_in_one_line(
 ) -> None:
     ident = COMPETITOR_SUMMARY.identity_for("workspace-acme|2026-08-07")
     ledger.complete(claimed(ledger, ident), {"summary": "first"}, {"report_file": {"n": 1}})
-    drill.arm(100)  # every model call of the recompute fails
+    ledger.arm_drill("*", 100, 3600)  # every model call of the recompute fails
     try:
         code, out = run(capsys, "revise", ident.run_id, "--reason", "prompt fixed", "--now")
     finally:
-        drill.arm(0)
+        ledger.disarm_drills()
     assert code == 1, out
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) == 1, out

@@ -53,10 +53,12 @@ def test_migrate_then_demo_twice(fresh_database: str, tmp_path: Path) -> None:
     first = run_cli("migrate", database=fresh_database)
     assert first.returncode == 0, first.stderr
     shipped = ", ".join(f"{m.version:04d}_{m.name}" for m in shipped_migrations())
-    assert first.stdout.strip() == f"applied: {shipped}"
+    assert first.stdout.splitlines()[0] == f"applied: {shipped}"
     assert run_cli("migrate", database=fresh_database).stdout.strip() == "schema is up to date"
 
-    demo = run_cli("demo", database=fresh_database, home=tmp_path)
+    refused = run_cli("demo", database=fresh_database, home=tmp_path)
+    assert refused.returncode == 2 and "--any-database" in refused.stderr  # not the embedded one
+    demo = run_cli("demo", "--any-database", database=fresh_database, home=tmp_path)
     assert demo.returncode == 0, demo.stderr
     assert "call 1: ran the model" in demo.stdout
     assert "call 2: reused the stored result (no model call)" in demo.stdout
@@ -69,7 +71,7 @@ def test_migrate_then_demo_twice(fresh_database: str, tmp_path: Path) -> None:
     delivered = (tmp_path / "notifications.jsonl").read_text().splitlines()
     assert len(delivered) == 4
 
-    again = run_cli("demo", database=fresh_database, home=tmp_path)
+    again = run_cli("demo", "--any-database", database=fresh_database, home=tmp_path)
     assert "call 1: reused the stored result" in again.stdout
     partitions = [line for line in again.stdout.splitlines() if "runs: " in line]
     assert all("runs: reused / reused" in p for p in partitions) and len(partitions) == 4
@@ -84,7 +86,9 @@ def test_migrate_then_demo_twice(fresh_database: str, tmp_path: Path) -> None:
 
 def test_cli_errors_are_clear_and_keep_the_password_out(tmp_path: Path) -> None:
     result = run_cli(
-        "demo", database="postgresql://u:hunter2-secret@127.0.0.1:9/x?connect_timeout=1"
+        "demo",
+        "--any-database",
+        database="postgresql://u:hunter2-secret@127.0.0.1:9/x?connect_timeout=1",
     )
     assert result.returncode == 2
     assert result.stderr.startswith("idempotent-jobs: LedgerConnectionError")

@@ -57,9 +57,45 @@ def test_a_project_is_found_from_inside_its_dagster_home(
 def test_anywhere_else_the_checkout_is_the_project(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """An editable install of this repository: its checkout is the project (a wheel's is not,
+    see test_outside_a_project_nothing_is_started)."""
     monkeypatch.delenv(HOME_ENV, raising=False)
     monkeypatch.chdir(tmp_path)
     assert project_home() == CHECKOUT / ".idempotent_jobs"
+
+
+def test_a_pyproject_with_a_dagster_block_makes_a_project(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = tmp_path / "leads"
+    (project / "src" / "leads").mkdir(parents=True)
+    (project / "pyproject.toml").write_text('[tool.dagster]\nmodule_name = "leads.defs"\n')
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "not-dagster"\n')
+    monkeypatch.delenv(HOME_ENV, raising=False)
+    monkeypatch.chdir(project / "src" / "leads")
+    assert project_root() == project
+
+
+def test_outside_a_project_nothing_is_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As with a wheel install: no project here or above, no database URL. The command says so
+    (exit 2) and starts no server, creates no folder."""
+    from idempotent_jobs.core.database import DATABASE_URL_ENV
+    from idempotent_jobs.dagster import project as project_module
+    from idempotent_jobs.operator.cli import main
+
+    monkeypatch.setattr(project_module, "CHECKOUT", tmp_path / "site-packages")
+    monkeypatch.delenv(HOME_ENV, raising=False)
+    monkeypatch.delenv(DATABASE_URL_ENV, raising=False)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for argv in (["runs", "list"], ["db", "url"], ["drill", "fail-model-calls", "1"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "is not inside a Dagster project" in err and "Traceback" not in err, argv
+    assert list(elsewhere.iterdir()) == []
 
 
 @pytest.mark.slow

@@ -302,7 +302,7 @@ WITH cur AS (
   INSERT INTO {schema}.run_attempts (run_id, lease_epoch, worker_id, caller_run_id, caller_step,
     started_at, ended_at, outcome, error, model_name, input_tokens, output_tokens)
   SELECT run_id, lease_epoch, %(worker_id)s, lease_caller_run_id, lease_caller_step,
-    COALESCE(lease_started_at, now()), now(), 'failed', %(error)s, %(model_name)s,
+    COALESCE(lease_started_at, now()), now(), %(attempt_outcome)s, %(error)s, %(model_name)s,
     %(input_tokens)s, %(output_tokens)s
   FROM failed
 )
@@ -362,6 +362,41 @@ SELECT CASE
       THEN 'already_done'
     ELSE 'lease_lost' END AS outcome
 FROM cur
+
+-- name: arm_drill
+-- Arm a failure drill: the next `calls` model calls of the job fail, until it expires.
+-- One drill per job (identity job name, or '*' for every job); arming again replaces it.
+INSERT INTO {schema}.drills (job_name, remaining, expires_at, armed_by)
+VALUES (%(job_name)s, %(calls)s, now() + make_interval(secs => %(seconds)s), %(armed_by)s)
+ON CONFLICT (job_name) DO UPDATE SET remaining = EXCLUDED.remaining,
+  expires_at = EXCLUDED.expires_at, armed_by = EXCLUDED.armed_by, armed_at = now()
+RETURNING job_name, remaining, expires_at, armed_by, armed_at
+
+-- name: disarm_drills
+-- End the drill of one job, or every drill (`job_name` NULL).
+DELETE FROM {schema}.drills WHERE job_name = %(job_name)s OR %(job_name)s::text IS NULL
+RETURNING job_name, remaining, expires_at, armed_by, armed_at
+
+-- name: take_drill
+-- Use up one drilled failure for a model call of this job, if a drill is armed for it.
+-- The job's own drill first, else the one for every job ('*'); locked, so concurrent workers
+-- take exactly `remaining` failures between them.
+WITH pick AS (
+  SELECT job_name FROM {schema}.drills
+  WHERE job_name IN (%(job_name)s, '*') AND remaining > 0 AND expires_at > now()
+  ORDER BY job_name = '*'
+  LIMIT 1
+  FOR UPDATE
+)
+UPDATE {schema}.drills AS d SET remaining = d.remaining - 1
+FROM pick WHERE d.job_name = pick.job_name
+RETURNING d.job_name, d.remaining
+
+-- name: list_drills
+-- The drills still armed (calls left, not expired).
+SELECT job_name, remaining, expires_at, armed_by, armed_at FROM {schema}.drills
+WHERE remaining > 0 AND expires_at > now()
+ORDER BY job_name
 
 -- name: job_names
 -- The identity job names the ledger holds runs of, in order.

