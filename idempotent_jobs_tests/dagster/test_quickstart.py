@@ -1,0 +1,211 @@
+"""docs/your-own-job.md, built from its own code blocks in a folder outside the repository.
+
+Every ``file=`` block is written as it is, every ``bash run`` block is run line by line (with
+``<run-id>`` filled in) by the package installed as a wheel into a virtualenv of its own, and the
+``sql`` block grants a worker role. A real Dagster instance on PostgreSQL (the page's own
+``dagster.yaml``) records the runs. Then the ledger and the receiver are checked: one run, one
+accepted call and one delivered notification per partition, a revision recomputed and notified
+once under the ``:r1`` key, and the user's ``dagster.yaml`` unchanged.
+"""
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import venv
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from idempotent_jobs import RunLedger
+from idempotent_jobs.dagster.project import dagster_storage_url
+from idempotent_jobs_tests.chaos.parts import Receiver
+
+pytestmark = [pytest.mark.dagster_instance]
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+DOC = CHECKOUT / "docs" / "your-own-job.md"
+BLOCK = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+LEADS = [{"id": 1, "note": "asked for a quote today"}, {"id": 2, "note": "just browsing"}]
+
+
+def blocks(text: str) -> list[tuple[str, str, str]]:
+    """(language, info after it, body) of every fenced block, in order."""
+    return [(lang, info.strip(), body) for lang, info, body in BLOCK.findall(text)]
+
+
+class LeadsApi:
+    """The CRM's leads API: the same leads for any region and day; counts the requests."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                api.asked += 1
+                body = json.dumps(LEADS).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/api/leads"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package built as a wheel and installed with its extras into a new virtualenv."""
+    root = tmp_path_factory.mktemp("quickstart-install")
+    wheels = root / "dist"
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "-w",
+            str(wheels),
+            str(CHECKOUT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr[-2000:]
+    [wheel] = wheels.glob("idempotent_jobs-*.whl")
+    home = root / "venv"
+    venv.create(home, with_pip=True)
+    install = subprocess.run(
+        [
+            home / "bin" / "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            f"{wheel}[dagster,embedded]",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert install.returncode == 0, install.stderr[-2000:]
+    return home / "bin"
+
+
+@pytest.fixture
+def servers() -> Iterator[tuple[LeadsApi, Receiver]]:
+    api, receiver = LeadsApi(), Receiver()
+    try:
+        yield api, receiver
+    finally:
+        api.close()
+        receiver.close()
+
+
+def test_the_quickstart_runs_as_written(
+    installed: Path,
+    servers: tuple[LeadsApi, Receiver],
+    fresh_database: str,
+    server_url: str,
+    tmp_path: Path,
+) -> None:
+    api, receiver = servers
+    project = tmp_path / "leads"
+    parts = blocks(DOC.read_text(encoding="utf-8"))
+    files = {info.removeprefix("file="): body for _, info, body in parts if "file=" in info}
+    assert set(files) >= {"pyproject.toml", "leads/definitions.py", "launch.py"}
+    for name, body in files.items():
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text(body, encoding="utf-8")
+    user_yaml = (project / "dagster_home" / "dagster.yaml").read_bytes()
+    env = {
+        "PATH": f"{installed}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "IDEMPOTENT_JOBS_DATABASE_URL": fresh_database,
+        "IDEMPOTENT_JOBS_DAGSTER_STORAGE_URL": dagster_storage_url(fresh_database),
+        "DAGSTER_HOME": str(project / "dagster_home"),
+        "LEADS_API_URL": api.url,
+        "SALES_WEBHOOK_URL": receiver.url,
+    }
+    commands = [
+        line
+        for lang, info, body in parts
+        if lang == "bash" and info == "run"
+        for line in body.splitlines()
+        if line.strip()
+    ]
+    assert commands[0] == "idempotent-jobs migrate"
+    run_id = ""
+    for command in commands:
+        if "<run-id>" in command:
+            with RunLedger(fresh_database) as ledger:
+                run_id = ledger.list_runs(job_name="lead-scoring", subject_id="emea")[0].run_id
+            command = command.replace("<run-id>", run_id[:12])
+        done = subprocess.run(
+            shlex.split(command),
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, f"{command}\n{done.stdout}\n{done.stderr[-3000:]}"
+        if command.startswith("idempotent-jobs migrate"):
+            [grant] = [body for lang, _, body in parts if lang == "sql"]
+            with psycopg.connect(server_url, autocommit=True) as conn:
+                conn.execute("DROP ROLE IF EXISTS leads_worker")
+            with psycopg.connect(fresh_database, autocommit=True) as conn:
+                conn.execute(grant)
+            worker = {
+                **env,
+                "IDEMPOTENT_JOBS_DATABASE_URL": make_conninfo(fresh_database, user="leads_worker"),
+            }
+            doctor = subprocess.run(
+                ["idempotent-jobs", "doctor"],
+                cwd=project,
+                env=worker,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+            assert "ok: role leads_worker has every privilege workers need" in doctor.stdout
+
+    with RunLedger(fresh_database) as ledger:
+        runs = ledger.list_runs(job_name="lead-scoring")
+        assert sorted(r.subject_id for r in runs) == ["amer", "emea"]
+        for run in runs:
+            calls = [c.outcome for c in ledger.model_calls(run.run_id)]
+            delivered = [o for o in ledger.outbox(run.run_id) if o.delivered_at is not None]
+            revised = run.run_id == run_id
+            assert run.status == "completed" and run.revision == (1 if revised else 0)
+            assert calls == ["accepted"] * (2 if revised else 1)
+            assert len(delivered) == (2 if revised else 1)
+            assert receiver.effects[f"{run.run_id}:sales_webhook"] == 1
+        assert receiver.effects[f"{run_id}:sales_webhook:r1"] == 1
+        assert sum(receiver.effects.values()) == 3
+    assert api.asked == 2  # collected once per partition: the revision kept its input
+    assert (project / "dagster_home" / "dagster.yaml").read_bytes() == user_yaml
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        with psycopg.connect(fresh_database, autocommit=True) as db:
+            db.execute("DROP OWNED BY leads_worker")
+        conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier("leads_worker")))
