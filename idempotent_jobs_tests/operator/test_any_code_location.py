@@ -153,3 +153,71 @@ def test_the_code_location_can_be_named_on_the_command_line_or_in_the_environmen
     file = project["folder"] / f"{project['module']}.py"
     code, out = cli(capsys, "-f", str(file), "-a", "no_such", "reconcile")
     assert code == 2 and "'no_such' is not a dagster Definitions" in out
+
+
+@pytest.mark.dagster_instance
+def test_dev_serves_a_project_with_only_a_dagster_block(tmp_path: Path) -> None:
+    """`idempotent-jobs dev` in a user's project that has `[tool.dagster]` and no workspace.yaml
+    or dagster.yaml of its own, with the user's DAGSTER_HOME: the UI serves the user's job, the
+    user's dagster.yaml is untouched, and Ctrl-C stops the embedded server dev started."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from idempotent_jobs_tests.dagster.test_browser import free_port, wait_until_serving
+
+    project = tmp_path / "triage-project"
+    (project / "src").mkdir(parents=True)
+    shutil.copyfile(EXAMPLE, project / "triage_defs.py")
+    (project / "pyproject.toml").write_text('[tool.dagster]\nmodule_name = "triage_defs"\n')
+    home = tmp_path / "dagster-home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(USER_DAGSTER_YAML)
+    state = tmp_path / "state"
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("IDEMPOTENT_JOBS_DATABASE_URL", "IDEMPOTENT_JOBS_DAGSTER_STORAGE_URL")
+    }
+    env.update(
+        DAGSTER_HOME=str(home),
+        IDEMPOTENT_JOBS_HOME=str(state),
+        HELPDESK_TICKETS_URL="http://127.0.0.1:9/tickets",
+        TRIAGE_WEBHOOK_URL="http://127.0.0.1:9/hook",
+    )
+    port = free_port()
+    log = tmp_path / "dev.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "idempotent_jobs.operator.cli", "dev", "--port", str(port)],
+            cwd=project / "src",
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_serving(url, process, log)
+        jobs = "{ repositoriesOrError { ... on RepositoryConnection { nodes { jobs { name } } } } }"
+        query = json.dumps({"query": jobs}).encode()
+        request = urllib.request.Request(
+            f"{url}/graphql", data=query, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310
+            nodes = json.load(answer)["data"]["repositoriesOrError"]["nodes"]
+        assert "ticket_triage" in {job["name"] for node in nodes for job in node["jobs"]}
+        assert (state / "pgdata" / "postmaster.pid").exists()
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+    assert process.returncode == 0, log.read_text()[-3000:]
+    assert not (state / "pgdata" / "postmaster.pid").exists(), "dev stops what it started"
+    assert (home / "dagster.yaml").read_text() == USER_DAGSTER_YAML
