@@ -8,10 +8,8 @@ from urllib.parse import quote, unquote
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from idempotent_jobs.core.constants import DATABASE_URL_ENV as DATABASE_URL_ENV  # re-exported
 from idempotent_jobs.core.errors import InvalidInputError
-
-DATABASE_URL_ENV = "IDEMPOTENT_JOBS_DATABASE_URL"
-
 
 # A password in a URL (`scheme://user:PASSWORD@`) or a conninfo string (`password=...`).
 _URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")

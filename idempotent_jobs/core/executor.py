@@ -19,6 +19,7 @@ from psycopg.rows import RowFactory, tuple_row
 from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from idempotent_jobs.core.constants import DEFAULT_SCHEMA
 from idempotent_jobs.core.database import ledger_conninfo, redact
 from idempotent_jobs.core.errors import (
     IdentityConflictError,
@@ -34,8 +35,6 @@ from idempotent_jobs.core.sql import statement
 from idempotent_jobs.core.upgrade import MigrationReport, upgrade
 
 Row = TypeVar("Row")
-
-DEFAULT_SCHEMA = "idempotent_jobs"
 
 
 def permission_error(

@@ -19,6 +19,7 @@ from psycopg import Cursor
 from psycopg.rows import RowMaker, dict_row
 from psycopg_pool import ConnectionPool
 
+from idempotent_jobs.core.constants import DEFAULT_SCHEMA
 from idempotent_jobs.core.error_text import describe_error, safe_text
 from idempotent_jobs.core.errors import (
     IdentityConflictError,
@@ -28,7 +29,7 @@ from idempotent_jobs.core.errors import (
     RunNotFoundError,
     StaleCandidateError,
 )
-from idempotent_jobs.core.executor import DEFAULT_SCHEMA, Executor
+from idempotent_jobs.core.executor import Executor
 from idempotent_jobs.core.identity import RunIdentity, normalize_text
 from idempotent_jobs.core.json_values import MAX_JSON_BYTES, dump_json_object, text_fingerprint
 from idempotent_jobs.core.records import (

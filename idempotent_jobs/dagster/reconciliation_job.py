@@ -9,14 +9,15 @@ from collections.abc import Sequence
 
 import dagster as dg
 
+from idempotent_jobs.core.constants import DEFAULT_MAX_ATTEMPTS, DEFAULT_OUTBOX_AGE_SECONDS
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.dagster.health import dagster_findings, drift_findings, ledger_findings
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 
 
 class ReconcileConfig(dg.Config):
-    outbox_age_seconds: float = 900.0
-    max_attempts: int = 3
+    outbox_age_seconds: float = DEFAULT_OUTBOX_AGE_SECONDS
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
 
 
 def build_reconciliation_job(

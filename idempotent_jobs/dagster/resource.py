@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import dagster as dg
 from pydantic import Field
 
-from idempotent_jobs.core.executor import DEFAULT_SCHEMA
+from idempotent_jobs.core.constants import DEFAULT_SCHEMA
 from idempotent_jobs.core.ledger import DEFAULT_MAX_PAYLOAD_BYTES, RunLedger
 
 

@@ -392,8 +392,22 @@ def test_the_cli_parses_without_importing_dagster_or_psycopg() -> None:
     assert done.stdout.strip() == "[]"
 
 
-def test_the_cli_names_the_same_database_variable_as_the_core() -> None:
-    from idempotent_jobs.core import database
-    from idempotent_jobs.operator import cli
+def test_constants_are_defined_once() -> None:
+    """The database variable, the default schema and the run statuses have one definition,
+    which the CLI, the core and the Dagster layer all import."""
+    from typing import get_args
 
-    assert cli.DATABASE_URL_ENV == database.DATABASE_URL_ENV
+    from idempotent_jobs.core import constants, database, executor, records
+    from idempotent_jobs.dagster import project
+
+    assert database.DATABASE_URL_ENV is constants.DATABASE_URL_ENV
+    assert vars(project)["DATABASE_URL_ENV"] is constants.DATABASE_URL_ENV
+    assert constants.RUN_STATUSES == get_args(records.RunStatus)
+    assert executor.Executor("").schema == constants.DEFAULT_SCHEMA
+    sources = "\n".join(
+        p.read_text()
+        for p in Path(constants.__file__).parents[1].rglob("*.py")
+        if p.name != "constants.py"
+    )
+    assert sources.count('"IDEMPOTENT_JOBS_DATABASE_URL"') == 0
+    assert sources.count('"pending", "running", "completed", "failed"') == 1  # RunStatus

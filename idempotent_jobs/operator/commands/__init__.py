@@ -1,0 +1,1 @@
+"""The ``idempotent-jobs`` commands, a module each: its handlers and ``add_parser``."""

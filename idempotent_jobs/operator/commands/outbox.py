@@ -1,0 +1,79 @@
+"""``outbox list`` (the ledger only) and ``outbox deliver`` (through the code location's
+channels)."""
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from idempotent_jobs.core.errors import LedgerError
+from idempotent_jobs.operator.commands.common import (
+    Shared,
+    code_location,
+    emit,
+    open_ledger,
+    positive,
+)
+from idempotent_jobs.operator.render import table
+
+if TYPE_CHECKING:
+    pass
+
+
+def outbox_list(args: argparse.Namespace) -> int:
+    with open_ledger(args) as ledger:
+        run_id = ledger.resolve_run_id(args.run) if args.run else None
+        rows = ledger.outbox(run_id, pending_only=args.pending, limit=args.limit)
+    human = table(
+        ["key", "queued", "delivered", "tries", "last error", "payload"],
+        [
+            (
+                o.idempotency_key,
+                o.created_at,
+                o.delivered_at,
+                o.delivery_attempts,
+                o.last_error,
+                o.payload if o.payload_pruned_at is None else f"(pruned {o.payload_pruned_at})",
+            )
+            for o in rows
+        ],
+    )
+    emit(args, rows, human)
+    return 0
+
+
+def outbox_deliver(args: argparse.Namespace) -> int:
+    workspace = code_location(args)
+    with open_ledger(args) as ledger, workspace.channels() as channels:
+        run_id = ledger.resolve_run_id(args.run) if args.run else None
+
+        def send(row: Any) -> None:
+            channel = channels.get(row.channel)
+            if channel is None:
+                raise LedgerError(
+                    f"no notification channel resource named {row.channel!r} in "
+                    f"{workspace.describe()}"
+                )
+            channel.send(row)
+
+        report = ledger.deliver_outbox(send, run_id=run_id, limit=args.limit)
+    human = table(
+        ["key", "result"],
+        [(r.idempotency_key, "delivered") for r in report.delivered]
+        + [(r.idempotency_key, f"failed: {reason}") for r, reason in report.failed],
+    )
+    emit(args, report, human)
+    return 1 if report.failed else 0
+
+
+def add_parser(commands: Any, shared: Shared) -> None:
+    outbox = commands.add_parser("outbox", help="notifications").add_subparsers(
+        dest="outbox_command", required=True
+    )
+    olist = outbox.add_parser("list", parents=[shared.json_flag], help="list outbox rows")
+    olist.add_argument("--pending", action="store_true", help="only undelivered rows")
+    olist.add_argument("--run", help="only this run (id or prefix)")
+    olist.add_argument("--limit", type=positive(int), default=1000)
+    olist.set_defaults(handler=outbox_list)
+    deliver = outbox.add_parser("deliver", parents=[shared.json_flag], help="send pending rows")
+    deliver.add_argument("--run", help="only this run (id or prefix)")
+    deliver.add_argument("--limit", type=positive(int), default=100)
+    deliver.set_defaults(handler=outbox_deliver)

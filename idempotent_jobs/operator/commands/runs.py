@@ -1,0 +1,303 @@
+"""``runs list``, ``runs show`` and ``runs stats``: what the ledger holds; no code is loaded."""
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any
+
+from idempotent_jobs.core.constants import RUN_STATUSES
+from idempotent_jobs.core.errors import InvalidInputError
+from idempotent_jobs.operator.commands.common import (
+    Shared,
+    code_location,
+    emit,
+    open_ledger,
+    positive,
+    when,
+)
+from idempotent_jobs.operator.render import escape_controls, human_bytes, table
+
+if TYPE_CHECKING:
+    from idempotent_jobs.core.ledger import RunLedger
+
+
+def identity_job(args: argparse.Namespace, ledger: "RunLedger") -> tuple[str | None, str]:
+    """``--job`` as the identity job name the ledger keys runs by. An identity name the ledger
+    holds is used as it is (no code is loaded); another name is looked up in the code location
+    (a Dagster job name); a name neither knows exits 2, listing the ledger's jobs."""
+    from idempotent_jobs.operator.code_location import CodeLocationError
+
+    if args.job is None:
+        return None, ""
+    from idempotent_jobs.core.identity import normalize_text
+
+    held = ledger.job_names()
+    name = normalize_text(str(args.job))  # as identities store it: stripped, NFC
+    if name in held:
+        return name, f"identity job {name}"
+    try:
+        match = code_location(args).find_job(name)
+    except (CodeLocationError, InvalidInputError) as exc:
+        reason = exc.reason if isinstance(exc, InvalidInputError) else str(exc)
+        raise InvalidInputError(
+            "--job",
+            f"no runs of a job named {args.job!r}: the ledger's jobs are "
+            f"{', '.join(held) or 'none yet'}; as a Dagster job name: {reason}",
+        ) from None
+    return match.spec.identity_job_name, match.describe()
+
+
+def runs_list(args: argparse.Namespace) -> int:
+    with open_ledger(args) as ledger:
+        job_name, matched = identity_job(args, ledger)
+        runs = ledger.list_runs(
+            job_name=job_name,
+            subject_id=args.subject,
+            status=args.status,
+            since=args.since,
+            until=args.until,
+            limit=args.limit,
+            after=args.after,
+        )
+    rows = [
+        (
+            r.run_id[:12],
+            r.job_name,
+            r.subject_id,
+            r.scheduled_at,
+            r.version,
+            r.status,
+            r.lease_epoch,
+            r.attempts,
+            r.revision,
+            r.lease_owner,
+            r.last_error,
+        )
+        for r in runs
+    ]
+    headers = [
+        "run",
+        "job",
+        "subject",
+        "window",
+        "version",
+        "status",
+        "epoch",
+        "attempts",
+        "revision",
+        "lease owner",
+        "last error",
+    ]
+    human = table(headers, rows)
+    if matched:
+        human = f"job: {escape_controls(matched)}\n{human}"
+    if len(runs) == args.limit:
+        human += f"\nnext page: --after {runs[-1].run_id[:12]}"
+    emit(args, runs, human)
+    return 0
+
+
+def runs_stats(args: argparse.Namespace) -> int:
+    with open_ledger(args) as ledger:
+        tables, parts = ledger.storage()
+    approx = any(p.estimated for p in parts)
+    rows = [
+        (
+            p.job_name,
+            p.part,
+            f"{'~' if p.estimated else ''}{p.rows:,}",
+            f"{'~' if p.estimated else ''}{human_bytes(p.bytes)}",
+        )
+        for p in parts
+    ]
+    disk = [
+        (
+            t.table_name,
+            None if t.estimated_rows is None else f"~{t.estimated_rows:,}",
+            human_bytes(t.total_bytes),
+        )
+        for t in tables
+    ]
+    human = "\n".join(
+        [
+            table(["job", "part", "rows", "stored bytes"], rows),
+            "",
+            "on disk (indexes and TOAST included):",
+            table(["table", "rows", "bytes"], disk),
+        ]
+        + (["", "~: estimated from a sample of the table's pages"] if approx else [])
+    )
+    emit(args, {"tables": tables, "parts": parts}, human)
+    return 0
+
+
+def runs_show(args: argparse.Namespace) -> int:
+    with open_ledger(args) as ledger:
+        run_id = ledger.resolve_run_id(args.run_id)
+        record = ledger.get(run_id)
+        if record is None:
+            print(f"idempotent-jobs: no run {run_id}", file=sys.stderr)
+            return 1
+        attempts = ledger.attempts(run_id)
+        calls = ledger.model_calls(run_id)
+        outbox = ledger.outbox(run_id)
+        revisions = ledger.revisions(run_id)
+    from idempotent_jobs.core.records import CallCosts
+
+    costs = CallCosts.of(calls)
+    data = {
+        "run": record,
+        "attempts": attempts,
+        "model_calls": calls,
+        "costs": costs,
+        "outbox": outbox,
+        "revisions": revisions,
+    }
+    identity = [
+        ("run id", record.run_id),
+        ("job", record.job_name),
+        ("subject", record.subject_id),
+        ("window start", record.scheduled_at),
+        ("version", record.version),
+        ("status", record.status),
+        ("epoch", record.lease_epoch),
+        ("attempts", record.attempts),
+        ("revision", record.revision),
+        ("lease owner", record.lease_owner),
+        ("lease expires", record.lease_expires_at),
+        ("completed at", record.completed_at),
+        ("input fingerprint", record.input_fingerprint),
+        ("config fingerprint", record.config_fingerprint),
+        ("config", record.config_parts),
+        ("last error", record.last_error),
+        ("output", record.output),
+        ("raw input pruned", record.raw_input_pruned_at),
+        ("output pruned", record.output_pruned_at),
+        ("ended attempts pruned", record.attempts_pruned_at),
+    ]
+    attempt_rows = [
+        (
+            a.lease_epoch,
+            a.worker_id,
+            a.caller_run_id,
+            a.caller_step,
+            a.outcome,
+            a.error,
+            a.model_name,
+            a.input_tokens,
+            a.output_tokens,
+            f"{(a.ended_at - a.started_at).total_seconds():.3f}s" if a.ended_at else "-",
+        )
+        for a in attempts
+    ]
+    call_rows = [
+        (
+            c.called_at,
+            c.revision,
+            c.lease_epoch,
+            c.caller_step,
+            c.caller_run_id,
+            c.retry_number,
+            c.model_name,
+            c.input_tokens,
+            c.output_tokens,
+            c.outcome,
+            c.error,
+        )
+        for c in calls
+    ]
+    outbox_rows = [
+        (
+            o.idempotency_key,
+            o.created_at,
+            o.delivered_at,
+            o.delivery_attempts,
+            o.last_error,
+            o.payload_pruned_at,
+        )
+        for o in outbox
+    ]
+    revision_rows = [
+        (v.revision, v.requested_at, v.reason, ",".join(v.channels) or "-", v.previous_output)
+        for v in revisions
+    ]
+    human = "\n".join(
+        [
+            table(["field", "value"], identity),
+            "",
+            "attempts:",
+            table(
+                [
+                    "epoch",
+                    "worker",
+                    "dagster run",
+                    "step",
+                    "outcome",
+                    "error",
+                    "model",
+                    "in tokens",
+                    "out tokens",
+                    "duration",
+                ],
+                attempt_rows,
+            ),
+            "",
+            "model calls:",
+            table(
+                [
+                    "called",
+                    "revision",
+                    "epoch",
+                    "step",
+                    "dagster run",
+                    "retry",
+                    "model",
+                    "in tokens",
+                    "out tokens",
+                    "outcome",
+                    "error",
+                ],
+                call_rows,
+            ),
+            f"cost: {costs.summary()}",
+            "",
+            "outbox:",
+            table(
+                ["key", "queued", "delivered", "tries", "last error", "payload pruned"],
+                outbox_rows,
+            ),
+            "",
+            "revisions:",
+            table(
+                ["revision", "requested", "reason", "channels", "previous output"], revision_rows
+            ),
+        ]
+    )
+    emit(args, data, human)
+    return 0
+
+
+def add_parser(commands: Any, shared: Shared) -> None:
+    runs = commands.add_parser("runs", help="logical runs in the ledger").add_subparsers(
+        dest="runs_command", required=True
+    )
+    listing = runs.add_parser("list", parents=[shared.json_flag], help="list runs")
+    listing.add_argument(
+        "--job", help="identity job name (e.g. competitor-summary) or Dagster job name"
+    )
+    listing.add_argument("--subject")
+    listing.add_argument("--status", choices=RUN_STATUSES)
+    listing.add_argument("--since", type=when, help="window start >= this (ISO, with zone)")
+    listing.add_argument("--until", type=when, help="window start < this (ISO, with zone)")
+    listing.add_argument("--limit", type=positive(int), default=100)
+    listing.add_argument(
+        "--after", help="continue after this run (id or prefix): the previous page's last run"
+    )
+    listing.set_defaults(handler=runs_list)
+    show = runs.add_parser("show", parents=[shared.json_flag], help="one run: attempts, outbox")
+    show.add_argument("run_id", help="run id (or a unique prefix)")
+    runs.add_parser(
+        "stats",
+        parents=[shared.json_flag],
+        help="rows and bytes per job and table (estimated from a sample on big tables)",
+    ).set_defaults(handler=runs_stats)
+    show.set_defaults(handler=runs_show)
