@@ -26,7 +26,8 @@ from bench_ledger import COUNTS, CountingLedger, bench_database, header, row, ta
 
 from idempotent_jobs import RunIdentity, RunLedger
 from idempotent_jobs.core.health import ledger_findings
-from idempotent_jobs.core.retention import RetentionPolicy, prune
+from idempotent_jobs.core.operator_reads import LedgerReads
+from idempotent_jobs.core.retention import RetentionPolicy, database_now, prune
 
 CLI = str(Path(sys.executable).with_name("idempotent-jobs"))
 DB_TARGET_MS, WALL_TARGET_S = 20.0, 0.4
@@ -127,7 +128,7 @@ def operator_commands(url: str, runs: int) -> None:
     ledger = CountingLedger(url)
 
     def show() -> None:
-        run_id = ledger.resolve_run_id(prefix)
+        run_id = LedgerReads(ledger).resolve_run_id(prefix)
         ledger.get(run_id)
         ledger.attempts(run_id)
         ledger.model_calls(run_id)
@@ -135,19 +136,19 @@ def operator_commands(url: str, runs: int) -> None:
         ledger.revisions(run_id)
 
     def page_two() -> None:
-        first = ledger.list_runs(limit=50)
-        ledger.list_runs(limit=50, after=first[-1].run_id)
+        first = LedgerReads(ledger).list_runs(limit=50)
+        LedgerReads(ledger).list_runs(limit=50, after=first[-1].run_id)
 
     commands: list[tuple[str, Callable[[], object], list[str]]] = [
         (f"runs show {prefix}", show, ["runs", "show", prefix]),
         (
             "runs list (newest 50)",
-            lambda: ledger.list_runs(limit=50),
+            lambda: LedgerReads(ledger).list_runs(limit=50),
             ["runs", "list", "--limit", "50"],
         ),
         (
             "runs list --status failed",
-            lambda: ledger.list_runs(status="failed", limit=50),
+            lambda: LedgerReads(ledger).list_runs(status="failed", limit=50),
             ["runs", "list", "--status", "failed", "--limit", "50"],
         ),
         ("runs list, two pages (--after)", page_two, []),
@@ -204,7 +205,7 @@ def prune_while_claiming(url: str, runs: int) -> None:
                 n += 1
 
     with RunLedger(url) as ledger:
-        now = ledger.database_now()
+        now = database_now(ledger)
         started = time.perf_counter()
         dry = [prune(ledger, job, policy, now=now) for job in jobs]
         dry_seconds = time.perf_counter() - started

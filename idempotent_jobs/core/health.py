@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.operator_reads import LedgerReads
 
 Severity = Literal["info", "problem"]
 
@@ -51,7 +52,7 @@ def ledger_findings(
             f"lease expired at {r.lease_expires_at}",
             r.run_id,
         )
-        for r in ledger.expired_leases(limit)
+        for r in LedgerReads(ledger).expired_leases(limit)
     ]
     undelivered = [
         Finding(
@@ -61,7 +62,7 @@ def ledger_findings(
             + (f", last error: {row.last_error}" if row.last_error else ""),
             row.run_id,
         )
-        for row in ledger.stale_outbox(outbox_older_than_seconds, limit)
+        for row in LedgerReads(ledger).stale_outbox(outbox_older_than_seconds, limit)
     ]
     failed = [
         Finding(
@@ -71,7 +72,7 @@ def ledger_findings(
             f"{r.attempts} attempts: {r.last_error}",
             r.run_id,
         )
-        for r in ledger.failed_past_retries(max_attempts, limit)
+        for r in LedgerReads(ledger).failed_past_retries(max_attempts, limit)
     ]
     drills = [
         Finding(
@@ -81,7 +82,7 @@ def ledger_findings(
             f"next {d.remaining} model call(s) fail, until {d.expires_at} "
             "(`idempotent-jobs drill off` ends it)",
         )
-        for d in ledger.drills()
+        for d in LedgerReads(ledger).drills()
     ]
     return [
         *drills,

@@ -11,7 +11,6 @@ flush unless ``durable_lease_commits`` is set (why that is safe: ``sql/ledger.sq
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime
 from functools import cache
 from typing import Any, TypeVar
 
@@ -46,12 +45,8 @@ from idempotent_jobs.core.records import (
     ModelCallRecord,
     ModelUsage,
     OutboxRecord,
-    PruneBatch,
     RevisionRecord,
     RunRecord,
-    RunStatus,
-    StoredPart,
-    StoredTable,
 )
 from idempotent_jobs.core.upgrade import MigrationReport
 from idempotent_jobs.core.usage import recordable_usage
@@ -126,7 +121,7 @@ def _check_name(field: str, value: object, limit: int = MAX_NAME_CHARS) -> str:
     return value
 
 
-def _check_limit(limit: object) -> int:
+def check_limit(limit: object) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int):
         raise InvalidInputError("limit", f"must be a whole number, got {limit!r}")
     if limit < 1:
@@ -286,6 +281,13 @@ class RunLedger:
 
     def __repr__(self) -> str:  # the conninfo may hold a password: never shown
         return f"RunLedger(schema={self.schema!r})"
+
+    @property
+    def executor(self) -> Executor:
+        """The statements' executor and its pool: the operator reads
+        (:class:`~idempotent_jobs.core.operator_reads.LedgerReads`) and retention
+        (:mod:`idempotent_jobs.core.retention`) run over it, outside the worker's path."""
+        return self._db
 
     @property
     def schema(self) -> str:
@@ -666,14 +668,6 @@ class RunLedger:
         rows = self._db.rows("take_drill", {"job_name": job_name})
         return int(rows[0][1]) if rows else None
 
-    def drills(self) -> list[DrillRecord]:
-        """The drills still armed."""
-        return self._db.fetch("list_drills", {}, record_row(DrillRecord))
-
-    def job_names(self) -> list[str]:
-        """The identity job names of the runs in the ledger, in order."""
-        return [name for (name,) in self._db.rows("job_names", {})]
-
     def get(self, run_id: str) -> RunRecord | None:
         """The stored record of a run, or ``None``."""
         rows = self._db.fetch("get_run", {"run_id": run_id}, record_row(RunRecord))
@@ -693,49 +687,9 @@ class RunLedger:
         """Outbox rows, optionally of one run and/or only those not delivered yet."""
         return self._db.fetch(
             "list_outbox",
-            {"run_id": run_id, "pending_only": pending_only, "limit": _check_limit(limit)},
+            {"run_id": run_id, "pending_only": pending_only, "limit": check_limit(limit)},
             record_row(OutboxRecord),
         )
-
-    def list_runs(
-        self,
-        *,
-        job_name: str | None = None,
-        subject_id: str | None = None,
-        status: RunStatus | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        limit: int | None = 100,
-        after: str | None = None,
-    ) -> list[RunRecord]:
-        """Runs, newest window first (``limit=None``: all); ``since``/``until`` bound the
-        window start, ``until`` exclusive. ``job_name`` and ``subject_id`` are compared as the
-        identity stores them (stripped, Unicode NFC).
-
-        ``after`` (a run id or a unique prefix of one, usually the last run of the previous
-        page) continues the listing after that run: pages by keyset, as cheap on the
-        thousandth page as on the first."""
-        params = {
-            "after": None if after is None else self.resolve_run_id(after),
-            "job_name": None if job_name is None else normalize_text(job_name),
-            "subject_id": None if subject_id is None else normalize_text(subject_id),
-            "status": status,
-            "since": since,
-            "until": until,
-            "limit": None if limit is None else _check_limit(limit),
-        }
-        return self._db.fetch("list_runs", params, record_row(RunRecord))
-
-    def resolve_run_id(self, prefix: str) -> str:
-        """The one run id starting with ``prefix`` (hex); raise if none or several match."""
-        prefix = prefix.strip().lower()
-        if not prefix or any(c not in "0123456789abcdef" for c in prefix) or len(prefix) > 64:
-            raise InvalidInputError("run_id", f"{prefix!r} is not a run id or a hex prefix of one")
-        matches = [r[0] for r in self._db.rows("run_ids_by_prefix", {"prefix": prefix})]
-        if len(matches) != 1:
-            many = "several runs" if matches else "no run"
-            raise RunNotFoundError(f"run id prefix {prefix!r} matches {many}")
-        return str(matches[0])
 
     def revisions(self, run_id: str) -> list[RevisionRecord]:
         """The accepted results a run had before each explicit revision, oldest first."""
@@ -788,129 +742,6 @@ class RunLedger:
         raise InvalidInputError(
             "run_id", f"only a completed run can be revised; {run_id} is {record.status}"
         )
-
-    def drifted(
-        self, job_name: str, version: str, config: JobConfig, *, limit: int = 1000
-    ) -> list[RunRecord]:
-        """Completed runs of ``job_name``/``version`` whose result was computed under another
-        configuration than ``config`` (newest window first)."""
-        params = {
-            "job_name": normalize_text(job_name),
-            "version": normalize_text(version),
-            "config_fingerprint": config.fingerprint,
-            "limit": _check_limit(limit),
-        }
-        return self._db.fetch("drifted_runs", params, record_row(RunRecord))
-
-    def expired_leases(self, limit: int | None = None) -> list[RunRecord]:
-        """Running runs whose lease expired (by the database clock) without completion, the
-        longest expired first (``limit``: at most that many)."""
-        params = {"limit": None if limit is None else _check_limit(limit)}
-        return self._db.fetch("expired_leases", params, record_row(RunRecord))
-
-    def stale_outbox(
-        self, older_than_seconds: float, limit: int | None = None
-    ) -> list[OutboxRecord]:
-        """Undelivered notifications queued more than ``older_than_seconds`` ago, oldest
-        first."""
-        params = {
-            "older_than_seconds": float(older_than_seconds),
-            "limit": None if limit is None else _check_limit(limit),
-        }
-        return self._db.fetch("stale_outbox", params, record_row(OutboxRecord))
-
-    def failed_past_retries(self, max_attempts: int, limit: int | None = None) -> list[RunRecord]:
-        """Failed runs that have used ``max_attempts`` claims or more, the longest failed
-        first."""
-        params = {
-            "max_attempts": max_attempts,
-            "limit": None if limit is None else _check_limit(limit),
-        }
-        return self._db.fetch("failed_past_retries", params, record_row(RunRecord))
-
-    # -- retention ---------------------------------------------------------------------------
-
-    def database_now(self) -> datetime:
-        """The database server's clock."""
-        [(now,)] = self._db.rows("database_now", {})
-        assert isinstance(now, datetime)
-        return now
-
-    def prune_batch(
-        self,
-        job_name: str,
-        after: tuple[str, datetime, str],
-        batch_size: int,
-        *,
-        raw_input_before: datetime | None,
-        output_before: datetime | None,
-        attempts_before: datetime | None,
-        payloads_before: datetime | None,
-        apply: bool,
-    ) -> PruneBatch:
-        """One retention batch of a job's runs after the identity ``after`` (see
-        :func:`idempotent_jobs.core.retention.prune`)."""
-        params = {
-            "job_name": normalize_text(job_name),
-            "after_subject": after[0],
-            "after_scheduled_at": after[1],
-            "after_version": after[2],
-            "batch_size": batch_size,
-            "raw_input_before": raw_input_before,
-            "output_before": output_before,
-            "attempts_before": attempts_before,
-            "payloads_before": payloads_before,
-            "apply": apply,
-        }
-        [row] = self._db.rows("prune_batch", params)
-        subject, scheduled_at, version, *counts, _ = row
-        last = None if subject is None else (subject, scheduled_at, version)
-        names = [f.name for f in dataclasses.fields(PruneBatch) if f.name != "last_key"]
-        return PruneBatch(last_key=last, **dict(zip(names, counts, strict=True)))
-
-    def storage(
-        self, exact_below_rows: int = 200_000
-    ) -> tuple[list[StoredTable], list[StoredPart]]:
-        """What the ledger holds: each table's estimated rows and bytes on disk, and per job
-        the rows and stored bytes of runs, raw inputs, outputs, attempts and outbox payloads.
-        Exact for tables under ``exact_below_rows`` rows (by the catalogue's estimate); over
-        that, estimated from a sample of about that many rows' pages."""
-        tables = self._db.fetch("storage_tables", {"schema": self.schema}, record_row(StoredTable))
-        estimated = {t.table_name: t.estimated_rows or 0 for t in tables}
-        parts: list[StoredPart] = []
-
-        def percent(table: str) -> float:
-            rows = estimated.get(table, 0)
-            return 100.0 if rows < exact_below_rows else 100.0 * exact_below_rows / rows
-
-        def add(part: str, job: str, rows: int, size: int, sampled_percent: float) -> None:
-            scale = 100.0 / sampled_percent
-            parts.append(
-                StoredPart(
-                    job_name=job,
-                    part=part,
-                    rows=round(rows * scale),
-                    bytes=round(size * scale),
-                    estimated=scale > 1,
-                )
-            )
-
-        runs_percent = percent("runs")
-        for job, rows, row_bytes, raw_bytes, output_bytes in self._db.rows(
-            "storage_runs", {"percent": runs_percent}
-        ):
-            add("runs", job, rows, row_bytes, runs_percent)
-            add("runs.raw_input", job, rows, raw_bytes, runs_percent)
-            add("runs.output", job, rows, output_bytes, runs_percent)
-        attempts_percent = percent("run_attempts")
-        for job, rows, size in self._db.rows("storage_attempts", {"percent": attempts_percent}):
-            add("run_attempts", job, rows, size, attempts_percent)
-        outbox_percent = percent("notification_outbox")
-        for job, rows, size in self._db.rows("storage_outbox", {"percent": outbox_percent}):
-            add("notification_outbox.payload", job, rows, size, outbox_percent)
-        order = ["runs", "runs.raw_input", "runs.output", "run_attempts"]
-        parts.sort(key=lambda p: (p.job_name, order.index(p.part) if p.part in order else 9))
-        return tables, parts
 
     # -- delivery ----------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ import dagster as dg
 from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.core.health import Finding, Severity, ledger_findings
 from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.operator_reads import LedgerReads
 from idempotent_jobs.core.records import JobConfig
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 
@@ -31,7 +32,7 @@ def drift_findings(
         if config is None:
             continue
         # One more than are listed, to know whether there are more; rows carry their payloads.
-        drifted = ledger.drifted(
+        drifted = LedgerReads(ledger).drifted(
             spec.identity_job_name, spec.version, config, limit=MAX_DRIFT_FINDINGS + 1
         )
         for record in drifted[:MAX_DRIFT_FINDINGS]:
@@ -78,7 +79,8 @@ def dagster_findings(
     for spec in specs:
         # One read of the job's ledger runs, not one per partition.
         records = {
-            r.run_id: r for r in ledger.list_runs(job_name=spec.identity_job_name, limit=None)
+            r.run_id: r
+            for r in LedgerReads(ledger).list_runs(job_name=spec.identity_job_name, limit=None)
         }
         for partition, runs in sorted(_partition_runs(instance, spec.name).items()):
             try:

@@ -15,6 +15,7 @@ from psycopg.conninfo import make_conninfo
 from idempotent_jobs import ModelAnswer, ModelUsage, RunLedger, run_idempotent
 from idempotent_jobs.core.errors import LedgerPermissionError
 from idempotent_jobs.core.grants import WORKER_PRIVILEGES, reader_role, worker_role
+from idempotent_jobs.core.operator_reads import LedgerReads
 from idempotent_jobs.core.retention import RetentionPolicy, prune
 from idempotent_jobs.operator.cli import main
 from idempotent_jobs_tests.helpers import backdate, deliver_all, email, identity
@@ -108,7 +109,7 @@ def test_a_reader_role_reads_and_writes_nothing(login_role: MakeRole, ledger: Ru
     done = run_idempotent(ledger, identity(), collect=lambda i: {"x": 1}, transform=answer)
     as_reader = login_role(reader_role(SCHEMA))
     with RunLedger(as_reader) as reading:
-        assert [r.run_id for r in reading.list_runs()] == [done.run_id]
+        assert [r.run_id for r in LedgerReads(reading).list_runs()] == [done.run_id]
         assert reading.model_calls(done.run_id)
         with pytest.raises(LedgerPermissionError, match="GRANT idempotent_jobs_worker TO"):
             run_idempotent(reading, identity("other"), collect=lambda i: {"x": 1}, transform=answer)

@@ -570,3 +570,27 @@ def test_lease_commit_mode_stays_inside_its_statement(database: str, durable: bo
         assert ledger.complete(lease, {"summary": "s"}).accepted
         stored = ledger.get(ident.run_id)
         assert stored is not None and stored.raw_input == {"documents": ["d"]}
+
+
+def test_the_ledger_is_the_workers_path_and_operator_reads_live_apart(ledger: RunLedger) -> None:
+    """Listings, health checks, storage and retention run over the ledger's pool from classes
+    and functions of their own; RunLedger keeps what a worker does."""
+    from idempotent_jobs.core import retention
+    from idempotent_jobs.core.operator_reads import LedgerReads
+
+    operator_reads = (
+        "list_runs",
+        "resolve_run_id",
+        "expired_leases",
+        "stale_outbox",
+        "failed_past_retries",
+        "storage",
+        "job_names",
+        "drifted",
+        "drills",
+    )
+    for name in operator_reads:
+        assert not hasattr(RunLedger, name) and callable(getattr(LedgerReads, name)), name
+    assert not hasattr(RunLedger, "prune_batch") and callable(retention.prune_batch)
+    reads = LedgerReads(ledger)
+    assert reads.list_runs() == [] and reads.job_names() == [] and reads.drills() == []

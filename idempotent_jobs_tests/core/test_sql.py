@@ -63,7 +63,9 @@ def test_every_write_after_a_claim_carries_the_owner_and_epoch_fence() -> None:
 def test_every_statement_has_a_purpose_and_every_one_is_used() -> None:
     package = Path(ledger_module.__file__).resolve().parents[1]
     source = "\n".join(p.read_text(encoding="utf-8") for p in sorted(package.rglob("*.py")))
-    used = set(re.findall(r'(?:_db\.(?:fetch|rows|query)|_fenced)\(\s*"([a-z_]+)"', source))
+    used = set(
+        re.findall(r'(?:(?:_db|executor)\.(?:fetch|rows|query)|_fenced)\(\s*"([a-z_]+)"', source)
+    )
     assert used == set(STATEMENTS)
     for statement in STATEMENTS.values():
         assert statement.purpose.endswith("."), statement.name

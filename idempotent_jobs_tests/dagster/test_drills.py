@@ -8,6 +8,7 @@ import psycopg
 import pytest
 
 from idempotent_jobs import RunLedger
+from idempotent_jobs.core.operator_reads import LedgerReads
 from idempotent_jobs.core.records import CallOrigin, JobConfig
 from idempotent_jobs.core.steps import call_model, collect_once
 from idempotent_jobs.dagster.drill import ModelOutageDrill, drill_for
@@ -18,18 +19,18 @@ def test_a_drill_fails_only_its_job_and_only_n_calls(ledger: RunLedger) -> None:
     ledger.arm_drill("lead-scoring", 3, 3600)
     assert ledger.take_drill("ticket-triage") is None
     assert [ledger.take_drill("lead-scoring") for _ in range(4)] == [2, 1, 0, None]
-    assert ledger.drills() == []
+    assert LedgerReads(ledger).drills() == []
 
 
 def test_a_drill_for_every_job_and_its_expiry(ledger: RunLedger, db: psycopg.Connection) -> None:
     ledger.arm_drill("*", 5, 3600)
     assert ledger.take_drill("any-job") == 4
-    [armed] = ledger.drills()
+    [armed] = LedgerReads(ledger).drills()
     assert (armed.job_name, armed.remaining) == ("*", 4)
     db.execute("UPDATE idempotent_jobs.drills SET expires_at = now() - interval '1 s'")
-    assert ledger.take_drill("any-job") is None and ledger.drills() == []
+    assert ledger.take_drill("any-job") is None and LedgerReads(ledger).drills() == []
     ledger.arm_drill("*", 2, 3600)  # arming again replaces the expired drill
-    assert [d.remaining for d in ledger.drills()] == [2]
+    assert [d.remaining for d in LedgerReads(ledger).drills()] == [2]
     assert [d.job_name for d in ledger.disarm_drills()] == ["*"]
     with pytest.raises(ValueError, match="calls"):
         ledger.arm_drill("*", 0, 3600)

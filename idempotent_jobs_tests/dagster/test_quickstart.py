@@ -22,6 +22,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from idempotent_jobs import RunLedger
+from idempotent_jobs.core.operator_reads import LedgerReads
 from idempotent_jobs.dagster.project import dagster_storage_url
 from idempotent_jobs_tests.chaos.parts import Receiver
 from idempotent_jobs_tests.helpers import JsonApi
@@ -127,7 +128,11 @@ def test_the_quickstart_runs_as_written(
     for command in commands:
         if "<run-id>" in command:
             with RunLedger(fresh_database) as ledger:
-                run_id = ledger.list_runs(job_name="lead-scoring", subject_id="emea")[0].run_id
+                run_id = (
+                    LedgerReads(ledger)
+                    .list_runs(job_name="lead-scoring", subject_id="emea")[0]
+                    .run_id
+                )
             command = command.replace("<run-id>", run_id[:12])
         done = subprocess.run(
             shlex.split(command),
@@ -160,7 +165,7 @@ def test_the_quickstart_runs_as_written(
             assert "ok: role leads_worker has every privilege workers need" in doctor.stdout
 
     with RunLedger(fresh_database) as ledger:
-        runs = ledger.list_runs(job_name="lead-scoring")
+        runs = LedgerReads(ledger).list_runs(job_name="lead-scoring")
         assert sorted(r.subject_id for r in runs) == ["amer", "emea"]
         for run in runs:
             calls = [c.outcome for c in ledger.model_calls(run.run_id)]

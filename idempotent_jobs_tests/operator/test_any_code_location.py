@@ -12,6 +12,7 @@ import dagster as dg
 import pytest
 
 from idempotent_jobs import RunLedger
+from idempotent_jobs.core.operator_reads import LedgerReads
 from idempotent_jobs.operator.cli import main
 from idempotent_jobs.operator.code_location import CODE_LOCATION_ENV, load_workspace
 from idempotent_jobs_tests.chaos.parts import Receiver
@@ -110,7 +111,7 @@ def test_every_command_finds_the_users_job(
     assert "ticket-triage  runs.output" in out and "dry run" in out
 
     with RunLedger(database) as ledger:
-        [first, _] = ledger.list_runs(job_name="ticket-triage")
+        [first, _] = LedgerReads(ledger).list_runs(job_name="ticket-triage")
     code, out = cli(
         capsys,
         "revise",

@@ -14,6 +14,7 @@ from psycopg import sql
 
 from idempotent_jobs import LedgerPermissionError, RunIdentity, RunLedger
 from idempotent_jobs.core.database import ledger_conninfo
+from idempotent_jobs.core.operator_reads import LedgerReads
 from idempotent_jobs.dagster.project import dagster_storage_url
 from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
 from idempotent_jobs.operator.render import escape_controls
@@ -163,7 +164,7 @@ def test_migrate_and_open_accept_a_sqlalchemy_style_url(fresh_database: str) -> 
     assert url.startswith("postgresql+psycopg2://")
     assert RunLedger(url).migrate() != []
     with RunLedger(url) as ledger:
-        assert ledger.list_runs() == []
+        assert LedgerReads(ledger).list_runs() == []
 
 
 def test_a_malformed_url_is_one_clear_line_without_the_password(
@@ -247,7 +248,7 @@ def test_reads_are_utc_whatever_the_servers_time_zone(
         ("e" * 64,),
     )
     with RunLedger(database) as ledger:
-        [far] = ledger.list_runs()
+        [far] = LedgerReads(ledger).list_runs()
     assert far.scheduled_at.year == 9999 and far.scheduled_at.utcoffset().total_seconds() == 0  # type: ignore[union-attr]
 
 

@@ -15,6 +15,7 @@ from idempotent_jobs.operator.render import table, to_json
 
 if TYPE_CHECKING:
     from idempotent_jobs.core.ledger import RunLedger
+    from idempotent_jobs.core.operator_reads import LedgerReads
     from idempotent_jobs.operator.code_location import Workspace
 
 #: The largest value each kind of numeric option takes: a number past these is a typo, and
@@ -66,6 +67,14 @@ def open_ledger(args: argparse.Namespace) -> "RunLedger":
         schema=args.schema,
         connect_timeout_seconds=args.connect_timeout,
     )
+
+
+def reads(ledger: "RunLedger") -> "LedgerReads":
+    """The operator reads over ``ledger``'s pool (imported when a command runs, so that the
+    parser imports no psycopg)."""
+    from idempotent_jobs.core.operator_reads import LedgerReads
+
+    return LedgerReads(ledger)
 
 
 def code_location(args: argparse.Namespace) -> "Workspace":

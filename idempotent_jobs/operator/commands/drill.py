@@ -11,6 +11,7 @@ from idempotent_jobs.operator.commands.common import (
     emit,
     open_ledger,
     positive,
+    reads,
 )
 from idempotent_jobs.operator.render import escape_controls, table
 
@@ -50,7 +51,7 @@ def drill(args: argparse.Namespace) -> int:
             human = f"drill off for {said}" if ended else f"no drill was armed for {said}"
             emit(args, ended, escape_controls(human))
             return 0
-        drills = ledger.drills()
+        drills = reads(ledger).drills()
     rows = [(d.job_name, d.remaining, d.expires_at, d.armed_by) for d in drills]
     emit(args, drills, table(["job", "calls left", "expires", "armed by"], rows))
     return 0

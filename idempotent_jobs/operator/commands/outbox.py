@@ -11,6 +11,7 @@ from idempotent_jobs.operator.commands.common import (
     emit,
     open_ledger,
     positive,
+    reads,
 )
 from idempotent_jobs.operator.render import table
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 def outbox_list(args: argparse.Namespace) -> int:
     with open_ledger(args) as ledger:
-        run_id = ledger.resolve_run_id(args.run) if args.run else None
+        run_id = reads(ledger).resolve_run_id(args.run) if args.run else None
         rows = ledger.outbox(run_id, pending_only=args.pending, limit=args.limit)
     human = table(
         ["key", "queued", "delivered", "tries", "last error", "payload"],
@@ -43,7 +44,7 @@ def outbox_list(args: argparse.Namespace) -> int:
 def outbox_deliver(args: argparse.Namespace) -> int:
     workspace = code_location(args)
     with open_ledger(args) as ledger, workspace.channels() as channels:
-        run_id = ledger.resolve_run_id(args.run) if args.run else None
+        run_id = reads(ledger).resolve_run_id(args.run) if args.run else None
 
         def send(row: Any) -> None:
             channel = channels.get(row.channel)

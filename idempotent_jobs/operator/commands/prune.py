@@ -10,6 +10,7 @@ from idempotent_jobs.operator.commands.common import (
     emit,
     open_ledger,
     positive,
+    reads,
 )
 from idempotent_jobs.operator.render import escape_controls, human_bytes, table
 
@@ -36,7 +37,7 @@ def retention_policies(
                 "(--raw-input-days, --output-days, --attempts-days, --outbox-days)"
             ) from None
         with open_ledger(args) as ledger:
-            names = list(args.job or ledger.job_names())
+            names = list(args.job or reads(ledger).job_names())
         policy = RetentionPolicy().overridden(**overrides)
         return [(name, policy) for name in dict.fromkeys(names)], [
             "no code location: the command line's retention for identity jobs "

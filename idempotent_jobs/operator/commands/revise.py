@@ -11,6 +11,7 @@ from idempotent_jobs.operator.commands.common import (
     code_location,
     emit,
     open_ledger,
+    reads,
 )
 from idempotent_jobs.operator.render import escape_controls
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 def revise(args: argparse.Namespace) -> int:
     """Everything that can be checked is checked before the one write (the revise itself)."""
     with open_ledger(args) as ledger:
-        run_id = ledger.resolve_run_id(args.run_id)
+        run_id = reads(ledger).resolve_run_id(args.run_id)
         record = ledger.get(run_id)
         if record is None:
             raise RunNotFoundError(f"run {run_id} is not registered")

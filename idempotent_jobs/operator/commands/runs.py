@@ -12,6 +12,7 @@ from idempotent_jobs.operator.commands.common import (
     emit,
     open_ledger,
     positive,
+    reads,
     when,
 )
 from idempotent_jobs.operator.render import escape_controls, human_bytes, table
@@ -30,7 +31,7 @@ def identity_job(args: argparse.Namespace, ledger: "RunLedger") -> tuple[str | N
         return None, ""
     from idempotent_jobs.core.identity import normalize_text
 
-    held = ledger.job_names()
+    held = reads(ledger).job_names()
     name = normalize_text(str(args.job))  # as identities store it: stripped, NFC
     if name in held:
         return name, f"identity job {name}"
@@ -49,7 +50,7 @@ def identity_job(args: argparse.Namespace, ledger: "RunLedger") -> tuple[str | N
 def runs_list(args: argparse.Namespace) -> int:
     with open_ledger(args) as ledger:
         job_name, matched = identity_job(args, ledger)
-        runs = ledger.list_runs(
+        runs = reads(ledger).list_runs(
             job_name=job_name,
             subject_id=args.subject,
             status=args.status,
@@ -98,7 +99,7 @@ def runs_list(args: argparse.Namespace) -> int:
 
 def runs_stats(args: argparse.Namespace) -> int:
     with open_ledger(args) as ledger:
-        tables, parts = ledger.storage()
+        tables, parts = reads(ledger).storage()
     approx = any(p.estimated for p in parts)
     rows = [
         (
@@ -132,7 +133,7 @@ def runs_stats(args: argparse.Namespace) -> int:
 
 def runs_show(args: argparse.Namespace) -> int:
     with open_ledger(args) as ledger:
-        run_id = ledger.resolve_run_id(args.run_id)
+        run_id = reads(ledger).resolve_run_id(args.run_id)
         record = ledger.get(run_id)
         if record is None:
             print(f"idempotent-jobs: no run {run_id}", file=sys.stderr)
