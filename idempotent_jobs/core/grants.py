@@ -21,6 +21,7 @@ WORKER_PRIVILEGES: dict[str, tuple[str, ...]] = {
     "run_revisions": ("SELECT", "INSERT", "UPDATE"),
     "model_calls": ("SELECT", "INSERT", "UPDATE"),
     "identity_upgrades": ("SELECT",),
+    "upgrade_steps": ("SELECT",),
     "drills": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # operators arm, workers take
     "attempts": ("SELECT",),
     "schema_migrations": ("SELECT",),

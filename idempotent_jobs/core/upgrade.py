@@ -1,6 +1,7 @@
 """What ``migrate`` does beyond the schema: the data and grants an earlier release left.
 
-Run after the migrations, every time (each step finds nothing the second time):
+Run after the migrations; the two data steps once per ledger (``upgrade_steps`` records them),
+the grants at every ``migrate``:
 - identities stored in another Unicode form than NFC (release 0.1 stored them as given) are put
   in NFC, keeping their run ids: the NFC form then finds the run by its identity key;
 - values nested deeper than :data:`MAX_JSON_DEPTH` are reported: they read as
@@ -8,6 +9,7 @@ Run after the migrations, every time (each step finds nothing the second time):
 - the group roles and their grants (core/grants.py).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psycopg
@@ -136,6 +138,25 @@ def find_too_deep(conn: psycopg.Connection, schema_name: str, report: MigrationR
     report.found.extend(_bounded(found, "too deep"))
 
 
+_STEP_DONE = "SELECT 1 FROM {schema}.upgrade_steps WHERE step = %s"
+_MARK_DONE = "INSERT INTO {schema}.upgrade_steps (step) VALUES (%s) ON CONFLICT DO NOTHING"
+
+
+def _once(
+    conn: psycopg.Connection,
+    schema_name: str,
+    step: Callable[[psycopg.Connection, str, MigrationReport], None],
+    report: MigrationReport,
+) -> None:
+    """Run a data step unless it has finished on this ledger before (``upgrade_steps``): each
+    scans whole tables, once, at the upgrade; a step that failed runs again next time."""
+    name = step.__name__
+    if conn.execute(_q(_STEP_DONE, schema_name), (name,)).fetchone():
+        return
+    step(conn, schema_name, report)
+    conn.execute(_q(_MARK_DONE, schema_name), (name,))
+
+
 def upgrade(conn: psycopg.Connection, schema_name: str) -> MigrationReport:
     """Apply the missing migrations, then the data and grant steps above; say what was done."""
     with migration_lock(conn, schema_name):
@@ -145,8 +166,8 @@ def upgrade(conn: psycopg.Connection, schema_name: str) -> MigrationReport:
         exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
         if not exists or not exists[0]:
             return report  # code shipping fewer migrations (a test's): nothing to upgrade yet
-        normalise_identities(conn, schema_name, report)
-        find_too_deep(conn, schema_name, report)
+        for step in (normalise_identities, find_too_deep):
+            _once(conn, schema_name, step, report)
         grants = ensure_grants(conn, schema_name)
     report.done.extend(grants.done)
     report.found.extend(grants.found)

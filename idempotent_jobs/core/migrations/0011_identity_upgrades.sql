@@ -16,3 +16,10 @@ CREATE TABLE {schema}.identity_upgrades (
     kept_for    text,
     upgraded_at timestamptz NOT NULL DEFAULT now()
 );
+
+-- The data steps `migrate` has finished on this ledger (core/upgrade.py), so that each scans the
+-- tables once, at the upgrade, not at every later `migrate`.
+CREATE TABLE {schema}.upgrade_steps (
+    step    text PRIMARY KEY,
+    done_at timestamptz NOT NULL DEFAULT now()
+);
