@@ -21,7 +21,7 @@ import os
 import sys
 import tomllib
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,17 +143,16 @@ class Workspace:
     def channels(self) -> Iterator[dict[str, NotificationChannel]]:
         """Every ``NotificationChannel`` resource of the loaded definitions, by key, built (so
         ``EnvVar`` settings are resolved from this process's environment)."""
-        wanted: list[tuple[CodeLocation, dict[str, NotificationChannel]]] = [
-            (
-                location,
-                {k: v for k, v in location.resources.items() if isinstance(v, NotificationChannel)},
-            )
-            for location in self.locations
-        ]
         built: dict[str, NotificationChannel] = {}
-        with _built_all([w for _, w in wanted]) as instances:
-            for resources in instances:
-                built.update(resources)
+        with ExitStack() as stack:
+            for location in self.locations:
+                wanted = {
+                    k: v
+                    for k, v in location.resources.items()
+                    if isinstance(v, NotificationChannel)
+                }
+                resources = stack.enter_context(dg.build_resources(wanted))
+                built.update({key: getattr(resources, key) for key in wanted})
             yield built
 
     def configs(self, specs: Sequence[IdempotentJobSpec]) -> dict[str, JobConfig]:
@@ -166,18 +165,6 @@ class Workspace:
                 with dg.build_resources({spec.model: resource}) as built:
                     configs[spec.name] = spec.config_of(getattr(built, spec.model))
         return configs
-
-
-@contextmanager
-def _built_all(
-    groups: Sequence[dict[str, NotificationChannel]],
-) -> Iterator[list[dict[str, NotificationChannel]]]:
-    if not groups:
-        yield []
-        return
-    first, *rest = groups
-    with dg.build_resources(first) as built, _built_all(rest) as others:
-        yield [{key: getattr(built, key) for key in first}, *others]
 
 
 # -- finding the target ---------------------------------------------------------------------
@@ -223,32 +210,23 @@ def _workspace_targets(workspace: Path) -> list[Target]:
     for entry in config.get("load_from") or []:
         if not isinstance(entry, dict):
             continue
-        if "python_module" in entry:
-            value = entry["python_module"]
-            value = {"module_name": value} if isinstance(value, str) else value
-            working = value.get("working_directory")
-            targets.append(
-                Target(
-                    module=value["module_name"],
-                    attribute=value.get("attribute"),
-                    working_directory=(folder / working) if working else folder,
-                    found_in=found_in,
-                    config_file=workspace,
-                )
+        kind = next((k for k in ("python_module", "python_file") if k in entry), None)
+        if kind is None:
+            continue
+        value = entry[kind]
+        if isinstance(value, str):
+            value = {"module_name" if kind == "python_module" else "relative_path": value}
+        working = value.get("working_directory")
+        targets.append(
+            Target(
+                module=value.get("module_name"),
+                python_file=folder / value["relative_path"] if kind == "python_file" else None,
+                attribute=value.get("attribute"),
+                working_directory=(folder / working) if working else folder,
+                found_in=found_in,
+                config_file=workspace,
             )
-        elif "python_file" in entry:
-            value = entry["python_file"]
-            value = {"relative_path": value} if isinstance(value, str) else value
-            working = value.get("working_directory")
-            targets.append(
-                Target(
-                    python_file=folder / value["relative_path"],
-                    attribute=value.get("attribute"),
-                    working_directory=(folder / working) if working else folder,
-                    found_in=found_in,
-                    config_file=workspace,
-                )
-            )
+        )
     if not targets:
         raise CodeLocationError(f"{workspace} has no python_module or python_file entry")
     return targets

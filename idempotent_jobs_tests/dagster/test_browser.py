@@ -15,6 +15,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,36 @@ def wait_until_serving(url: str, process: subprocess.Popen[bytes], log: Path) ->
     raise AssertionError(f"the UI never came up:\n{log.read_text()[-3000:]}")
 
 
+@contextmanager
+def running_dev(
+    env: dict[str, str], log: Path, cwd: Path | None = None, stop: int = signal.SIGTERM
+) -> Iterator[str]:
+    """`idempotent-jobs dev` in its own session until the block ends, then stopped with
+    ``stop``; yields the UI URL. It must exit 0 (the log's tail says why not)."""
+    port = free_port()
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "idempotent_jobs.operator.cli", "dev", "--port", str(port)],
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_serving(url, process, log)
+        yield url
+    finally:
+        process.send_signal(stop)
+        try:
+            process.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+    assert process.returncode == 0, log.read_text()[-3000:]
+
+
 @pytest.fixture
 def dev_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """`idempotent-jobs dev` in its own session; yields the UI URL and the project home."""
@@ -72,28 +103,8 @@ def dev_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         )
     }
     env["IDEMPOTENT_JOBS_HOME"] = str(home)
-    port = free_port()
-    log = tmp_path / "dev.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "idempotent_jobs.operator.cli", "dev", "--port", str(port)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_serving(url, process, log)
+    with running_dev(env, tmp_path / "dev.log") as url:
         yield url, home
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            raise
-    assert process.returncode == 0, log.read_text()[-3000:]
     assert not (home / "pgdata" / "postmaster.pid").exists(), "dev stops what it started"
 
 

@@ -164,11 +164,9 @@ def test_dev_serves_a_project_with_only_a_dagster_block(tmp_path: Path) -> None:
     import json
     import os
     import signal
-    import subprocess
-    import sys
     import urllib.request
 
-    from idempotent_jobs_tests.dagster.test_browser import free_port, wait_until_serving
+    from idempotent_jobs_tests.dagster.test_browser import running_dev
 
     project = tmp_path / "triage-project"
     (project / "src").mkdir(parents=True)
@@ -189,20 +187,7 @@ def test_dev_serves_a_project_with_only_a_dagster_block(tmp_path: Path) -> None:
         HELPDESK_TICKETS_URL="http://127.0.0.1:9/tickets",
         TRIAGE_WEBHOOK_URL="http://127.0.0.1:9/hook",
     )
-    port = free_port()
-    log = tmp_path / "dev.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "idempotent_jobs.operator.cli", "dev", "--port", str(port)],
-            cwd=project / "src",
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_serving(url, process, log)
+    with running_dev(env, tmp_path / "dev.log", cwd=project / "src", stop=signal.SIGINT) as url:
         jobs = "{ repositoriesOrError { ... on RepositoryConnection { nodes { jobs { name } } } } }"
         query = json.dumps({"query": jobs}).encode()
         request = urllib.request.Request(
@@ -212,13 +197,5 @@ def test_dev_serves_a_project_with_only_a_dagster_block(tmp_path: Path) -> None:
             nodes = json.load(answer)["data"]["repositoriesOrError"]["nodes"]
         assert "ticket_triage" in {job["name"] for node in nodes for job in node["jobs"]}
         assert (state / "pgdata" / "postmaster.pid").exists()
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            raise
-    assert process.returncode == 0, log.read_text()[-3000:]
     assert not (state / "pgdata" / "postmaster.pid").exists(), "dev stops what it started"
     assert (home / "dagster.yaml").read_text() == USER_DAGSTER_YAML

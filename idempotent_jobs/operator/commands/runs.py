@@ -25,7 +25,6 @@ def identity_job(args: argparse.Namespace, ledger: "RunLedger") -> tuple[str | N
     """``--job`` as the identity job name the ledger keys runs by. An identity name the ledger
     holds is used as it is (no code is loaded); another name is looked up in the code location
     (a Dagster job name); a name neither knows exits 2, listing the ledger's jobs."""
-    from idempotent_jobs.operator.code_location import CodeLocationError
 
     if args.job is None:
         return None, ""
@@ -37,12 +36,11 @@ def identity_job(args: argparse.Namespace, ledger: "RunLedger") -> tuple[str | N
         return name, f"identity job {name}"
     try:
         match = code_location(args).find_job(name)
-    except (CodeLocationError, InvalidInputError) as exc:
-        reason = exc.reason if isinstance(exc, InvalidInputError) else str(exc)
+    except InvalidInputError as exc:  # a CodeLocationError too: no code location here
         raise InvalidInputError(
             "--job",
             f"no runs of a job named {args.job!r}: the ledger's jobs are "
-            f"{', '.join(held) or 'none yet'}; as a Dagster job name: {reason}",
+            f"{', '.join(held) or 'none yet'}; as a Dagster job name: {exc.reason}",
         ) from None
     return match.spec.identity_job_name, match.describe()
 
