@@ -19,6 +19,7 @@ from idempotent_jobs.core.database import DATABASE_URL_ENV
 from idempotent_jobs.dagster.project import project_home
 from idempotent_jobs.operator.embedded import start_embedded_postgres
 from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
+from idempotent_jobs_tests.pgbouncer import PgBouncer
 
 # Markers (registered in pyproject.toml, --strict-markers): `chaos`, `dagster_instance` and
 # `browser` tests are also `slow`; `make check` (the fast lane) leaves every slow test out.
@@ -213,3 +214,24 @@ def dagster_env(database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("IJ_TEST_DIR", str(env.calls_dir))
     monkeypatch.setenv("IJ_TEST_NOTIFICATIONS", str(env.notifications))
     return env
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(server_url: str) -> Iterator[PgBouncer]:
+    """PgBouncer 1.18 in transaction pooling mode in front of the test server."""
+    with PgBouncer(server_url) as bouncer:
+        yield bouncer
+
+
+def through_pgbouncer(bouncer: PgBouncer, conninfo: str) -> str:
+    """The same database as ``conninfo``, reached through ``bouncer``."""
+    return bouncer.url(str(psycopg.conninfo.conninfo_to_dict(conninfo)["dbname"]))
+
+
+@pytest.fixture(params=["direct", "pgbouncer"])
+def racer_url(request: pytest.FixtureRequest, database: str) -> str:
+    """The test database as racing workers reach it: directly, and through PgBouncer in
+    transaction pooling mode."""
+    if request.param == "direct":
+        return database
+    return through_pgbouncer(request.getfixturevalue("pgbouncer"), database)

@@ -23,6 +23,7 @@ from idempotent_jobs.core.constants import DEFAULT_SCHEMA
 from idempotent_jobs.core.database import ledger_conninfo, redact
 from idempotent_jobs.core.errors import (
     IdentityConflictError,
+    InvalidInputError,
     LedgerConnectionError,
     LedgerError,
     LedgerPermissionError,
@@ -57,6 +58,30 @@ def configure_connection(conn: psycopg.Connection) -> None:
     set_json_loads(read_json, conn)
 
 
+def configure_pooled_connection(conn: psycopg.Connection) -> None:
+    """:func:`configure_connection`, and the session's zone set to UTC by a ``SET``: PgBouncer
+    drops the startup ``options`` that carry it on a direct connection when its
+    ``ignore_startup_parameters`` lists them (1.18 refuses the client otherwise), but it tracks
+    ``TimeZone`` and sets it again on every server connection it hands this client."""
+    configure_connection(conn)
+    conn.execute("SET TimeZone TO 'UTC'")
+
+
+def behind_pooler(conn: psycopg.Connection) -> bool:
+    """Whether ``conn`` reaches PostgreSQL through a connection pooler such as PgBouncer.
+
+    A pooler hands the client a backend key of its own (it must route cancel requests), so the
+    process id the server reports differs from the one the connection was given at startup;
+    on a direct connection, or through a plain TCP proxy, they are the same.
+    """
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    return row is None or int(row[0]) != conn.info.backend_pid
+
+
+#: What to do about server-side prepared statements: ``None`` detects a pooler at open.
+PreparedStatements = bool | None
+
+
 class Executor:
     """Runs named statements against one ledger schema through a connection pool.
 
@@ -64,6 +89,12 @@ class Executor:
     direct connection, so a wrong password or a missing database fails at once with the server's
     reason). A ``pool`` passed in is the caller's: it must be opened by them, with
     ``autocommit=True`` connections, and is never closed here.
+
+    Statements are prepared on the server at first use, unless ``prepared_statements`` is
+    false, or unset and :meth:`open` finds a connection pooler in between (see
+    :func:`behind_pooler`): PgBouncer before 1.21 in transaction mode hands each transaction a
+    server connection of its own, where a statement prepared on another is missing or, worse,
+    another client's statement of the same name.
     """
 
     def __init__(
@@ -76,8 +107,14 @@ class Executor:
         pool_max_size: int = 4,
         connect_timeout_seconds: float = 10.0,
         connection_retries: int = 3,
+        prepared_statements: PreparedStatements = None,
     ) -> None:
+        if prepared_statements is not None and not isinstance(prepared_statements, bool):
+            raise InvalidInputError(
+                "prepared_statements", f"must be true, false or unset, got {prepared_statements!r}"
+            )
         self._url = conninfo
+        self.prepared_statements = prepared_statements
         self.schema = schema
         self.pool_min_size = pool_min_size
         self.pool_max_size = pool_max_size
@@ -86,6 +123,8 @@ class Executor:
         self._pool = pool
         self._own_pool = pool is None
         self._verified = False
+        #: Whether :meth:`open` found a connection pooler between the ledger and PostgreSQL.
+        self.pooled = False
         self._rendered: dict[str, LiteralString] = {}
         self._open_lock = threading.Lock()
 
@@ -110,7 +149,8 @@ class Executor:
         """One direct connection: fails at once with the server's reason (wrong password,
         missing database, bad sslmode), where a pool would retry until its timeout."""
         try:
-            conn = psycopg.connect(self._conninfo(), autocommit=True)
+            # Never prepared: it may go through a transaction-mode pooler (checked only here).
+            conn = psycopg.connect(self._conninfo(), autocommit=True, prepare_threshold=None)
         except psycopg.Error as exc:
             raise self.connection_error(doing, exc) from None
         configure_connection(conn)
@@ -129,12 +169,16 @@ class Executor:
                 return
             with self.connect("connect to the ledger database") as probe:
                 self._verify(probe)
+                self.pooled = self._probe_pooler(probe)
+            prepare = (
+                not self.pooled if self.prepared_statements is None else self.prepared_statements
+            )
             pool = ConnectionPool(
                 conninfo=self._conninfo(),
                 min_size=self.pool_min_size,
                 max_size=max(self.pool_max_size, self.pool_min_size),
-                kwargs={"autocommit": True, "prepare_threshold": 0},
-                configure=configure_connection,
+                kwargs={"autocommit": True, "prepare_threshold": 0 if prepare else None},
+                configure=configure_pooled_connection if self.pooled else configure_connection,
                 timeout=self.connect_timeout_seconds,
                 name="idempotent_jobs.ledger",
                 open=False,
@@ -151,6 +195,12 @@ class Executor:
                 pool.close()
                 raise
             self._pool, self._verified = pool, True
+
+    def _probe_pooler(self, conn: psycopg.Connection) -> bool:
+        try:
+            return behind_pooler(conn)
+        except psycopg.Error as exc:
+            raise self.connection_error("read the ledger's server process id", exc) from None
 
     def _verify(self, conn: psycopg.Connection) -> None:
         try:
@@ -174,6 +224,13 @@ class Executor:
         advisory lock); say what was applied, done and found."""
         check_schema_name(self.schema)
         with self.connect("connect to migrate the ledger") as conn:
+            if self._probe_pooler(conn):
+                raise LedgerError(
+                    "migrate needs a direct connection to PostgreSQL, and this URL goes through "
+                    "a connection pooler (PgBouncer?): the migration lock is a session advisory "
+                    "lock, which a transaction-mode pool would leave on a server connection "
+                    "other clients then get. Run migrate with the server's own host and port"
+                )
             try:
                 return upgrade(conn, self.schema)
             except psycopg.Error as exc:

@@ -248,6 +248,10 @@ class RunLedger:
     checkpoint, renew, release). Off, those commit without waiting: visible at once, lost only if
     the server crashes within a few hundred ms, which the fence makes harmless. Results, outbox
     rows and failures always wait for the flush.
+
+    ``prepared_statements``: prepare each statement on the server at first use (``True``), never
+    (``False``), or, unset, unless opening finds a connection pooler such as PgBouncer between
+    the ledger and PostgreSQL (PgBouncer before 1.21 in transaction mode cannot keep them).
     """
 
     executor_class: type[Executor] = Executor  # how statements run (a benchmark counts them)
@@ -265,6 +269,7 @@ class RunLedger:
         durable_lease_commits: bool = False,
         max_raw_input_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         max_output_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        prepared_statements: bool | None = None,
     ) -> None:
         self.max_raw_input_bytes = _check_payload_limit("max_raw_input_bytes", max_raw_input_bytes)
         self.max_output_bytes = _check_payload_limit("max_output_bytes", max_output_bytes)
@@ -276,6 +281,7 @@ class RunLedger:
             pool_max_size=pool_max_size,
             connect_timeout_seconds=connect_timeout_seconds,
             connection_retries=connection_retries,
+            prepared_statements=prepared_statements,
         )
         self.durable_lease_commits = durable_lease_commits
 

@@ -42,6 +42,14 @@ class RunLedgerResource(dg.ConfigurableResource[RunLedger]):
             "failures always wait for the flush."
         ),
     )
+    prepared_statements: bool | None = Field(
+        default=None,
+        description=(
+            "Prepare statements on the server at first use (true), never (false), or, unset, "
+            "unless a connection pooler such as PgBouncer is found in between (PgBouncer before "
+            "1.21 in transaction mode cannot keep prepared statements)"
+        ),
+    )
     max_raw_input_bytes: int = Field(
         default=DEFAULT_MAX_PAYLOAD_BYTES,
         description="Largest raw input (as JSON) a checkpoint accepts; a larger one fails the step",
@@ -66,6 +74,7 @@ class RunLedgerResource(dg.ConfigurableResource[RunLedger]):
             durable_lease_commits=self.durable_lease_commits,
             max_raw_input_bytes=self.max_raw_input_bytes,
             max_output_bytes=self.max_output_bytes,
+            prepared_statements=self.prepared_statements,
         )
 
     @contextmanager

@@ -1,4 +1,5 @@
-"""Real processes racing on one key: exactly one wins, whatever the interleaving."""
+"""Real processes racing on one key: exactly one wins, whatever the interleaving; directly, and
+through PgBouncer in transaction pooling mode (``racer_url``)."""
 
 import multiprocessing
 import signal
@@ -20,14 +21,14 @@ pytestmark = [pytest.mark.slow]
 SPAWN = multiprocessing.get_context("spawn")
 
 
-def test_many_processes_claim_at_once_and_one_wins(ledger: RunLedger, database: str) -> None:
+def test_many_processes_claim_at_once_and_one_wins(ledger: RunLedger, racer_url: str) -> None:
     ident = identity()
     ledger.register(ident)
     racers = 16
     barrier = SPAWN.Barrier(racers)
     out: multiprocessing.Queue[int | None] = SPAWN.Queue()
     procs = [
-        SPAWN.Process(target=workers.race_claim, args=(database, ident.run_id, barrier, out))
+        SPAWN.Process(target=workers.race_claim, args=(racer_url, ident.run_id, barrier, out))
         for _ in range(racers)
     ]
     for proc in procs:
@@ -41,7 +42,7 @@ def test_many_processes_claim_at_once_and_one_wins(ledger: RunLedger, database: 
 
 
 def test_eight_workers_run_the_same_run_and_one_does_the_model_work(
-    ledger: RunLedger, database: str, db: psycopg.Connection
+    ledger: RunLedger, racer_url: str, db: psycopg.Connection
 ) -> None:
     racers = 8
     barrier = SPAWN.Barrier(racers)
@@ -49,7 +50,7 @@ def test_eight_workers_run_the_same_run_and_one_does_the_model_work(
     out: multiprocessing.Queue[dict[str, Any]] = SPAWN.Queue()
     procs = [
         SPAWN.Process(
-            target=workers.race_run_idempotent, args=(database, barrier, release_winner, out)
+            target=workers.race_run_idempotent, args=(racer_url, barrier, release_winner, out)
         )
         for _ in range(racers)
     ]
@@ -81,12 +82,12 @@ def test_eight_workers_run_the_same_run_and_one_does_the_model_work(
 
 
 def test_a_worker_killed_holding_a_lease_blocks_others_until_expiry(
-    ledger: RunLedger, database: str, db: psycopg.Connection
+    ledger: RunLedger, racer_url: str, db: psycopg.Connection
 ) -> None:
     ident = identity()
     ledger.register(ident)
     doomed = subprocess.Popen(
-        [sys.executable, "-m", "idempotent_jobs_tests.workers", database, ident.run_id, "1.5"],
+        [sys.executable, "-m", "idempotent_jobs_tests.workers", racer_url, ident.run_id, "1.5"],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -112,11 +113,11 @@ def test_a_worker_killed_holding_a_lease_blocks_others_until_expiry(
 
 
 def test_first_registrations_racing_on_one_identity_all_succeed(
-    database: str, db: psycopg.Connection
+    racer_url: str, db: psycopg.Connection
 ) -> None:
     """Racing first INSERTs can trip the identity constraint instead of ON CONFLICT (run_id)."""
     racers, rounds = 8, 15
-    ledgers = [RunLedger(database, pool_max_size=1) for _ in range(racers)]
+    ledgers = [RunLedger(racer_url, pool_max_size=1) for _ in range(racers)]
     barrier = threading.Barrier(racers)
     errors: list[BaseException] = []
     leases: list[tuple[int, int]] = []
