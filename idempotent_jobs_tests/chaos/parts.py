@@ -292,7 +292,7 @@ FAULTS = ("301", "302", "307", "308", "500", "503", "slow", "drop")
 
 
 class Receiver:
-    """A webhook receiver on 127.0.0.1 that deduplicates on ``Idempotency-Key``.
+    """A webhook receiver (on 127.0.0.1, or ``host``) deduplicating on ``Idempotency-Key``.
 
     ``requests`` counts every POST per key; ``effects`` counts the side effects performed (the
     first request of a key answered 2xx): the promise is one effect per key, however many
@@ -301,7 +301,9 @@ class Receiver:
     (the effect happens) but answers after the client gave up.
     """
 
-    def __init__(self, trap: "Receiver | None" = None, slow_seconds: float = 1.5) -> None:
+    def __init__(
+        self, trap: "Receiver | None" = None, slow_seconds: float = 1.5, host: str = "127.0.0.1"
+    ) -> None:
         self.requests: Counter[str] = Counter()
         self.effects: Counter[str] = Counter()
         self.answered_ok: Counter[str] = Counter()
@@ -346,8 +348,8 @@ class Receiver:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        self.url = f"http://{host}:{self.server.server_address[1]}/hook"
         threading.Thread(
             target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
         ).start()
@@ -453,13 +455,14 @@ def check_invariants(
     receiver: Receiver,
     results: Path,
     killed_in_commit: frozenset[int] = frozenset(),
+    run_id: str | None = None,
 ) -> Verdict:
     """Check, from the database and the receiver, what the promise says for one logical run:
     per revision one accepted result, computed on that revision's checkpoint and never
     overwritten; one outbox row and one effect per (run, channel, revision); a row marked
     delivered only after a 2xx; nothing lost; epochs strictly increasing."""
     verdict = Verdict(trial, kind)
-    run_id = trial_identity(trial).run_id
+    run_id = run_id or trial_identity(trial).run_id
     rows = conn.execute(
         "SELECT status, output, last_error, lease_epoch, revision, raw_input"
         " FROM idempotent_jobs.runs WHERE run_id = %s",

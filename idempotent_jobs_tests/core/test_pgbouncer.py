@@ -88,9 +88,7 @@ def test_prepared_statements_forced_through_pgbouncer_1_18_break_and_the_default
             ledger.close()
 
 
-def test_migrate_refuses_a_pooler_and_names_the_reason(
-    database: str, pgbouncer: PgBouncer
-) -> None:
+def test_migrate_refuses_a_pooler_and_names_the_reason(database: str, pgbouncer: PgBouncer) -> None:
     with pytest.raises(LedgerError, match="migrate needs a direct connection"):
         RunLedger(through_pgbouncer(pgbouncer, database)).migrate()
 

@@ -1,0 +1,1 @@
+"""Multi-host trials in network namespaces (see runner.py)."""
