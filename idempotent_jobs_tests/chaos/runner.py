@@ -54,6 +54,7 @@ from idempotent_jobs_tests.chaos.parts import (
     run_worker,
     trial_identity,
 )
+from idempotent_jobs_tests.pgbouncer import PgBouncer
 
 KINDS = ("kill", "stop", "drop", "restart", "revise", "deliver", "prune", "hostile")
 WEBHOOK_TIMEOUT = 0.5
@@ -87,7 +88,9 @@ def process_state(pid: int) -> str:
 
 
 class Chaos:
-    def __init__(self, workdir: Path, lease_seconds: float, seed: int) -> None:
+    def __init__(
+        self, workdir: Path, lease_seconds: float, seed: int, use_pgbouncer: bool = False
+    ) -> None:
         self.workdir = workdir
         self.lease = lease_seconds
         self.rng = random.Random(seed)
@@ -98,6 +101,13 @@ class Chaos:
         RunLedger(self.url).migrate()
         params = psycopg.conninfo.conninfo_to_dict(self.url)
         self.socket_path = f"{params['host']}/.s.PGSQL.{params.get('port') or 5432}"
+        # Workers (and the fault proxy) reach the ledger through PgBouncer in transaction mode
+        # when asked; the runner's own checks and operator calls go direct.
+        self.bouncer = PgBouncer(self.url).start() if use_pgbouncer else None
+        self.worker_url = self.url
+        if self.bouncer is not None:
+            self.worker_url = self.bouncer.url("postgres")
+            self.socket_path = f"{self.bouncer.socket_dir}/.s.PGSQL.{self.bouncer.port}"
         self.trap = Receiver()  # where redirects point: it must never see a request
         self.receiver = Receiver(trap=self.trap, slow_seconds=WEBHOOK_TIMEOUT * 3)
         self.proxy = CommitProxy(self.socket_path, RELAY)
@@ -108,6 +118,8 @@ class Chaos:
         self.ctx.set_forkserver_preload(["idempotent_jobs", "idempotent_jobs_tests.chaos.parts"])
 
     def close(self) -> None:
+        if self.bouncer is not None:
+            self.bouncer.stop()
         self.proxy.close()
         self.receiver.close()
         self.trap.close()
@@ -118,7 +130,7 @@ class Chaos:
     def spec(self, trial: int, **extra: Any) -> dict[str, Any]:
         return {
             "trial": trial,
-            "database_url": self.url,
+            "database_url": self.worker_url,
             "lease_seconds": self.lease,
             "receiver_url": self.receiver.url,
             "results": str(self.workdir / f"results-{trial}.jsonl"),
@@ -469,10 +481,12 @@ class Chaos:
         return verdict
 
 
-def run(trials: int, kinds: list[str], seed: int, lease_seconds: float) -> list[Verdict]:
+def run(
+    trials: int, kinds: list[str], seed: int, lease_seconds: float, use_pgbouncer: bool = False
+) -> list[Verdict]:
     verdicts: list[Verdict] = []
     with tempfile.TemporaryDirectory(prefix="ij-chaos-") as tmp:
-        chaos = Chaos(Path(tmp), lease_seconds, seed)
+        chaos = Chaos(Path(tmp), lease_seconds, seed, use_pgbouncer)
         try:
             for number in range(1, trials + 1):
                 kind = kinds[(number - 1) % len(kinds)]
@@ -524,13 +538,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--lease", type=float, default=0.6, help="lease seconds in the trials")
+    parser.add_argument(
+        "--pgbouncer",
+        action="store_true",
+        help="workers reach the ledger through PgBouncer in transaction pooling mode",
+    )
     args = parser.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = set(kinds) - set(KINDS)
     if unknown:
         parser.error(f"unknown kinds: {sorted(unknown)}")
     started = time.monotonic()
-    verdicts = run(args.trials, kinds, args.seed, args.lease)
+    verdicts = run(args.trials, kinds, args.seed, args.lease, args.pgbouncer)
     print(summary(verdicts))
     print(f"({time.monotonic() - started:.0f} s)", file=sys.stderr)
     return 1 if any(v.problems for v in verdicts) else 0

@@ -23,6 +23,17 @@ def test_chaos_trials_of_every_kind_keep_the_promise() -> None:
     assert chaos.summary(verdicts).splitlines()[-1] == f"{trials} passed, 0 failed"
 
 
+def test_chaos_trials_through_pgbouncer_in_transaction_mode_keep_the_promise() -> None:
+    """Every worker (and the fault proxy) reaches the ledger through PgBouncer 1.18 in
+    transaction pooling mode: kills, pauses past the lease, dropped commits, restarts."""
+    kinds = ["kill", "stop", "drop", "restart", "revise", "hostile"]
+    verdicts = chaos.run(
+        trials=len(kinds), kinds=kinds, seed=23, lease_seconds=0.6, use_pgbouncer=True
+    )
+    assert [v.problems for v in verdicts if v.problems] == []
+    assert [v.kind.split(":")[0] for v in verdicts] == kinds
+
+
 def test_the_invariant_checker_catches_violations(
     ledger: RunLedger, db: psycopg.Connection, tmp_path: Path
 ) -> None:
