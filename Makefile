@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo dev test check lint chromium bench bench-peers clean
+.PHONY: install demo dev test check lint chromium bench bench-capacity bench-peers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ bench: install
 	$(BIN)/python benchmarks/bench_ledger.py
 	$(BIN)/python benchmarks/bench_launched.py
 	$(BIN)/python benchmarks/bench_operators.py
+	$(BIN)/python benchmarks/bench_capacity.py
+
+# Runs per second by worker processes, directly and through PgBouncer; connections; bytes per
+# run before and after retention (docs/deployment.md's capacity model).
+bench-capacity: install
+	$(BIN)/python benchmarks/bench_capacity.py
 
 # The closest peer (DBOS Transact, the [bench] extra, part of dev) side by side.
 bench-peers: install

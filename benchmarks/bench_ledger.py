@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -414,7 +415,59 @@ def reclaim_after_kill(url: str, lease: float) -> None:
     )
 
 
-SECTIONS = ("per-run", "contention", "merged", "dagster", "reclaim")
+def _interleaved(ledgers: dict[str, RunLedger], runs: int) -> dict[str, dict[str, list[float]]]:
+    """Whole calls, new and reused, through each ledger in turn, block by block (so a noisy
+    moment of the machine hits every variant alike)."""
+    times: dict[str, dict[str, list[float]]] = {k: {"new": [], "reused": []} for k in ledgers}
+    for name, ledger in ledgers.items():
+        _timed_calls(ledger, f"{name}-warm", 20)
+    for block in range(runs // 20):
+        for name, ledger in ledgers.items():
+            times[name]["new"] += _timed_calls(ledger, f"{name}-{block}", 20)
+            times[name]["reused"] += _timed_calls(ledger, f"{name}-{block}", 20)
+    return times
+
+
+def pgbouncer_cost(url: str, runs: int) -> None:
+    """What PgBouncer 1.18 in transaction mode costs: the ledger finds it and prepares nothing
+    (prepared statements off, measured alone on a direct connection), and each statement takes
+    one more hop."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from idempotent_jobs_tests.pgbouncer import PgBouncer
+
+    dbname = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
+    with PgBouncer(url) as bouncer:
+        variants = {
+            "prepared": RunLedger(url, pool_min_size=1, pool_max_size=1),
+            "unprepared": RunLedger(
+                url, pool_min_size=1, pool_max_size=1, prepared_statements=False
+            ),
+            "pgbouncer": RunLedger(bouncer.url(dbname), pool_min_size=1, pool_max_size=1),
+        }
+        try:
+            times = _interleaved(variants, runs)
+            assert variants["pgbouncer"].executor.pooled, "PgBouncer was not detected"
+        finally:
+            for ledger in variants.values():
+                ledger.close()
+    # No target: what PgBouncer 1.18 costs is measured, not chosen (docs/deployment.md says
+    # what lifts it: PgBouncer 1.21+ with max_prepared_statements and prepared_statements=True).
+    for kind in ("new", "reused"):
+        base = pct(times["prepared"][kind], 0.5)
+        for name, label in (
+            ("unprepared", "unprepared, direct"),
+            ("pgbouncer", "via PgBouncer 1.18, transaction mode"),
+        ):
+            value = pct(times[name][kind], 0.5)
+            row(
+                f"whole call, {kind} run, {label} (p50)",
+                f"{value * 1e3:.2f} ms = {value / base:.2f}x",
+                f"prepared, direct {base * 1e3:.2f} ms",
+                "-",
+            )
+
+
+SECTIONS = ("per-run", "contention", "merged", "dagster", "reclaim", "pgbouncer")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -439,6 +492,8 @@ def main(argv: list[str] | None = None) -> int:
             dagster_fraction(url, 3 if args.quick else 10)
         if "reclaim" in chosen:
             reclaim_after_kill(url, 2.0)
+        if "pgbouncer" in chosen:
+            pgbouncer_cost(url, runs)
     tally()
     return 0
 
