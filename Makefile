@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo dev test check lint chromium bench bench-capacity bench-peers clean
+.PHONY: install demo dev test check lint chromium tools bench bench-capacity bench-peers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,12 +21,17 @@ demo: install
 dev: install
 	$(BIN)/idempotent-jobs dev
 
-test: install lint chromium
+test: install lint chromium tools
 	$(BIN)/python -m pytest
 
 # The fast lane: lint and every test that needs no extra processes, browser or broker.
 check: install lint
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# The network tests' tools from Debian's packages, when missing: PgBouncer, faketime, iproute2 and
+# gcc (the tests install them too; this says so up front).
+tools: install
+	$(BIN)/python -m idempotent_jobs_tests.system_tools
 
 # The browser test drives Debian's Chromium (Playwright's own browser download is not used).
 chromium:

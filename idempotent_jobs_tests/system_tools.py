@@ -10,7 +10,7 @@ import subprocess
 import threading
 
 #: executable -> the Debian package that provides it
-PACKAGES = {"pgbouncer": "pgbouncer", "faketime": "faketime", "ip": "iproute2"}
+PACKAGES = {"pgbouncer": "pgbouncer", "faketime": "faketime", "ip": "iproute2", "gcc": "gcc"}
 _SBIN = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
 _install_lock = threading.Lock()
 
@@ -47,3 +47,8 @@ def require(*executables: str) -> dict[str, str]:
     if absent:
         raise RuntimeError(f"installed, but still not found: {', '.join(absent)}")
     return {e: p for e, p in paths.items() if p is not None}
+
+
+if __name__ == "__main__":  # `make tools`
+    for name, path in require(*PACKAGES).items():
+        print(f"{name}: {path}")

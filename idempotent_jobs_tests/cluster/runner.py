@@ -106,7 +106,7 @@ class Cluster:
     # -- hosts --------------------------------------------------------------------------------
 
     def start(self) -> None:
-        require("ip", "faketime")
+        require("ip", "faketime", "gcc")
         self.skewed_clock("+0")  # built before any host needs it
         os.chmod(self.workdir, 0o755)
         self.control.chmod(0o777)
@@ -751,6 +751,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(kinds) - set(KINDS)
     if unknown:
         parser.error(f"unknown kinds: {sorted(unknown)}")
+    # A SIGTERM (a CI timeout, a test's kill) unwinds like Ctrl-C: every host is torn down.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.monotonic()
     verdicts = run(args.trials, kinds, args.seed, args.pgbouncer, args.keep)
     print(f"({time.monotonic() - started:.0f} s)", file=sys.stderr)
