@@ -16,9 +16,6 @@ from collections.abc import Sequence
 
 from idempotent_jobs_tests.system_tools import require
 
-SUBNET = "10.77.0"
-CONTROL_ADDRESS = f"{SUBNET}.1"
-
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -27,13 +24,17 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 class Network:
-    """``Network(tag, {"db": 2, ...})``: host ``db`` gets ``10.77.0.2``, and so on."""
+    """``Network(tag, {"db": 2, ...}, subnet="10.77.5")``: host ``db`` gets ``10.77.5.2``, and
+    so on; the control node (this process) ``.1``. Two harnesses running at once need two
+    subnets: the control node's address lives in the machine's own namespace."""
 
-    def __init__(self, tag: str, hosts: dict[str, int]) -> None:
+    def __init__(self, tag: str, hosts: dict[str, int], subnet: str) -> None:
         if os.geteuid() != 0:
             raise RuntimeError("the cluster harness makes network namespaces: run it as root")
         self.tag = tag
-        self.hosts = {name: f"{SUBNET}.{number}" for name, number in hosts.items()}
+        self.subnet = subnet
+        self.control_address = f"{subnet}.1"
+        self.hosts = {name: f"{subnet}.{number}" for name, number in hosts.items()}
         self.switch = f"{tag}-switch"
         self.control_link = f"{tag}c"
         self.partitioned: set[str] = set()
@@ -56,7 +57,7 @@ class Network:
         _ip("link", "add", self.control_link, "type", "veth", "peer", "name", "ctl")
         _ip("link", "set", "ctl", "netns", self.switch)
         self._attach("ctl")
-        _ip("addr", "add", f"{CONTROL_ADDRESS}/24", "dev", self.control_link)
+        _ip("addr", "add", f"{self.control_address}/24", "dev", self.control_link)
         _ip("link", "set", self.control_link, "up")
         for host, address in self.hosts.items():
             ns = self.namespace(host)

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from idempotent_jobs_tests.cluster.runner import KINDS, PROJECT_ROOT
+from idempotent_jobs_tests.cluster.hosts import PROJECT_ROOT
+from idempotent_jobs_tests.cluster.runner import KINDS
 
 pytestmark = [pytest.mark.slow]
 
