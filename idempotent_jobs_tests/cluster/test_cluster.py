@@ -1,8 +1,10 @@
 """A short run of the cluster harness (one trial of each kind), as CI runs it: six hosts in
 network namespaces, every process started inside its host, and nothing left behind."""
 
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +44,50 @@ def test_one_trial_of_each_kind_passes_and_every_namespace_is_gone() -> None:
     }
     assert ran == set(KINDS)
     assert namespaces() == before, "the harness left network namespaces behind"
+
+
+def processes_mentioning(text: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if text in cmdline:
+            found.append(f"{entry.name}: {cmdline[:200]}")
+    return found
+
+
+def test_a_terminated_harness_takes_every_host_and_process_with_it() -> None:
+    """SIGTERM in the middle of a run (a CI timeout): the harness exits, and no namespace and no
+    process of its hosts (PostgreSQL, Redis, daemons, code servers, Celery) is left."""
+    before = namespaces()
+    harness = subprocess.Popen(
+        [sys.executable, "-m", "idempotent_jobs_tests.cluster", "--trials", "50", "--keep"],
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert harness.stdout is not None
+    workdir = ""
+    seen: list[str] = []
+    try:
+        for line in harness.stdout:
+            seen.append(line)
+            if line.startswith("work directory (kept): "):
+                workdir = line.split(": ", 1)[1].strip()
+            if line.startswith("trial 1 "):
+                break
+        assert workdir and seen[-1].startswith("trial 1 "), "".join(seen)[-3000:]
+        assert processes_mentioning(workdir), "the hosts' processes were not found running"
+        harness.terminate()
+        harness.communicate(timeout=120)
+        assert harness.returncode != 0
+        assert namespaces() == before, "the harness left network namespaces behind"
+        assert processes_mentioning(workdir) == []
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+        if workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
