@@ -165,7 +165,8 @@ def storage(url: str, runs: int) -> dict[str, float]:
                 transform=lambda _: OUTPUT,
                 notifications=lambda o: {"hook": o},
             )
-        ledger.deliver_outbox(lambda row: None)
+        while ledger.deliver_outbox(lambda row: None, limit=1000).delivered:
+            pass
         conn.execute("VACUUM FULL")
         kept = sizes(conn)
         for statement in (
