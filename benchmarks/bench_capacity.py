@@ -21,21 +21,20 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 from idempotent_jobs import RunIdentity, RunLedger, run_idempotent
 from idempotent_jobs.core.retention import RetentionPolicy, prune
 from idempotent_jobs.operator.embedded import database_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench_ledger import bench_database  # noqa: E402 - a database of its own, dropped after
+
 from idempotent_jobs_tests.pgbouncer import PgBouncer  # noqa: E402
 
 # Payload sizes of the storage figures: a collected input of ~2 KB, an answer of ~500 B, a
@@ -48,23 +47,6 @@ TABLES = ("runs", "run_attempts", "model_calls", "notification_outbox", "run_rev
 
 def ident(tag: str, n: int) -> RunIdentity:
     return RunIdentity("capacity", tag, datetime(2026, 1, 1, tzinfo=UTC) + timedelta(hours=n), "v1")
-
-
-@contextmanager
-def bench_database() -> Iterator[str]:
-    server = os.environ.get("IDEMPOTENT_JOBS_DATABASE_URL") or database_url()
-    name = f"ij_capacity_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = make_conninfo(server, dbname=name)
-    try:
-        RunLedger(url).migrate()
-        yield url
-    finally:
-        with psycopg.connect(server, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
 
 
 def _worker(url: str, tag: str, reuse: bool, seconds: float, start: Any, out: Any) -> None:

@@ -7,6 +7,7 @@ the run. Ops ask for it as ``ledger: dg.ResourceParam[RunLedger]``.
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import ClassVar
 
 import dagster as dg
 from pydantic import Field
@@ -17,6 +18,10 @@ from idempotent_jobs.core.ledger import DEFAULT_MAX_PAYLOAD_BYTES, RunLedger
 
 class RunLedgerResource(dg.ConfigurableResource[RunLedger]):
     """Creates the run ledger for a Dagster run; see :class:`RunLedger` for what it does."""
+
+    #: The ledger class built with these settings (a subclass, to observe or fault a test's
+    #: ledger, keeps every setting).
+    ledger_class: ClassVar[type[RunLedger]] = RunLedger
 
     database_url: str = Field(
         description="PostgreSQL URL of the ledger database (use an EnvVar: it may hold a password)",
@@ -64,7 +69,7 @@ class RunLedgerResource(dg.ConfigurableResource[RunLedger]):
 
     def ledger(self) -> RunLedger:
         """A new, unopened ledger with these settings (outside Dagster: close it yourself)."""
-        return RunLedger(
+        return self.ledger_class(
             self.database_url,
             schema=self.schema_name,
             pool_min_size=self.pool_min_size,

@@ -123,15 +123,7 @@ class HoldingLedger(RunLedger):
 
 
 class ClusterLedgerResource(RunLedgerResource):
-    def ledger(self) -> RunLedger:
-        return HoldingLedger(
-            self.database_url,
-            schema=self.schema_name,
-            pool_min_size=self.pool_min_size,
-            pool_max_size=self.pool_max_size,
-            connect_timeout_seconds=self.connect_timeout_seconds,
-            connection_retries=self.connection_retries,
-        )
+    ledger_class = HoldingLedger
 
 
 def _spec(name: str) -> IdempotentJobSpec:
