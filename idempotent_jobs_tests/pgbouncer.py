@@ -133,7 +133,9 @@ class PgBouncer:
 
     def show(self, what: str) -> list[dict[str, Any]]:
         """``SHOW what`` on the admin console (over the Unix socket)."""
-        admin = make_conninfo("", host=str(self.dir), port=self.port, dbname="pgbouncer")
+        admin = make_conninfo(
+            "", host=str(self.dir), port=self.port, dbname="pgbouncer", user="postgres"
+        )
         with psycopg.connect(admin, autocommit=True, prepare_threshold=None) as conn:
             cursor = conn.execute(f"SHOW {what}".encode())
             names = [c.name for c in cursor.description or []]
