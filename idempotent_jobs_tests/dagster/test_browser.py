@@ -23,6 +23,7 @@ import dagster as dg
 import psycopg
 import pytest
 from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from idempotent_jobs.dagster.project import DAGSTER_STORAGE_URL_ENV, dagster_storage_url
 from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
@@ -112,9 +113,17 @@ def launch_partition_from_ui(page: Page, url: str, partition: str, outcome: str 
     page.goto(f"{url}/locations/idempotent_jobs/jobs/competitor_summary/playground")
     box = page.get_by_placeholder("Partition")
     box.wait_for(timeout=60_000)
-    box.click()
-    box.fill(partition)
-    page.get_by_text(partition, exact=True).first.wait_for()
+    # The newsletter dialog may show while the partition is typed, and its dismissal closes
+    # the suggestion list: type it again then.
+    for attempt in range(3):
+        box.click()
+        box.fill(partition)
+        try:
+            page.get_by_text(partition, exact=True).first.wait_for(timeout=20_000)
+            break
+        except PlaywrightTimeoutError:
+            if attempt == 2:
+                raise
     box.press("Enter")
     page.get_by_text(f"partition/subject: {partition.split('|')[0]}").wait_for(timeout=30_000)
     page.get_by_role("button", name="Launch Run").click()
