@@ -1,14 +1,11 @@
 """``db``: the parser of the embedded-PostgreSQL commands (``operator/database_commands.py``)."""
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from idempotent_jobs.operator.commands.common import (
     Shared,
 )
-
-if TYPE_CHECKING:
-    pass
 
 
 def db_handler(name: str) -> Any:

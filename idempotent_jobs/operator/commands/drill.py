@@ -2,7 +2,7 @@
 
 import argparse
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from idempotent_jobs.operator.commands.common import (
     MAX_SECONDS,
@@ -14,9 +14,6 @@ from idempotent_jobs.operator.commands.common import (
     reads,
 )
 from idempotent_jobs.operator.render import escape_controls, table
-
-if TYPE_CHECKING:
-    pass
 
 
 def drill(args: argparse.Namespace) -> int:

@@ -1,7 +1,7 @@
 """``doctor`` (the ledger alone) and ``reconcile`` (the ledger against Dagster and the jobs)."""
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from idempotent_jobs.core.errors import InvalidInputError, LedgerError
 from idempotent_jobs.operator.commands.common import (
@@ -13,9 +13,6 @@ from idempotent_jobs.operator.commands.common import (
     print_findings,
 )
 from idempotent_jobs.operator.render import escape_controls
-
-if TYPE_CHECKING:
-    pass
 
 
 def doctor(args: argparse.Namespace) -> int:

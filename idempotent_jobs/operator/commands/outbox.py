@@ -2,7 +2,7 @@
 channels)."""
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from idempotent_jobs.core.errors import LedgerError
 from idempotent_jobs.operator.commands.common import (
@@ -14,9 +14,6 @@ from idempotent_jobs.operator.commands.common import (
     reads,
 )
 from idempotent_jobs.operator.render import table
-
-if TYPE_CHECKING:
-    pass
 
 
 def outbox_list(args: argparse.Namespace) -> int:

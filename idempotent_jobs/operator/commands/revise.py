@@ -2,7 +2,7 @@
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.errors import InvalidInputError, RunNotFoundError
@@ -14,9 +14,6 @@ from idempotent_jobs.operator.commands.common import (
     reads,
 )
 from idempotent_jobs.operator.render import escape_controls
-
-if TYPE_CHECKING:
-    pass
 
 
 def revise(args: argparse.Namespace) -> int:

@@ -2,7 +2,7 @@
 
 import argparse
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from idempotent_jobs.core.constants import DATABASE_URL_ENV
 from idempotent_jobs.core.errors import InvalidInputError
@@ -12,9 +12,6 @@ from idempotent_jobs.operator.commands.common import (
     positive,
 )
 from idempotent_jobs.operator.render import escape_controls
-
-if TYPE_CHECKING:
-    pass
 
 
 def migrate(args: argparse.Namespace) -> int:
