@@ -5,7 +5,9 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from idempotent_jobs.core.budgets import TokenBudget
     from idempotent_jobs.core.errors import (
+        BudgetExceededError,
         IdentityConflictError,
         InvalidInputError,
         LeaseBusyError,
@@ -42,12 +44,13 @@ if TYPE_CHECKING:
 _HOMES = {
     **dict.fromkeys(
         (
-            "IdentityConflictError InvalidInputError LeaseBusyError LeaseLostError "
-            "LedgerConnectionError LedgerError LedgerPermissionError OutputRejectedError "
-            "RunNotFoundError SchemaNotMigratedError StaleCandidateError"
+            "BudgetExceededError IdentityConflictError InvalidInputError LeaseBusyError "
+            "LeaseLostError LedgerConnectionError LedgerError LedgerPermissionError "
+            "OutputRejectedError RunNotFoundError SchemaNotMigratedError StaleCandidateError"
         ).split(),
         "errors",
     ),
+    "TokenBudget": "budgets",
     "RunIdentity": "identity",
     "stable_run_id": "identity",
     "UnreadableValue": "json_values",
@@ -76,6 +79,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AttemptRecord",
     "Basis",
+    "BudgetExceededError",
     "CallCosts",
     "CallOrigin",
     "Completion",
@@ -102,6 +106,7 @@ __all__ = [
     "RunRecord",
     "SchemaNotMigratedError",
     "StaleCandidateError",
+    "TokenBudget",
     "UnreadableValue",
     "run_idempotent",
     "stable_run_id",

@@ -185,3 +185,47 @@ def live_runs_while_pruning(
             hour += 1
             started.set()
     out.put({"subject": subject, "longest_claim": longest, "done": done, "executed": executed})
+
+
+def spend_until_refused(
+    conninfo: str,
+    worker: int,
+    budget_tokens: int,
+    call_tokens: int,
+    start: multiprocessing.synchronize.Barrier,
+    in_flight: multiprocessing.synchronize.Barrier | None,
+    out: "multiprocessing.Queue[dict[str, Any]]",
+) -> None:
+    """Run new runs of one job (a subject per run) until the job's token budget refuses one.
+
+    Each model call reports ``call_tokens``. With ``in_flight``, the first call of every worker
+    waits there until all workers are inside their calls: each has passed the budget check
+    before any has recorded its spend (the worst case the bound allows)."""
+    from idempotent_jobs import BudgetExceededError, ModelAnswer, ModelUsage, TokenBudget
+
+    budget = TokenBudget(tokens_per_day=budget_tokens)
+    calls = 0
+
+    def transform(raw: dict[str, Any]) -> ModelAnswer:
+        nonlocal calls
+        calls += 1
+        if in_flight is not None and calls == 1:
+            in_flight.wait(timeout=120)
+        usage = ModelUsage(model_name="m", input_tokens=call_tokens - 1, output_tokens=1)
+        return ModelAnswer({"summary": f"call {calls} of worker {worker}"}, usage)
+
+    refused: dict[str, Any] | None = None
+    with RunLedger(conninfo) as ledger:
+        start.wait(timeout=120)
+        for n in range(10_000):
+            ident = RunIdentity(
+                "budgeted-job", f"w{worker}-{n}", datetime(2026, 8, 7, 9, tzinfo=UTC), "v1"
+            )
+            try:
+                run_idempotent(
+                    ledger, ident, collect=lambda _: {"n": n}, transform=transform, budget=budget
+                )
+            except BudgetExceededError as exc:
+                refused = {"spent": exc.spent, "budget": exc.budget, "run_id": ident.run_id}
+                break
+    out.put({"worker": worker, "calls": calls, "refused": refused})

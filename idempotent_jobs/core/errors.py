@@ -6,6 +6,8 @@ Each subclass's docstring is also its default message.
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # records import this module
+    from datetime import datetime
+
     from idempotent_jobs.core.records import Basis, ModelUsage
 
 
@@ -96,3 +98,35 @@ class StaleCandidateError(LedgerError):
 
 class LedgerPermissionError(LedgerError):
     """The database role lacks a privilege the ledger needs."""
+
+
+class BudgetExceededError(LedgerError):
+    """The job's token budget is spent: the model call was refused before it was made.
+
+    ``scope`` is ``day`` (the job's budget for the UTC day) or ``subject`` (its budget per
+    subject per day); ``spent`` is what the job (or the subject) has spent in recorded model
+    calls since ``day_start``, ``budget`` the limit. The attempt ends with the outcome
+    ``budget``; no model call is recorded (none was made).
+    """
+
+    def __init__(
+        self,
+        *,
+        job_name: str,
+        subject_id: str,
+        scope: str,
+        spent: int,
+        budget: int,
+        day_start: "datetime",
+    ) -> None:
+        self.job_name = job_name
+        self.subject_id = subject_id
+        self.scope = scope
+        self.spent = spent
+        self.budget = budget
+        self.day_start = day_start
+        where = f"job {job_name}" if scope == "day" else f"job {job_name}, subject {subject_id}"
+        super().__init__(
+            f"token budget spent: {where} has spent {spent:,} of {budget:,} tokens "
+            f"since {day_start:%Y-%m-%d} 00:00 UTC; the model call was not made"
+        )

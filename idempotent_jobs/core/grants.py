@@ -23,6 +23,8 @@ WORKER_PRIVILEGES: dict[str, tuple[str, ...]] = {
     "identity_upgrades": ("SELECT",),
     "upgrade_steps": ("SELECT",),
     "drills": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # operators arm, workers take
+    "budgets": ("SELECT", "INSERT", "UPDATE"),  # workers declare the budget they enforce
+    "model_prices": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # operators set, workers read
     "attempts": ("SELECT",),
     "schema_migrations": ("SELECT",),
 }

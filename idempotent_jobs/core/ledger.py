@@ -18,6 +18,7 @@ from psycopg import Cursor
 from psycopg.rows import RowMaker, dict_row
 from psycopg_pool import ConnectionPool
 
+from idempotent_jobs.core.budgets import BudgetSpend, TokenBudget
 from idempotent_jobs.core.constants import DEFAULT_SCHEMA
 from idempotent_jobs.core.error_text import describe_error, safe_text
 from idempotent_jobs.core.errors import (
@@ -223,6 +224,13 @@ def _model_name(name: str | None) -> str | None:
     return text[:MAX_NAME_CHARS]
 
 
+def _budget_params(budget: TokenBudget) -> dict[str, Any]:
+    return {
+        "tokens_per_day": budget.tokens_per_day,
+        "tokens_per_subject_per_day": budget.tokens_per_subject_per_day,
+    }
+
+
 def _usage(usage: ModelUsage | None) -> dict[str, Any]:
     """The columns of a call's usage: only believable counts (a bad one is stored as NULL, so
     recording a paid call never fails on it; see :mod:`idempotent_jobs.core.usage`)."""
@@ -284,6 +292,7 @@ class RunLedger:
             prepared_statements=prepared_statements,
         )
         self.durable_lease_commits = durable_lease_commits
+        self._declared_budgets: set[tuple[str, TokenBudget]] = set()
 
     def __repr__(self) -> str:  # the conninfo may hold a password: never shown
         return f"RunLedger(schema={self.schema!r})"
@@ -571,10 +580,12 @@ class RunLedger:
         call: CallOutcome | None = None,
         origin: CallOrigin | None = None,
         drilled: bool = False,
+        refused_by_budget: bool = False,
     ) -> FenceOutcome:
         """Record a failed attempt and free the run for a retry; raise if the lease was lost.
 
         ``drilled``: the failure was made on purpose by a drill; the attempt ends ``drill``.
+        ``refused_by_budget``: the job's token budget refused the model call; it ends ``budget``.
 
         Returns ``applied``, or ``already_done`` when this very failure had landed (a retry
         after a lost answer). ``error`` is stored made safe (:func:`safe_text`).
@@ -592,7 +603,9 @@ class RunLedger:
             **_origin(origin),
             "error": error,
             "call_outcome": call,
-            "attempt_outcome": "drill" if drilled else "failed",
+            "attempt_outcome": (
+                "drill" if drilled else "budget" if refused_by_budget else "failed"
+            ),
         }
         try:
             return self._fenced("fail", params)
@@ -638,6 +651,26 @@ class RunLedger:
         if outcome == FenceOutcome.LEASE_LOST:
             raise LeaseLostError()
         return outcome
+
+    # -- budgets -------------------------------------------------------------------------------
+
+    def check_budget(self, lease: Lease, budget: TokenBudget) -> BudgetSpend:
+        """What the run's job and subject have spent today against ``budget``; raise
+        :class:`BudgetExceededError` when a limit is spent (see :mod:`.budgets`). The first
+        check of a job by this ledger records the budget its workers enforce."""
+        rows = self._db.fetch(
+            "budget_check", {"run_id": lease.run_id, **_budget_params(budget)}, dict_row
+        )
+        if not rows:
+            raise RunNotFoundError(lease.run_id)
+        spend = BudgetSpend(budget=budget, **rows[0])
+        declared = (spend.job_name, budget)
+        if declared not in self._declared_budgets:
+            self._db.rows("declare_budget", {"job_name": spend.job_name, **_budget_params(budget)})
+            self._declared_budgets.add(declared)
+        if spend.refused is not None:
+            raise spend.error()
+        return spend
 
     # -- reading -----------------------------------------------------------------------------
 

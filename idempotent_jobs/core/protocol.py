@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from idempotent_jobs.core.budgets import TokenBudget
 from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.leases import Busy, Reused, claim_or_reuse
@@ -73,6 +74,7 @@ def run_idempotent(
     caller_run_id: str | None = None,
     caller_step: str | None = None,
     config: JobConfig | None = None,
+    budget: TokenBudget | None = None,
 ) -> RunOutcome:
     """Run one logical run at most once to completion, however often it is called.
 
@@ -88,6 +90,8 @@ def run_idempotent(
     - The answer is bound to the revision and checkpoint it was computed on; ``config`` (the
       prompt, model and validator) is recorded with it, and a reused result computed under
       another configuration says so in ``config_changed``.
+    - With ``budget``, a model call is refused once the job's token budget for the day is
+      spent (:class:`BudgetExceededError`, decided in the ledger; see :mod:`.budgets`).
     """
     config = config or JobConfig()
     worker_id = worker_id or default_worker_id()
@@ -129,6 +133,7 @@ def run_idempotent(
         config=config,
         origin=CallOrigin(caller_step=caller_step, caller_run_id=caller_run_id),
         heartbeat_seconds=heartbeat_seconds or lease_seconds / 3,
+        budget=budget,
     )
     completion = commit(ledger, lease, answer, notifications)
     return RunOutcome(

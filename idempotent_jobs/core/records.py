@@ -9,7 +9,7 @@ from typing import Any, Literal
 from idempotent_jobs.core.json_values import json_fingerprint
 
 RunStatus = Literal["pending", "running", "completed", "failed"]
-AttemptOutcome = Literal["completed", "failed", "lease_lost", "superseded", "drill"]
+AttemptOutcome = Literal["completed", "failed", "lease_lost", "superseded", "drill", "budget"]
 
 
 class FenceOutcome(StrEnum):

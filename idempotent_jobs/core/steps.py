@@ -10,18 +10,20 @@ state, because it goes through the same :func:`end_attempt`:
 - the error is stored made safe (NUL and lone surrogates escaped, capped);
 - a model call that was made is recorded with its usage: ``failed`` when it raised, ``rejected``
   when its answer was refused (the validator, unbelievable token counts, an output the ledger
-  cannot store, or a commit that failed). A failure before the call (a drill, a missing
-  checkpoint) records no call. A lease lost meanwhile (another worker took the run over) lets
-  its holder write nothing of the run, but the call it paid for is still recorded, as
-  ``lease_lost``.
+  cannot store, or a commit that failed). A failure before the call (a drill, a spent
+  token budget, a missing checkpoint) records no call. A lease lost meanwhile (another worker
+  took the run over) lets its holder write nothing of the run, but the call it paid for is
+  still recorded, as ``lease_lost``.
 """
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from idempotent_jobs.core.budgets import TokenBudget
 from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.errors import (
+    BudgetExceededError,
     DrilledFailure,
     LeaseLostError,
     LedgerError,
@@ -84,10 +86,15 @@ def end_attempt(
     never hides the first error."""
     if isinstance(exc, UsageRejectedError):
         usage = exc.recorded
-    drilled = isinstance(exc, DrilledFailure)
     try:
         return ledger.fail(
-            lease, describe_error(exc), usage, call=call, origin=origin, drilled=drilled
+            lease,
+            describe_error(exc),
+            usage,
+            call=call,
+            origin=origin,
+            drilled=isinstance(exc, DrilledFailure),
+            refused_by_budget=isinstance(exc, BudgetExceededError),
         )
     except Exception:  # LeaseLostError, an outage: the caller re-raises `exc` either way
         return None
@@ -136,6 +143,7 @@ def call_model(
     heartbeat_seconds: float,
     validate: Callable[[JSONDict], object] | None = None,
     before_call: Callable[[], None] | None = None,
+    budget: TokenBudget | None = None,
 ) -> BoundAnswer:
     """Call ``model`` on the lease's checkpoint while renewing the lease, check the answer, and
     bind it to the basis it was computed on.
@@ -143,7 +151,9 @@ def call_model(
     The answer must be storable (a JSON object within the ledger's limits), its usage believable
     and ``validate`` must accept it; otherwise the attempt ends with the call ``rejected``. A
     ``model`` that raises ends it with the call ``failed``; ``before_call`` raising (a drill)
-    ends it with no call recorded. A lease lost meanwhile raises :class:`LeaseLostError`.
+    ends it with no call recorded. So does ``budget`` once the job's token budget is spent
+    (:class:`BudgetExceededError`, decided in the ledger; the attempt ends ``budget``). A lease
+    lost meanwhile raises :class:`LeaseLostError`.
     """
     raw_input = lease.stored_raw_input
     if raw_input is None:
@@ -154,6 +164,8 @@ def call_model(
     usage: ModelUsage | None = None
     with LeaseHeartbeat(ledger, lease, heartbeat_seconds) as heartbeat:
         try:
+            if budget is not None:
+                ledger.check_budget(lease, budget)
             if before_call is not None:
                 before_call()
             called = True

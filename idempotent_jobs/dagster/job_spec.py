@@ -10,6 +10,7 @@ from typing import Any
 
 import dagster as dg
 
+from idempotent_jobs.core.budgets import TokenBudget
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.records import JobConfig
 from idempotent_jobs.core.retention import RetentionPolicy
@@ -53,6 +54,8 @@ class IdempotentJobSpec:
     exception or ``False`` rejects it); ``payload`` builds the notification of an accepted one.
     ``channels`` are resource keys of ``NotificationChannel`` resources. ``retention`` says how
     long payloads are kept (by default forever); the run rows themselves are never pruned.
+    ``budget`` limits the tokens the job's model calls spend per UTC day (in all, and per
+    subject), decided in the ledger for every worker: a refused step fails without retry.
     """
 
     name: str
@@ -75,6 +78,7 @@ class IdempotentJobSpec:
     )
     description: str = ""
     retention: RetentionPolicy = RetentionPolicy()
+    budget: TokenBudget | None = None
 
     @property
     def partitions_def(self) -> dg.MultiPartitionsDefinition:

@@ -15,6 +15,7 @@ from typing import Any
 import dagster as dg
 
 from idempotent_jobs.core.errors import (
+    BudgetExceededError,
     LeaseBusyError,
     LeaseLostError,
     LedgerError,
@@ -170,22 +171,42 @@ def transform_step(
     step = StepContext(
         _identity(context, spec), spec.prompt, lease.run_id, context.run_id, context.op.name
     )
-    answer = call_model(
-        ledger,
-        lease,
-        lambda raw_input: model.generate(raw_input, step),
-        validate=spec.validate,
-        config=config,
-        origin=CallOrigin(
-            caller_step=context.op.name,
-            caller_run_id=context.run_id,
-            retry_number=context.retry_number,
-        ),
-        heartbeat_seconds=spec.lease_seconds / 3,
-        before_call=drill_for(ledger, spec.identity_job_name),
-    )
+    try:
+        answer = call_model(
+            ledger,
+            lease,
+            lambda raw_input: model.generate(raw_input, step),
+            validate=spec.validate,
+            config=config,
+            origin=CallOrigin(
+                caller_step=context.op.name,
+                caller_run_id=context.run_id,
+                retry_number=context.retry_number,
+            ),
+            heartbeat_seconds=spec.lease_seconds / 3,
+            before_call=drill_for(ledger, spec.identity_job_name),
+            budget=spec.budget,
+        )
+    except BudgetExceededError as exc:  # retrying today would be refused again: no retry
+        raise dg.Failure(
+            description=str(exc),
+            metadata=budget_metadata(lease.run_id, exc),
+            allow_retries=False,
+        ) from None
     ticket = Ticket.under(lease, context.run_id, StepResult.MODEL_CALLED, answer)
     return _report(context, ticket, answer.usage)
+
+
+def budget_metadata(run_id: str, exc: BudgetExceededError) -> dict[str, Any]:
+    """The metadata of a step the token budget refused: what was spent against what limit."""
+    return {
+        "ledger_run_id": run_id,
+        "result": "refused by budget",
+        "budget_scope": exc.scope,
+        "tokens_spent": dg.MetadataValue.int(exc.spent),
+        "token_budget": dg.MetadataValue.int(exc.budget),
+        "budget_day": exc.day_start.date().isoformat(),
+    }
 
 
 def _commit_or_fail(

@@ -24,6 +24,8 @@ UNFENCED_WRITES = {
     "arm_drill": "an operator arms a drill; it touches no run",
     "disarm_drills": "an operator ends a drill; it touches no run",
     "take_drill": "the drill row is locked FOR UPDATE; it touches no run",
+    "declare_budget": "the budget a job's workers enforce; it touches no run",
+    "set_price": "an operator sets a model's price; it touches no run",
     "record_lost_call": "only the cost of a call whose lease was lost, never the run's state; "
     "only for an epoch the ledger recorded as this worker's",
 }

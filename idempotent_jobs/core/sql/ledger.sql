@@ -392,6 +392,45 @@ UPDATE {schema}.drills AS d SET remaining = d.remaining - 1
 FROM pick WHERE d.job_name = pick.job_name
 RETURNING d.job_name, d.remaining
 
+-- name: declare_budget
+-- Record the budget a job's workers enforce, for the operator commands to show spend against.
+-- Written only when it differs from the row, so workers that agree take no lock after the first.
+INSERT INTO {schema}.budgets AS b (job_name, tokens_per_day, tokens_per_subject_per_day)
+SELECT %(job_name)s, %(tokens_per_day)s, %(tokens_per_subject_per_day)s
+WHERE NOT EXISTS (SELECT FROM {schema}.budgets AS d WHERE d.job_name = %(job_name)s
+  AND d.tokens_per_day IS NOT DISTINCT FROM %(tokens_per_day)s::bigint
+  AND d.tokens_per_subject_per_day IS NOT DISTINCT FROM %(tokens_per_subject_per_day)s::bigint)
+ON CONFLICT (job_name) DO UPDATE SET tokens_per_day = EXCLUDED.tokens_per_day,
+  tokens_per_subject_per_day = EXCLUDED.tokens_per_subject_per_day, declared_at = now()
+RETURNING b.job_name
+
+-- name: budget_check
+-- Decide whether a model call of this run may start: what the run's job (and its subject) has
+-- spent today (UTC day, database clock) in recorded model calls, and which limit, if any, is
+-- spent. A call is refused once spend >= limit; a call already started is never stopped, so
+-- concurrent workers overshoot by at most the one call each has in flight.
+WITH run AS (
+  SELECT job_name, subject_id FROM {schema}.runs WHERE run_id = %(run_id)s
+), day AS (
+  SELECT (date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC') AS start
+), spend AS (
+  SELECT
+    COALESCE(sum(COALESCE(c.input_tokens, 0) + COALESCE(c.output_tokens, 0)), 0)::bigint
+      AS job_tokens,
+    COALESCE(sum(COALESCE(c.input_tokens, 0) + COALESCE(c.output_tokens, 0))
+      FILTER (WHERE r.subject_id = run.subject_id), 0)::bigint AS subject_tokens
+  FROM day, run, {schema}.model_calls AS c
+  JOIN {schema}.runs AS r ON r.run_id = c.run_id
+  WHERE c.called_at >= day.start AND r.job_name = run.job_name
+)
+SELECT run.job_name, run.subject_id, day.start AS day_start, spend.job_tokens,
+  spend.subject_tokens,
+  CASE
+    WHEN spend.job_tokens >= %(tokens_per_day)s::bigint THEN 'day'
+    WHEN spend.subject_tokens >= %(tokens_per_subject_per_day)s::bigint THEN 'subject'
+  END AS refused
+FROM run, day, spend
+
 -- name: list_drills
 -- The drills still armed (calls left, not expired).
 SELECT job_name, remaining, expires_at, armed_by, armed_at FROM {schema}.drills
