@@ -223,7 +223,11 @@ def spend_until_refused(
             )
             try:
                 run_idempotent(
-                    ledger, ident, collect=lambda _: {"n": n}, transform=transform, budget=budget
+                    ledger,
+                    ident,
+                    collect=lambda i: {"s": i.subject_id},
+                    transform=transform,
+                    budget=budget,
                 )
             except BudgetExceededError as exc:
                 refused = {"spent": exc.spent, "budget": exc.budget, "run_id": ident.run_id}

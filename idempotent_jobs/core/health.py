@@ -4,6 +4,7 @@ alone (no Dagster, so ``doctor`` starts as fast as the other ledger commands).""
 from dataclasses import dataclass, field
 from typing import Literal
 
+from idempotent_jobs.core.costs import JobSpend, spend_by_job
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.operator_reads import LedgerReads
 
@@ -37,10 +38,36 @@ def _bounded(kind: str, found: list[Finding], more: str) -> list[Finding]:
     return [*found[:MAX_FINDINGS_PER_CHECK], left_out]
 
 
+def budget_findings(spend: list[JobSpend]) -> list[Finding]:
+    """Each budgeted job's spend today against its budget: ``budget_spent`` (a problem: its
+    model calls are refused until the UTC day turns) or ``budget`` (informational)."""
+    found = []
+    for s in spend:
+        limits = [
+            ("per day", s.tokens, s.tokens_per_day),
+            ("per subject (the top subject)", s.top_subject_tokens, s.tokens_per_subject_per_day),
+        ]
+        set_limits = [(what, used, limit) for what, used, limit in limits if limit is not None]
+        if not set_limits:
+            continue
+        spent = [f"{used:,} of {limit:,} tokens {what}" for what, used, limit in set_limits]
+        over = any(used >= limit for _, used, limit in set_limits)
+        found.append(
+            Finding(
+                "budget_spent" if over else "budget",
+                "problem" if over else "info",
+                f"{s.job_name} spent {'; '.join(spent)} on {s.day_start:%Y-%m-%d} (UTC)"
+                + (": its model calls are refused until the day turns" if over else ""),
+            )
+        )
+    return found
+
+
 def ledger_findings(
     ledger: RunLedger, *, outbox_older_than_seconds: float, max_attempts: int
 ) -> list[Finding]:
-    """Expired leases, notifications undelivered too long, runs failed past their retries:
+    """Budgets spent, expired leases, notifications undelivered too long, runs failed past
+    their retries:
     the oldest :data:`MAX_FINDINGS_PER_CHECK` of each, so that a ledger with thousands of
     problems still answers at once (one row past the bound tells that there are more)."""
     limit = MAX_FINDINGS_PER_CHECK + 1
@@ -86,6 +113,7 @@ def ledger_findings(
     ]
     return [
         *drills,
+        *budget_findings(spend_by_job(ledger)),
         *_bounded("expired_lease", expired, "`runs list --status running`"),
         *_bounded("undelivered_outbox", undelivered, "`outbox list --pending`"),
         *_bounded("failed_past_retries", failed, "`runs list --status failed`"),

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import dagster as dg
 
 from idempotent_jobs.core.constants import DEFAULT_MAX_ATTEMPTS, DEFAULT_OUTBOX_AGE_SECONDS
+from idempotent_jobs.core.costs import spend_by_job
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.dagster.health import dagster_findings, drift_findings, ledger_findings
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
@@ -18,6 +19,23 @@ from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 class ReconcileConfig(dg.Config):
     outbox_age_seconds: float = DEFAULT_OUTBOX_AGE_SECONDS
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+
+
+def spend_table(ledger: RunLedger) -> str:
+    """Each job's spend today (UTC) against its token budget, as a Markdown table."""
+    lines = [
+        "| job | calls | tokens | not accepted | cost | budget/day | top subject "
+        "| budget/subject |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for s in spend_by_job(ledger):
+        cost = "-" if s.cost is None else f"{s.cost:.6f}{'' if s.priced else '+'}"
+        lines.append(
+            f"| {s.job_name} | {s.calls:,} | {s.tokens:,} | {s.wasted_tokens:,} | {cost} "
+            f"| {s.tokens_per_day or '-'} | {s.top_subject_tokens:,} "
+            f"| {s.tokens_per_subject_per_day or '-'} |"
+        )
+    return "\n".join(lines)
 
 
 def build_reconciliation_job(
@@ -45,6 +63,7 @@ def build_reconciliation_job(
             "problems": dg.MetadataValue.int(len(problems)),
             "informational": dg.MetadataValue.int(len(findings) - len(problems)),
             "findings": dg.MetadataValue.md("\n".join(lines)),
+            "spend_today": dg.MetadataValue.md(spend_table(ledger)),
         }
         for finding in findings:
             log = context.log.warning if finding.severity == "problem" else context.log.info

@@ -15,12 +15,22 @@ from collections.abc import Sequence
 
 from idempotent_jobs.core.constants import DATABASE_URL_ENV, DEFAULT_SCHEMA
 from idempotent_jobs.core.errors import LedgerError
-from idempotent_jobs.operator.commands import db, drill, health, outbox, prune, revise, runs, setup
+from idempotent_jobs.operator.commands import (
+    costs,
+    db,
+    drill,
+    health,
+    outbox,
+    prune,
+    revise,
+    runs,
+    setup,
+)
 from idempotent_jobs.operator.commands.common import Shared, positive
 from idempotent_jobs.operator.render import escape_controls
 
 #: The command modules, in the order ``--help`` lists them.
-COMMANDS = (setup, db, runs, outbox, health, revise, prune, drill)
+COMMANDS = (setup, db, runs, outbox, health, revise, prune, drill, costs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,8 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--schema", default=DEFAULT_SCHEMA, help="ledger schema name")
     where = parser.add_argument_group(
         "code location (for reconcile, revise --channel/--now, outbox deliver, prune, drill "
-        "--job, dev; default: $IDEMPOTENT_JOBS_CODE_LOCATION=module[:attribute], else the "
-        "project's [tool.dagster] or workspace.yaml, as dagster dev finds them)"
+        "--job, estimate, dev; default: $IDEMPOTENT_JOBS_CODE_LOCATION=module[:attribute], "
+        "else the project's [tool.dagster] or workspace.yaml, as dagster dev finds them)"
     )
     where.add_argument("-m", "--module-name", help="module holding your Dagster Definitions")
     where.add_argument("-f", "--python-file", help="Python file holding your Definitions")

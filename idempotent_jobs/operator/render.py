@@ -5,6 +5,7 @@ import json
 import unicodedata
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from idempotent_jobs.core.json_values import UnreadableValue
@@ -41,7 +42,19 @@ def plain(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, timedelta):
         return value.total_seconds()
+    if isinstance(value, Decimal):  # money: exact, as text
+        return str(value)
     return value
+
+
+def money(amount: Decimal | float | None, currency: str = "", *, priced: bool = True) -> str:
+    """``0.0123 USD`` (4 decimals; 6 below a hundredth), ``-`` when nothing had a price, and a
+    ``+`` when some calls had none (the figure leaves them out)."""
+    if amount is None:
+        return "-"
+    places = 6 if abs(float(amount)) < 0.01 else 4
+    text = f"{float(amount):,.{places}f}"
+    return f"{text}{'' if priced else '+'}{f' {currency}' if currency else ''}"
 
 
 def human_bytes(size: int) -> str:

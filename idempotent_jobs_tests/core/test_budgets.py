@@ -105,9 +105,7 @@ def test_only_todays_calls_count_and_a_refused_run_runs_once_the_day_turns(
     with pytest.raises(BudgetExceededError):
         _run(ledger, _ident("b"), 100, budget)
     # The day turns (by the database clock): yesterday's spend no longer counts.
-    db.execute(
-        "UPDATE idempotent_jobs.model_calls SET called_at = called_at - interval '1 day'"
-    )
+    db.execute("UPDATE idempotent_jobs.model_calls SET called_at = called_at - interval '1 day'")
     assert _run(ledger, _ident("b"), 100, budget) == ["b"]
     assert [a.outcome for a in ledger.attempts(_ident("b").run_id)] == ["budget", "completed"]
 

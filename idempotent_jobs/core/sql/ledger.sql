@@ -431,6 +431,100 @@ SELECT run.job_name, run.subject_id, day.start AS day_start, spend.job_tokens,
   END AS refused
 FROM run, day, spend
 
+-- name: set_price
+-- Set a model's price per million input and output tokens (an operator's write; no run).
+INSERT INTO {schema}.model_prices AS p (model_name, input_per_million, output_per_million,
+  currency, set_by)
+VALUES (%(model_name)s, %(input_per_million)s, %(output_per_million)s, %(currency)s,
+  %(set_by)s)
+ON CONFLICT (model_name) DO UPDATE SET input_per_million = EXCLUDED.input_per_million,
+  output_per_million = EXCLUDED.output_per_million, currency = EXCLUDED.currency,
+  set_at = now(), set_by = EXCLUDED.set_by
+RETURNING p.*
+
+-- name: list_prices
+-- Every model's price, by model name.
+SELECT * FROM {schema}.model_prices ORDER BY model_name
+
+-- name: spend_by_job
+-- What each job's model calls spent in one UTC day (by the database clock; today when `day` is
+-- NULL): calls, tokens, tokens not accepted, money at the models' prices, the most any one
+-- subject spent, and the budget the job's workers declared. A job with a budget and no call
+-- that day is listed with zeros.
+WITH day AS (
+  SELECT (date_trunc('day', COALESCE(%(day)s::timestamptz, now()) AT TIME ZONE 'UTC')
+    AT TIME ZONE 'UTC') AS start
+), calls AS (
+  SELECT r.job_name, r.subject_id, c.outcome,
+    COALESCE(c.input_tokens, 0) + COALESCE(c.output_tokens, 0) AS tokens,
+    (COALESCE(c.input_tokens, 0) * p.input_per_million
+      + COALESCE(c.output_tokens, 0) * p.output_per_million) / 1000000 AS cost,
+    c.model_name IS NULL OR p.model_name IS NOT NULL AS priced
+  FROM day, {schema}.model_calls AS c
+  JOIN {schema}.runs AS r ON r.run_id = c.run_id
+  LEFT JOIN {schema}.model_prices AS p ON p.model_name = c.model_name
+  WHERE c.called_at >= day.start AND c.called_at < day.start + interval '1 day'
+), by_subject AS (
+  SELECT job_name, subject_id, count(*) AS calls, sum(tokens) AS tokens,
+    sum(tokens) FILTER (WHERE outcome <> 'accepted') AS wasted, sum(cost) AS cost,
+    bool_and(priced) AS priced
+  FROM calls GROUP BY job_name, subject_id
+), by_job AS (
+  SELECT job_name, sum(calls)::bigint AS calls, sum(tokens)::bigint AS tokens,
+    COALESCE(sum(wasted), 0)::bigint AS wasted_tokens, sum(cost) AS cost,
+    bool_and(priced) AS priced, max(tokens)::bigint AS top_subject_tokens
+  FROM by_subject GROUP BY job_name
+)
+SELECT COALESCE(j.job_name, b.job_name) AS job_name, day.start AS day_start,
+  COALESCE(j.calls, 0) AS calls, COALESCE(j.tokens, 0) AS tokens,
+  COALESCE(j.wasted_tokens, 0) AS wasted_tokens, j.cost, COALESCE(j.priced, true) AS priced,
+  COALESCE(j.top_subject_tokens, 0) AS top_subject_tokens, b.tokens_per_day,
+  b.tokens_per_subject_per_day
+FROM day, by_job AS j
+FULL JOIN {schema}.budgets AS b ON b.job_name = j.job_name
+ORDER BY 1
+
+-- name: job_history
+-- What a job's runs cost so far, for an estimate: per accepted run (its accepted call; the
+-- latest `sample` runs) the median and p90 of tokens and money, and every call not accepted
+-- (failed, rejected, stale, lease lost): how many and what they cost.
+WITH priced_calls AS (
+  SELECT c.run_id, c.outcome, c.called_at,
+    COALESCE(c.input_tokens, 0) + COALESCE(c.output_tokens, 0) AS tokens,
+    (COALESCE(c.input_tokens, 0) * p.input_per_million
+      + COALESCE(c.output_tokens, 0) * p.output_per_million) / 1000000 AS cost,
+    c.model_name IS NULL OR p.model_name IS NOT NULL AS priced
+  FROM {schema}.runs AS r
+  JOIN {schema}.model_calls AS c ON c.run_id = r.run_id
+  LEFT JOIN {schema}.model_prices AS p ON p.model_name = c.model_name
+  WHERE r.job_name = %(job_name)s
+), accepted AS (
+  SELECT run_id, sum(tokens) AS tokens, sum(cost) AS cost, bool_and(priced) AS priced
+  FROM priced_calls WHERE outcome = 'accepted'
+  GROUP BY run_id ORDER BY max(called_at) DESC LIMIT %(sample)s
+), not_accepted AS (
+  SELECT count(*) AS calls, COALESCE(sum(tokens), 0)::bigint AS tokens, sum(cost) AS cost,
+    COALESCE(bool_and(priced), true) AS priced
+  FROM priced_calls WHERE outcome <> 'accepted'
+), all_accepted AS (
+  SELECT count(DISTINCT run_id) AS runs FROM priced_calls WHERE outcome = 'accepted'
+)
+SELECT all_accepted.runs AS accepted_runs, count(accepted.run_id) AS sampled_runs,
+  percentile_cont(0.5) WITHIN GROUP (ORDER BY accepted.tokens) AS median_tokens,
+  percentile_cont(0.9) WITHIN GROUP (ORDER BY accepted.tokens) AS p90_tokens,
+  percentile_cont(0.5) WITHIN GROUP (ORDER BY accepted.cost) AS median_cost,
+  percentile_cont(0.9) WITHIN GROUP (ORDER BY accepted.cost) AS p90_cost,
+  COALESCE(bool_and(accepted.priced), true) AND not_accepted.priced AS priced,
+  not_accepted.calls AS failed_calls, not_accepted.tokens AS failed_tokens,
+  not_accepted.cost AS failed_cost
+FROM all_accepted, not_accepted LEFT JOIN accepted ON true
+GROUP BY all_accepted.runs, not_accepted.calls, not_accepted.tokens, not_accepted.cost,
+  not_accepted.priced
+
+-- name: run_statuses
+-- The stored status of each of these run ids (ids not registered are left out).
+SELECT run_id, status FROM {schema}.runs WHERE run_id = ANY(%(run_ids)s)
+
 -- name: list_drills
 -- The drills still armed (calls left, not expired).
 SELECT job_name, remaining, expires_at, armed_by, armed_at FROM {schema}.drills

@@ -2,9 +2,12 @@
 
 import argparse
 import sys
+from collections.abc import Iterable
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from idempotent_jobs.core.constants import RUN_STATUSES
+from idempotent_jobs.core.costs import call_cost, prices, spend_by_job
 from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.operator.commands.common import (
     Shared,
@@ -15,9 +18,10 @@ from idempotent_jobs.operator.commands.common import (
     reads,
     when,
 )
-from idempotent_jobs.operator.render import escape_controls, human_bytes, table
+from idempotent_jobs.operator.render import escape_controls, human_bytes, money, table
 
 if TYPE_CHECKING:
+    from idempotent_jobs.core.costs import JobSpend
     from idempotent_jobs.core.ledger import RunLedger
 
 
@@ -95,9 +99,44 @@ def runs_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _spend_rows(spend: "list[JobSpend]", currency: str) -> list[tuple[Any, ...]]:
+    def limit(tokens: int | None) -> str:
+        return "-" if tokens is None else f"{tokens:,}"
+
+    return [
+        (
+            s.job_name,
+            f"{s.calls:,}",
+            f"{s.tokens:,}",
+            f"{s.wasted_tokens:,}",
+            money(s.cost, currency, priced=s.priced),
+            limit(s.tokens_per_day),
+            limit(s.tokens_left),
+            f"{s.top_subject_tokens:,}",
+            limit(s.tokens_per_subject_per_day),
+        )
+        for s in spend
+    ]
+
+
+SPEND_HEADERS = [
+    "job",
+    "calls",
+    "tokens",
+    "not accepted",
+    "cost",
+    "budget/day",
+    "left",
+    "top subject",
+    "budget/subject",
+]
+
+
 def runs_stats(args: argparse.Namespace) -> int:
     with open_ledger(args) as ledger:
         tables, parts = reads(ledger).storage()
+        spend = spend_by_job(ledger, args.day)
+        currency = next(iter({p.currency for p in prices(ledger).values()}), "")
     approx = any(p.estimated for p in parts)
     rows = [
         (
@@ -116,8 +155,12 @@ def runs_stats(args: argparse.Namespace) -> int:
         )
         for t in tables
     ]
+    day = f"{spend[0].day_start:%Y-%m-%d}" if spend else "today"
     human = "\n".join(
         [
+            f"model calls on {day} (UTC) against each job's token budget:",
+            table(SPEND_HEADERS, _spend_rows(spend, currency)),
+            "",
             table(["job", "part", "rows", "stored bytes"], rows),
             "",
             "on disk (indexes and TOAST included):",
@@ -125,8 +168,26 @@ def runs_stats(args: argparse.Namespace) -> int:
         ]
         + (["", "~: estimated from a sample of the table's pages"] if approx else [])
     )
-    emit(args, {"tables": tables, "parts": parts}, human)
+    data = {"spend": spend, "currency": currency or None, "tables": tables, "parts": parts}
+    emit(args, data, human)
     return 0
+
+
+def _sum(amounts: Iterable[Decimal | None]) -> Decimal | None:
+    """The sum of the amounts that have one (``None`` when none has)."""
+    known = [a for a in amounts if a is not None]
+    return sum(known, Decimal(0)) if known else None
+
+
+def _money_line(figures: dict[str, Any], currency: str) -> str:
+    if all(m is None for m in figures["calls"]):
+        return "no price set for these models (idempotent-jobs prices set)"
+    priced = None not in figures["calls"]
+    return (
+        f"{money(figures['accepted'], currency, priced=priced)} accepted, "
+        f"{money(figures['not_accepted'], currency, priced=priced)} not accepted"
+        + ("" if priced else " (+: a model without a price is left out)")
+    )
 
 
 def runs_show(args: argparse.Namespace) -> int:
@@ -140,14 +201,25 @@ def runs_show(args: argparse.Namespace) -> int:
         calls = ledger.model_calls(run_id)
         outbox = ledger.outbox(run_id)
         revisions = ledger.revisions(run_id)
+        known = prices(ledger)
     from idempotent_jobs.core.records import CallCosts
 
     costs = CallCosts.of(calls)
+    call_money = [call_cost(c, known) for c in calls]
+    paid = list(zip(call_money, calls, strict=True))
+    currency = next(iter({p.currency for p in known.values()}), "")
+    figures: dict[str, Any] = {
+        "currency": currency or None,
+        "calls": call_money,
+        "accepted": _sum(m for m, c in paid if c.outcome == "accepted"),
+        "not_accepted": _sum(m for m, c in paid if c.outcome != "accepted"),
+    }
     data = {
         "run": record,
         "attempts": attempts,
         "model_calls": calls,
         "costs": costs,
+        "money": figures,
         "outbox": outbox,
         "revisions": revisions,
     }
@@ -199,10 +271,11 @@ def runs_show(args: argparse.Namespace) -> int:
             c.model_name,
             c.input_tokens,
             c.output_tokens,
+            money(cost, currency),
             c.outcome,
             c.error,
         )
-        for c in calls
+        for c, cost in zip(calls, call_money, strict=True)
     ]
     outbox_rows = [
         (
@@ -252,12 +325,14 @@ def runs_show(args: argparse.Namespace) -> int:
                     "model",
                     "in tokens",
                     "out tokens",
+                    "cost",
                     "outcome",
                     "error",
                 ],
                 call_rows,
             ),
             f"cost: {costs.summary()}",
+            f"money: {_money_line(figures, currency)}",
             "",
             "outbox:",
             table(
@@ -294,9 +369,13 @@ def add_parser(commands: Any, shared: Shared) -> None:
     listing.set_defaults(handler=runs_list)
     show = runs.add_parser("show", parents=[shared.json_flag], help="one run: attempts, outbox")
     show.add_argument("run_id", help="run id (or a unique prefix)")
-    runs.add_parser(
+    stats = runs.add_parser(
         "stats",
         parents=[shared.json_flag],
-        help="rows and bytes per job and table (estimated from a sample on big tables)",
-    ).set_defaults(handler=runs_stats)
+        help="a day's spend per job against its budget; rows and bytes per job and table",
+    )
+    stats.add_argument(
+        "--day", type=when, help="the UTC day holding this time (ISO; default: today)"
+    )
+    stats.set_defaults(handler=runs_stats)
     show.set_defaults(handler=runs_show)

@@ -1,0 +1,164 @@
+"""What model calls cost in money, and what a job spent and may spend: prices per model set by
+an operator (``idempotent-jobs prices set``), spend per job and UTC day against the budget its
+workers declared (``runs stats``, the reconciliation job), and a job's history per accepted run
+(``idempotent-jobs estimate``).
+
+Prices are kept in the ledger (``model_prices``), so every command and worker sees the same ones;
+a call's money is its input tokens times the input price plus its output tokens times the output
+price, per million, at the price set now. A call whose model has no price has no money figure,
+and a sum over it says so (``priced`` is false).
+"""
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+
+from psycopg.rows import dict_row
+
+from idempotent_jobs.core.errors import InvalidInputError
+from idempotent_jobs.core.ledger import RunLedger, record_row
+from idempotent_jobs.core.records import ModelCallRecord
+
+_MAX_PRICE = Decimal("100000000")  # numeric(14, 6): below 10^8 per million tokens
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelPrice:
+    """The price of one model's tokens, per million input and per million output tokens."""
+
+    model_name: str
+    input_per_million: Decimal
+    output_per_million: Decimal
+    currency: str
+    set_at: datetime
+    set_by: str | None
+
+    def cost(self, input_tokens: int | None, output_tokens: int | None) -> Decimal:
+        """The money ``input_tokens`` and ``output_tokens`` of this model cost."""
+        spent = (input_tokens or 0) * self.input_per_million
+        return (spent + (output_tokens or 0) * self.output_per_million) / 1_000_000
+
+
+def _price(field: str, value: object) -> Decimal:
+    try:
+        price = Decimal(str(value))
+    except InvalidOperation:
+        raise InvalidInputError(field, f"must be a number, got {value!r}") from None
+    if not price.is_finite() or not 0 <= price < _MAX_PRICE:
+        raise InvalidInputError(field, f"must be from 0 to below {_MAX_PRICE:,}, got {value!r}")
+    return price
+
+
+def _currency(value: str) -> str:
+    code = value.strip().upper()
+    if not (len(code) == 3 and code.isascii() and code.isalpha()):
+        raise InvalidInputError("currency", f"must be a 3-letter code such as USD, got {value!r}")
+    return code
+
+
+def set_price(
+    ledger: RunLedger,
+    model_name: str,
+    input_per_million: object,
+    output_per_million: object,
+    *,
+    currency: str = "USD",
+    set_by: str | None = None,
+) -> ModelPrice:
+    """Set ``model_name``'s price per million input and output tokens. Every price is in one
+    currency, so sums stay meaningful: another currency than the prices set so far is refused."""
+    name = model_name.strip()
+    if not name or len(name) > 200 or not name.isprintable():
+        raise InvalidInputError("model", f"must be a printable model name, got {model_name!r}")
+    code = _currency(currency)
+    others = {p.currency for p in prices(ledger).values() if p.model_name != name}
+    if others and code not in others:
+        raise InvalidInputError(
+            "currency", f"prices are kept in {', '.join(sorted(others))}; got {code}"
+        )
+    params = {
+        "model_name": name,
+        "input_per_million": _price("input_per_million", input_per_million),
+        "output_per_million": _price("output_per_million", output_per_million),
+        "currency": code,
+        "set_by": set_by,
+    }
+    [price] = ledger.executor.fetch("set_price", params, record_row(ModelPrice))
+    return price
+
+
+def prices(ledger: RunLedger) -> dict[str, ModelPrice]:
+    """Every model's price, by model name."""
+    rows = ledger.executor.fetch("list_prices", {}, record_row(ModelPrice))
+    return {p.model_name: p for p in rows}
+
+
+def call_cost(call: ModelCallRecord, known: dict[str, ModelPrice]) -> Decimal | None:
+    """What ``call`` cost in money, or ``None`` when its model has no price."""
+    price = known.get(call.model_name or "")
+    if price is None:
+        return None if call.model_name else Decimal(0)
+    return price.cost(call.input_tokens, call.output_tokens)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpend:
+    """What one job's model calls spent in one UTC day, against its declared budget.
+
+    ``cost`` is ``None`` when no call was priced; ``priced`` is false when some were not.
+    ``top_subject_tokens`` is the most any one subject spent (the per-subject limit's measure).
+    """
+
+    job_name: str
+    day_start: datetime
+    calls: int
+    tokens: int
+    wasted_tokens: int
+    cost: Decimal | None
+    priced: bool
+    top_subject_tokens: int
+    tokens_per_day: int | None
+    tokens_per_subject_per_day: int | None
+
+    @property
+    def tokens_left(self) -> int | None:
+        """Tokens left in the day's budget (0 once spent), or ``None`` without one."""
+        if self.tokens_per_day is None:
+            return None
+        return max(self.tokens_per_day - self.tokens, 0)
+
+
+def spend_by_job(ledger: RunLedger, day: datetime | None = None) -> list[JobSpend]:
+    """Each job's spend in the UTC day holding ``day`` (today, by the database clock)."""
+    return ledger.executor.fetch("spend_by_job", {"day": day}, record_row(JobSpend))
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobHistory:
+    """What a job's runs cost so far: per accepted run (the latest ``sampled_runs`` of
+    ``accepted_runs``) the median and p90 tokens and money, and the calls not accepted."""
+
+    accepted_runs: int
+    sampled_runs: int
+    median_tokens: float | None
+    p90_tokens: float | None
+    median_cost: float | None
+    p90_cost: float | None
+    priced: bool
+    failed_calls: int
+    failed_tokens: int
+    failed_cost: Decimal | None
+
+
+def job_history(ledger: RunLedger, job_name: str, *, sample: int = 1000) -> JobHistory:
+    """:class:`JobHistory` of identity job ``job_name``."""
+    [row] = ledger.executor.fetch("job_history", {"job_name": job_name, "sample": sample}, dict_row)
+    return JobHistory(**row)
+
+
+def run_statuses(ledger: RunLedger, run_ids: list[str]) -> dict[str, str]:
+    """The status of each of ``run_ids`` the ledger holds (unregistered ids are left out)."""
+    return {
+        run_id: status
+        for run_id, status in ledger.executor.rows("run_statuses", {"run_ids": run_ids})
+    }
