@@ -108,7 +108,7 @@ def test_a_refused_step_fails_without_retry_with_spend_and_budget(
     [failed] = [e for e in check.all_events if e.event_type_value == "STEP_FAILURE"]
     data = failed.step_failure_data.user_failure_data
     assert data is not None
-    findings = data.metadata["findings"].value
+    findings = str(data.metadata["findings"].value)
     assert "budget_spent" in findings and "15 of 10 tokens per day" in findings
-    spend = data.metadata["spend_today"].value
+    spend = str(data.metadata["spend_today"].value)
     assert "| budgeted-summary | 1 | 15 | 0 |" in spend
