@@ -19,8 +19,8 @@ from idempotent_jobs.core.constants import DATABASE_URL_ENV
 from idempotent_jobs.dagster import IdempotentJobSpec, RunLedgerResource, build_idempotent_job
 from idempotent_jobs.dagster.reconciliation_job import build_reconciliation_job
 from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel, ModelStep, StepContext
-from idempotent_jobs_tests.conftest import DagsterTestEnv
 from idempotent_jobs_tests.dagster.test_failure_parity import ledger_state
+from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
 
 
 class OneDocument(Collector):
