@@ -405,9 +405,9 @@ ON CONFLICT (job_name) DO UPDATE SET tokens_per_day = EXCLUDED.tokens_per_day,
 RETURNING b.job_name
 
 -- name: budget_check
--- Decide whether a model call of this run may start: what the run's job (and its subject) has
--- spent today (UTC day, database clock) in recorded model calls, and which limit, if any, is
--- spent. A call is refused once spend >= limit; a call already started is never stopped, so
+-- Decide whether a model call of this run may start under the job's token budget.
+-- What the run's job (and its subject) has spent today (UTC day, database clock) in recorded
+-- model calls, and which limit, if any, is spent. A call is refused once spend >= limit; a call already started is never stopped, so
 -- concurrent workers overshoot by at most the one call each has in flight.
 WITH run AS (
   SELECT job_name, subject_id FROM {schema}.runs WHERE run_id = %(run_id)s
@@ -447,8 +447,8 @@ RETURNING p.*
 SELECT * FROM {schema}.model_prices ORDER BY model_name
 
 -- name: spend_by_job
--- What each job's model calls spent in one UTC day (by the database clock; today when `day` is
--- NULL): calls, tokens, tokens not accepted, money at the models' prices, the most any one
+-- What each job's model calls spent in one UTC day, against its declared budget.
+-- By the database clock; today when `day` is NULL: calls, tokens, tokens not accepted, money at the models' prices, the most any one
 -- subject spent, and the budget the job's workers declared. A job with a budget and no call
 -- that day is listed with zeros.
 WITH day AS (
@@ -485,8 +485,8 @@ FULL JOIN {schema}.budgets AS b ON b.job_name = j.job_name
 ORDER BY 1
 
 -- name: job_history
--- What a job's runs cost so far, for an estimate: per accepted run (its accepted call; the
--- latest `sample` runs) the median and p90 of tokens and money, and every call not accepted
+-- What a job's runs cost so far, for an estimate.
+-- Per accepted run (its accepted call; the latest `sample` runs) the median and p90 of tokens and money, and every call not accepted
 -- (failed, rejected, stale, lease lost): how many and what they cost.
 WITH priced_calls AS (
   SELECT c.run_id, c.outcome, c.called_at,

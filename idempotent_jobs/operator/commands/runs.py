@@ -7,7 +7,6 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from idempotent_jobs.core.constants import RUN_STATUSES
-from idempotent_jobs.core.costs import call_cost, prices, spend_by_job
 from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.operator.commands.common import (
     Shared,
@@ -133,6 +132,8 @@ SPEND_HEADERS = [
 
 
 def runs_stats(args: argparse.Namespace) -> int:
+    from idempotent_jobs.core.costs import prices, spend_by_job
+
     with open_ledger(args) as ledger:
         tables, parts = reads(ledger).storage()
         spend = spend_by_job(ledger, args.day)
@@ -191,6 +192,8 @@ def _money_line(figures: dict[str, Any], currency: str) -> str:
 
 
 def runs_show(args: argparse.Namespace) -> int:
+    from idempotent_jobs.core.costs import call_cost, prices
+
     with open_ledger(args) as ledger:
         run_id = reads(ledger).resolve_run_id(args.run_id)
         record = ledger.get(run_id)
