@@ -7,7 +7,9 @@
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
+from idempotent_jobs.core import telemetry
 from idempotent_jobs.core.errors import LeaseLostError, RunNotFoundError
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.ledger import RunLedger
@@ -31,20 +33,28 @@ def acquire(
     Returns the new :class:`Lease`, or the run's current record when no lease was had: a
     ``completed`` record (reuse its output) or, once the wait is over, a ``running`` one.
     """
-    deadline = time.monotonic() + wait_seconds
+    began = time.monotonic()
+    deadline = began + wait_seconds
     pause = 0.1
+    waited = False
     while True:
         lease = ledger.claim(
             run_id, worker_id, lease_seconds, caller_run_id=caller_run_id, caller_step=caller_step
         )
         if lease is not None:
+            if waited:
+                telemetry.record_lease_wait(time.monotonic() - began, "claimed")
             return lease
         record = ledger.get(run_id)
         if record is None:
             raise RunNotFoundError(f"run {run_id} is not registered")
         remaining = deadline - time.monotonic()
         if record.status == "completed" or remaining <= 0:
+            if waited:
+                outcome = "reused" if record.status == "completed" else "busy"
+                telemetry.record_lease_wait(time.monotonic() - began, outcome)
             return record
+        waited = True
         # Waiting on another process's lease: poll the database, backing off.
         time.sleep(min(pause, remaining))
         pause = min(pause * 2, MAX_POLL_SECONDS)
@@ -82,6 +92,44 @@ def claim_or_reuse(
     run is taken over when it still holds; otherwise this worker claims the run, waiting up to
     ``wait_seconds`` for another holder to finish or expire.
     """
+    started = time.time_ns()
+    got = _claim_or_reuse(
+        ledger,
+        run,
+        worker_id,
+        lease_seconds,
+        handed=handed,
+        wait_seconds=wait_seconds,
+        caller_run_id=caller_run_id,
+        caller_step=caller_step,
+    )
+    if isinstance(got, Reused):  # one short span, marked reused: no step span under it
+        telemetry.annotate_current(reused=True, outcome="reused")
+        telemetry.count_run("reused")
+        return got
+    outcome = "claimed" if isinstance(got, Lease) else "busy"
+    attributes: dict[str, Any] = {"idempotent_jobs.outcome": outcome}
+    if isinstance(got, Lease):
+        attributes["idempotent_jobs.lease_epoch"] = got.epoch
+        attributes["idempotent_jobs.revision"] = got.revision
+        attributes["idempotent_jobs.handed_over"] = handed is not None and got.epoch == handed.epoch
+    else:
+        telemetry.annotate_current(outcome="busy")
+    telemetry.past_span("idempotent_jobs.claim", started, attributes)
+    return got
+
+
+def _claim_or_reuse(
+    ledger: RunLedger,
+    run: RunIdentity | str,
+    worker_id: str,
+    lease_seconds: float,
+    *,
+    handed: Lease | None,
+    wait_seconds: float,
+    caller_run_id: str | None,
+    caller_step: str | None,
+) -> Lease | Reused | Busy:
     if handed is not None:
         try:
             return ledger.renew(handed)

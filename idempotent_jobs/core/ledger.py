@@ -18,6 +18,7 @@ from psycopg import Cursor
 from psycopg.rows import RowMaker, dict_row
 from psycopg_pool import ConnectionPool
 
+from idempotent_jobs.core import telemetry
 from idempotent_jobs.core.budgets import BudgetSpend, TokenBudget
 from idempotent_jobs.core.constants import DEFAULT_SCHEMA
 from idempotent_jobs.core.error_text import describe_error, safe_text
@@ -672,6 +673,11 @@ class RunLedger:
             raise spend.error()
         return spend
 
+    def price_rows(self) -> list[dict[str, Any]]:
+        """Every model's price per million tokens, as rows (the metrics' money figure; see
+        :mod:`idempotent_jobs.core.costs` for the operator's side)."""
+        return self._db.fetch("list_prices", {}, dict_row)
+
     # -- reading -----------------------------------------------------------------------------
 
     # -- failure drills ------------------------------------------------------------------------
@@ -797,6 +803,18 @@ class RunLedger:
         deliverers never send the same row at once. A crash between a successful send and the
         mark re-sends later with the same key: receivers deduplicate on it.
         """
+        with telemetry.span("idempotent_jobs.deliver") as span:
+            report = self._deliver(send, run_id, limit)
+            telemetry.annotate(span, delivered=len(report.delivered), failed=len(report.failed))
+        for row in report.delivered:
+            telemetry.count_notification(row.channel, "delivered")
+        for row, _ in report.failed:
+            telemetry.count_notification(row.channel, "failed")
+        return report
+
+    def _deliver(
+        self, send: Callable[[OutboxRecord], None], run_id: str | None, limit: int
+    ) -> DeliveryReport:
         delivered: list[OutboxRecord] = []
         failed: list[tuple[OutboxRecord, str]] = []
         for candidate in self.outbox(run_id, pending_only=True, limit=limit):

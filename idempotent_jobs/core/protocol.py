@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from idempotent_jobs.core import telemetry
 from idempotent_jobs.core.budgets import TokenBudget
 from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.identity import RunIdentity
@@ -95,6 +96,56 @@ def run_idempotent(
     """
     config = config or JobConfig()
     worker_id = worker_id or default_worker_id()
+    scope = telemetry.run_scope(
+        identity.run_id,
+        identity.job_name,
+        identity.subject_id,
+        identity.scheduled_at.isoformat(),
+        identity.version,
+    )
+    with scope, telemetry.span("idempotent_jobs.attempt") as span:
+        try:
+            outcome = _run(
+                ledger,
+                identity,
+                collect=collect,
+                transform=transform,
+                validate=validate,
+                notifications=notifications,
+                worker_id=worker_id,
+                lease_seconds=lease_seconds,
+                heartbeat_seconds=heartbeat_seconds,
+                wait_seconds=wait_seconds,
+                caller_run_id=caller_run_id,
+                caller_step=caller_step,
+                config=config,
+                budget=budget,
+            )
+        except BaseException as exc:
+            telemetry.annotate(span, outcome="failed", **{"error.type": type(exc).__name__})
+            raise
+        if outcome.executed:
+            telemetry.annotate(span, outcome="executed", lease_epoch=outcome.epoch)
+        return outcome
+
+
+def _run(
+    ledger: RunLedger,
+    identity: RunIdentity,
+    *,
+    collect: Callable[[RunIdentity], JSONDict],
+    transform: Callable[[JSONDict], JSONDict | ModelAnswer],
+    validate: Callable[[JSONDict], object] | None,
+    notifications: Callable[[JSONDict], Mapping[str, JSONDict]] | None,
+    worker_id: str,
+    lease_seconds: float,
+    heartbeat_seconds: float | None,
+    wait_seconds: float,
+    caller_run_id: str | None,
+    caller_step: str | None,
+    config: JobConfig,
+    budget: TokenBudget | None,
+) -> RunOutcome:
     lease = claim_or_reuse(
         ledger,
         identity,

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from idempotent_jobs.core import telemetry
 from idempotent_jobs.core.budgets import TokenBudget
 from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.errors import (
@@ -86,6 +87,17 @@ def end_attempt(
     never hides the first error."""
     if isinstance(exc, UsageRejectedError):
         usage = exc.recorded
+    outcome = (
+        "budget"
+        if isinstance(exc, BudgetExceededError)
+        else "drill"
+        if isinstance(exc, DrilledFailure)
+        else "failed"
+    )
+    telemetry.annotate_current(outcome=outcome, **{"error.type": type(exc).__name__})
+    telemetry.count_run("failed")
+    if call is not None and usage is not None:
+        telemetry.count_tokens_not_accepted(_tokens(usage), usage.model_name, call)
     try:
         return ledger.fail(
             lease,
@@ -100,6 +112,10 @@ def end_attempt(
         return None
 
 
+def _tokens(usage: ModelUsage | None) -> int:
+    return 0 if usage is None else (usage.input_tokens or 0) + (usage.output_tokens or 0)
+
+
 def call_outcome(called: bool, answered: bool) -> CallOutcome | None:
     """How a model call ended when its step failed: not made (``None``), raised (``failed``),
     or answered and the answer refused (``rejected``)."""
@@ -108,17 +124,23 @@ def call_outcome(called: bool, answered: bool) -> CallOutcome | None:
     return "rejected" if answered else "failed"
 
 
+def _lease_attributes(lease: Lease) -> dict[str, int]:
+    return {"idempotent_jobs.lease_epoch": lease.epoch, "idempotent_jobs.revision": lease.revision}
+
+
 def collect_once(ledger: RunLedger, lease: Lease, collect: Callable[[], JSONDict]) -> Lease:
     """The lease with the run's checkpoint: the stored one, else ``collect()``'s value stored
     now (the first stored value wins). A failure (the collector, an input the ledger refuses)
     ends the attempt and propagates."""
     if lease.stored_raw_input is not None:
+        telemetry.annotate_current(input_reused=True)
         return lease
-    try:
-        return ledger.checkpoint(lease, collect())
-    except BaseException as exc:
-        end_attempt(ledger, lease, exc)
-        raise
+    with telemetry.span("idempotent_jobs.collect", _lease_attributes(lease)):
+        try:
+            return ledger.checkpoint(lease, collect())
+        except BaseException as exc:
+            end_attempt(ledger, lease, exc)
+            raise
 
 
 def _unpack(answer: object) -> tuple[object, ModelUsage | None]:
@@ -131,6 +153,23 @@ def check_output(output: JSONDict, validate: Callable[[JSONDict], object] | None
     """Raise if ``validate`` raises or returns ``False`` (:class:`OutputRejectedError`)."""
     if validate is not None and validate(output) is False:
         raise OutputRejectedError()
+
+
+def _record_usage(ledger: RunLedger, span: Any, usage: ModelUsage | None) -> None:
+    """The call's usage on its span (GenAI attributes) and in the metrics."""
+    if usage is None:
+        return
+    telemetry.annotate(
+        span,
+        **{
+            "gen_ai.response.model": usage.model_name,
+            "gen_ai.usage.input_tokens": usage.input_tokens,
+            "gen_ai.usage.output_tokens": usage.output_tokens,
+        },
+    )
+    telemetry.record_usage(
+        usage.model_name, usage.input_tokens, usage.output_tokens, ledger.price_rows, id(ledger)
+    )
 
 
 def call_model(
@@ -162,7 +201,16 @@ def call_model(
         raise missing
     called = answered = False
     usage: ModelUsage | None = None
-    with LeaseHeartbeat(ledger, lease, heartbeat_seconds) as heartbeat:
+    model_name = config.parts.get("model", "")
+    attributes: dict[str, str | int] = {
+        **_lease_attributes(lease),
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": model_name,
+    }
+    with (
+        telemetry.span(f"chat {model_name}".strip(), attributes, client=True) as span,
+        LeaseHeartbeat(ledger, lease, heartbeat_seconds) as heartbeat,
+    ):
         try:
             if budget is not None:
                 ledger.check_budget(lease, budget)
@@ -172,6 +220,7 @@ def call_model(
             output, reported = _unpack(model(raw_input))
             answered = True
             usage = check_usage(reported)
+            _record_usage(ledger, span, usage)
             ledger.check_storable_output(output)
             assert isinstance(output, dict)
             check_output(output, validate)
@@ -181,6 +230,9 @@ def call_model(
             raise
     if heartbeat.lost:  # the call was paid for: record it though the run moved on
         ledger.record_lost_call(lease, usage, lease.revision, origin=origin)
+        telemetry.count_run("lease_lost")
+        if usage is not None:
+            telemetry.count_tokens_not_accepted(_tokens(usage), usage.model_name, "lease_lost")
     heartbeat.raise_if_lost()
     return BoundAnswer(output=output, usage=usage, basis=lease.basis, config=config, origin=origin)
 
@@ -195,19 +247,36 @@ def commit(
     :meth:`RunLedger.complete`). A lost lease or a stale basis raise as they are (the ledger
     recorded what it could); any other failure (a payload builder, a payload the ledger
     refuses) ends the attempt with the call ``rejected``."""
-    try:
-        messages = notifications(answer.output) if notifications is not None else None
-        return ledger.complete(
-            lease,
-            answer.output,
-            messages,
-            answer.usage,
-            basis=answer.basis,
-            config=answer.config,
-            origin=answer.origin,
-        )
-    except (LeaseLostError, StaleCandidateError):
-        raise
-    except BaseException as exc:
-        end_attempt(ledger, lease, exc, answer.usage, call="rejected", origin=answer.origin)
-        raise
+    with telemetry.span("idempotent_jobs.commit", _lease_attributes(lease)) as span:
+        try:
+            messages = notifications(answer.output) if notifications is not None else None
+            completion = ledger.complete(
+                lease,
+                answer.output,
+                messages,
+                answer.usage,
+                basis=answer.basis,
+                config=answer.config,
+                origin=answer.origin,
+            )
+        except (LeaseLostError, StaleCandidateError) as exc:
+            lost = isinstance(exc, LeaseLostError)
+            _not_accepted(span, answer.usage, "lease_lost" if lost else "superseded")
+            raise
+        except BaseException as exc:
+            end_attempt(ledger, lease, exc, answer.usage, call="rejected", origin=answer.origin)
+            raise
+        if completion.accepted:
+            telemetry.annotate(span, outcome="accepted")
+            telemetry.count_run("executed")
+        else:  # another answer of this run was accepted first: this one is not
+            _not_accepted(span, answer.usage, "reused")
+        return completion
+
+
+def _not_accepted(span: Any, usage: ModelUsage | None, outcome: str) -> None:
+    telemetry.annotate(span, outcome=outcome)
+    telemetry.count_run(outcome)
+    if usage is not None:
+        call = "stale" if outcome in ("superseded", "reused") else outcome
+        telemetry.count_tokens_not_accepted(_tokens(usage), usage.model_name, call)

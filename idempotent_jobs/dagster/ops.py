@@ -14,6 +14,7 @@ from typing import Any
 
 import dagster as dg
 
+from idempotent_jobs.core import telemetry
 from idempotent_jobs.core.errors import (
     BudgetExceededError,
     LeaseBusyError,
@@ -37,6 +38,7 @@ from idempotent_jobs.core.steps import BoundAnswer, call_model, collect_once, co
 from idempotent_jobs.dagster.drill import drill_for
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 from idempotent_jobs.dagster.resources import Collector, ModelStep, NotificationChannel, StepContext
+from idempotent_jobs.dagster.telemetry import step_span
 from idempotent_jobs.dagster.ticket import StepResult, Ticket
 
 
@@ -290,6 +292,14 @@ def deliver_step(context: dg.OpExecutionContext, persisted: Ticket) -> None:
         raise dg.Failure(f"delivery failed, will retry: {reasons}", allow_retries=True)
 
 
+def _traced(span: Any, ticket: Ticket) -> Ticket:
+    """``ticket``, its result and epoch set on the step's span."""
+    telemetry.annotate(
+        span, outcome=ticket.label, lease_epoch=ticket.epoch, reused=ticket.completed or None
+    )
+    return ticket
+
+
 def build_ops(
     spec: IdempotentJobSpec,
 ) -> tuple[dg.OpDefinition, dg.OpDefinition, dg.OpDefinition, dg.OpDefinition]:
@@ -307,7 +317,8 @@ def build_ops(
     )
     def collect(context: dg.OpExecutionContext) -> Ticket:
         """Register the run, take its lease and checkpoint the collected input (once)."""
-        return collect_step(context, spec)
+        with step_span(context, spec) as span:
+            return _traced(span, collect_step(context, spec))
 
     @dg.op(
         name=f"{spec.name}_transform",
@@ -318,14 +329,16 @@ def build_ops(
     )
     def transform(context: dg.OpExecutionContext, collected: Ticket) -> Ticket:
         """Call the model on the checkpointed input (read from the ledger) under a live lease."""
-        return transform_step(context, spec, collected)
+        with step_span(context, spec) as span:
+            return _traced(span, transform_step(context, spec, collected))
 
     @dg.op(name=f"{spec.name}_persist", out=dg.Out(Ticket), tags={"kind": "ledger"})
     def persist(
         context: dg.OpExecutionContext, transformed: Ticket, ledger: dg.ResourceParam[RunLedger]
     ) -> Ticket:
         """Commit the answer, its usage and the outbox rows in one transaction."""
-        return persist_step(context, spec, transformed, ledger)
+        with step_span(context, spec) as span:
+            return _traced(span, persist_step(context, spec, transformed, ledger))
 
     @dg.op(
         name=f"{spec.name}_deliver",
@@ -335,6 +348,7 @@ def build_ops(
     )
     def deliver(context: dg.OpExecutionContext, persisted: Ticket) -> None:
         """Send this run's undelivered outbox rows, once each, keyed ``<run_id>:<channel>``."""
-        deliver_step(context, persisted)
+        with step_span(context, spec):
+            deliver_step(context, persisted)
 
     return collect, transform, persist, deliver

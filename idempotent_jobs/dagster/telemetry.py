@@ -1,0 +1,54 @@
+"""A span per Dagster step, under which the protocol's step spans nest.
+
+Dagster has no OpenTelemetry of its own, so each op of an idempotent job opens one span,
+``dagster step <op>``, with the Dagster run, job, step, partition and retry as attributes, and
+works on its ledger run in :func:`~idempotent_jobs.core.telemetry.run_scope`. When the op runs
+inside a span of the caller's, it nests under it; otherwise every step of one Dagster run joins
+one trace whose id is the Dagster run id (a UUID; without its dashes), so a trace is found by
+the run id the Dagster UI shows, whichever process or pod ran each step.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import dagster as dg
+
+from idempotent_jobs.core import telemetry
+from idempotent_jobs.core.errors import LedgerError
+from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
+
+
+@contextmanager
+def step_span(context: dg.OpExecutionContext, spec: IdempotentJobSpec) -> Iterator[Any]:
+    """The span of this Dagster step (``None`` without an SDK), with the step's ledger run as
+    the run scope of everything under it."""
+    try:
+        identity = spec.identity_for(context.partition_key)
+    except (LedgerError, dg.DagsterInvariantViolationError):
+        identity = None
+    scope = (
+        telemetry.run_scope(
+            identity.run_id,
+            identity.job_name,
+            identity.subject_id,
+            identity.scheduled_at.isoformat(),
+            identity.version,
+        )
+        if identity is not None
+        else nullcontext()
+    )
+    with scope:
+        if not telemetry.tracing():
+            yield None
+            return
+        attributes: dict[str, str | int] = {
+            "dagster.run_id": context.run_id,
+            "dagster.job_name": context.job_name,
+            "dagster.step_key": context.op.name,
+            "dagster.partition_key": str(context.partition_key),
+            "dagster.retry_number": context.retry_number,
+        }
+        name = f"dagster step {context.op.name}"
+        with telemetry.joined_trace(context.run_id), telemetry.span(name, attributes) as span:
+            yield span

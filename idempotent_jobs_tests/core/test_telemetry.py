@@ -1,0 +1,121 @@
+"""Traces and metrics through OpenTelemetry's API, read with the SDK's in-memory exporter and
+reader: the span tree and metric values of a run with one failed and one accepted call; the
+same steps as spans under Dagster's steps; and nothing at all without an SDK."""
+
+from typing import Any
+
+import pytest
+from opentelemetry.trace import StatusCode
+
+from idempotent_jobs import JobConfig, ModelAnswer, ModelUsage, RunLedger, run_idempotent
+from idempotent_jobs.core import telemetry
+from idempotent_jobs.core.costs import set_price
+from idempotent_jobs_tests.helpers import Collector, email, identity
+from idempotent_jobs_tests.otel import installed, tree
+
+CONFIG = JobConfig.of(prompt="Summarise.", model="gpt-test", validator="any")
+
+
+def _answer(raw: dict[str, Any]) -> ModelAnswer:
+    return ModelAnswer({"summary": "ok"}, ModelUsage("gpt-test", 1200, 300))
+
+
+def _timeout(raw: dict[str, Any]) -> ModelAnswer:
+    raise TimeoutError("the model did not answer in time")
+
+
+def test_a_failed_then_an_accepted_call_as_spans_and_metrics(ledger: RunLedger) -> None:
+    set_price(ledger, "gpt-test", "2.50", "10.00")
+    ident = identity()
+    collect = Collector()
+    with installed() as otel:
+        with pytest.raises(TimeoutError):
+            run_idempotent(ledger, ident, collect=collect, transform=_timeout, config=CONFIG)
+        run_idempotent(
+            ledger, ident, collect=collect, transform=_answer, notifications=email, config=CONFIG
+        )
+        run_idempotent(ledger, ident, collect=collect, transform=_answer, config=CONFIG)
+        spans = otel.finished()
+        assert tree(spans) == [
+            "idempotent_jobs.attempt [failed]",
+            "  idempotent_jobs.claim [claimed]",
+            "  idempotent_jobs.collect",
+            "  chat gpt-test [failed]",
+            "idempotent_jobs.attempt [executed]",
+            "  idempotent_jobs.claim [claimed]",
+            "  chat gpt-test",
+            "  idempotent_jobs.commit [accepted]",
+            "idempotent_jobs.attempt [reused]",
+        ]
+        first, _, _, failed_call, second, claim, call, commit, reused = sorted(
+            spans, key=lambda s: s.start_time or 0
+        )
+        for s in spans:  # every span names the ledger run it worked on
+            attrs = s.attributes or {}
+            assert attrs["idempotent_jobs.run_id"] == ident.run_id
+            assert attrs["idempotent_jobs.job"] == ident.job_name
+            assert attrs["idempotent_jobs.subject"] == ident.subject_id
+            assert attrs["idempotent_jobs.window_start"] == "2026-08-07T09:00:00+00:00"
+        assert first.status.status_code == StatusCode.ERROR
+        assert failed_call.status.status_code == StatusCode.ERROR
+        assert (failed_call.attributes or {})["error.type"] == "TimeoutError"
+        assert (claim.attributes or {})["idempotent_jobs.lease_epoch"] == 2
+        assert (claim.attributes or {})["idempotent_jobs.revision"] == 0
+        assert (second.attributes or {})["idempotent_jobs.input_reused"] is True
+        assert call.kind.name == "CLIENT"
+        assert {k: v for k, v in (call.attributes or {}).items() if k.startswith("gen_ai")} == {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": "gpt-test",
+            "gen_ai.response.model": "gpt-test",
+            "gen_ai.usage.input_tokens": 1200,
+            "gen_ai.usage.output_tokens": 300,
+        }
+        assert (commit.attributes or {})["idempotent_jobs.lease_epoch"] == 2
+        assert (reused.attributes or {})["idempotent_jobs.reused"] is True
+
+        runs = {
+            a["idempotent_jobs.outcome"]: p.value for a, p in otel.points("idempotent_jobs.runs")
+        }
+        assert runs == {"failed": 1, "executed": 1, "reused": 1}
+        assert all(
+            a["idempotent_jobs.job"] == ident.job_name and "idempotent_jobs.run_id" not in a
+            for a, _ in otel.points("idempotent_jobs.runs")
+        )
+        usage = {
+            a["gen_ai.token.type"]: (p.count, p.sum, a["gen_ai.request.model"])
+            for a, p in otel.points("gen_ai.client.token.usage")
+        }
+        assert usage == {"input": (1, 1200, "gpt-test"), "output": (1, 300, "gpt-test")}
+        [(cost_attrs, cost)] = otel.points("idempotent_jobs.model.cost")
+        assert cost.value == pytest.approx(1200 * 2.5 / 1e6 + 300 * 10 / 1e6)
+        assert cost_attrs["idempotent_jobs.currency"] == "USD"
+        assert otel.points("idempotent_jobs.tokens.not_accepted") == []  # a raised call: none
+
+
+def test_tokens_of_a_rejected_answer_are_counted_as_not_accepted(ledger: RunLedger) -> None:
+    with installed() as otel:
+        with pytest.raises(Exception, match="rejected"):
+            run_idempotent(
+                ledger,
+                identity(),
+                collect=Collector(),
+                transform=_answer,
+                validate=lambda output: False,
+                config=CONFIG,
+            )
+        [(attrs, point)] = otel.points("idempotent_jobs.tokens.not_accepted")
+        assert point.value == 1500
+        assert attrs == {
+            "idempotent_jobs.job": "competitor-summary",
+            "gen_ai.request.model": "gpt-test",
+            "idempotent_jobs.outcome": "rejected",
+        }
+
+
+def test_without_an_sdk_nothing_is_made(ledger: RunLedger) -> None:
+    assert not telemetry.tracing() and not telemetry.metering()
+    assert telemetry.instruments() is None
+    with telemetry.span("anything") as span:
+        assert span is None
+    outcome = run_idempotent(ledger, identity(), collect=Collector(), transform=_answer)
+    assert outcome.executed
