@@ -55,10 +55,11 @@ def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def trial_identity(trial: int) -> Any:
+def trial_identity(trial: int, hour: int = 9) -> Any:
+    """The logical run of ``trial`` (another ``hour``: another run of the same subject)."""
     from idempotent_jobs import RunIdentity
 
-    return RunIdentity("chaos", f"trial-{trial}", datetime(2026, 8, 7, 9, tzinfo=UTC), "v1")
+    return RunIdentity("chaos", f"trial-{trial}", datetime(2026, 8, 7, hour, tzinfo=UTC), "v1")
 
 
 CHAOS_AUTHORIZATION = "Bearer chaos-token-never-elsewhere"
@@ -111,7 +112,7 @@ def run_worker(spec: dict[str, Any]) -> None:
     it claims the run again and commits the answer it already paid for, bound to the revision
     and checkpoint that answer was computed on.
     """
-    from idempotent_jobs import RunLedger, run_idempotent
+    from idempotent_jobs import ModelAnswer, ModelUsage, RunLedger, TokenBudget, run_idempotent
     from idempotent_jobs.dagster.resources import WebhookChannel
 
     # A session of its own: when a process of the runner's group exits and leaves that group
@@ -163,7 +164,10 @@ def run_worker(spec: dict[str, Any]) -> None:
         if spec.get("hostile"):
             return hostile_answer(spec["hostile"])
         # The answer names the checkpoint it was computed on, so the checker can tell.
-        return {"summary": f"answer from {os.getpid()}", "input": raw["documents"][0]}
+        answer = {"summary": f"answer from {os.getpid()}", "input": raw["documents"][0]}
+        if spec.get("tokens"):  # a call with usage, counted against the budget
+            return ModelAnswer(answer, ModelUsage("chaos-model", spec["tokens"] - 1, 1))
+        return answer
 
     def validate(output: dict[str, Any]) -> bool:
         return bool(output.get("summary"))
@@ -174,7 +178,8 @@ def run_worker(spec: dict[str, Any]) -> None:
         pool_max_size=2,
         connect_timeout_seconds=10,
     )
-    identity = trial_identity(spec["trial"])
+    identity = trial_identity(spec["trial"], spec.get("hour", 9))
+    budget = spec.get("budget")
     if crash == "after_register":  # registered, never claimed (a scheduler that died there)
         ledger.register(identity)
         die()
@@ -198,6 +203,7 @@ def run_worker(spec: dict[str, Any]) -> None:
                 lease_seconds=spec["lease_seconds"],
                 heartbeat_seconds=spec["lease_seconds"] / 4,
                 wait_seconds=spec.get("wait_seconds", 0.0),
+                budget=TokenBudget(tokens_per_subject_per_day=budget) if budget else None,
             )
             executed, output = outcome.executed, outcome.output
     except Exception as exc:

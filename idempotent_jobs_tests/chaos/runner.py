@@ -56,7 +56,9 @@ from idempotent_jobs_tests.chaos.parts import (
 )
 from idempotent_jobs_tests.pgbouncer import PgBouncer
 
-KINDS = ("kill", "stop", "drop", "restart", "revise", "deliver", "prune", "hostile")
+KINDS = ("kill", "stop", "drop", "restart", "revise", "deliver", "prune", "hostile", "budget")
+# The budget trials: one call's tokens spend a subject's daily budget.
+BUDGET_TOKENS, CALL_TOKENS = 100, 80
 WEBHOOK_TIMEOUT = 0.5
 
 
@@ -142,9 +144,9 @@ class Chaos:
         process.start()
         return process
 
-    def recover(self, trial: int) -> None:
+    def recover(self, trial: int, **extra: Any) -> None:
         """A healthy worker on the same logical run, as a scheduler's retry would start."""
-        process = self.start(self.spec(trial, wait_seconds=self.lease * 6))
+        process = self.start(self.spec(trial, wait_seconds=self.lease * 6, **extra))
         process.join(timeout=120)
 
     def conn(self) -> psycopg.Connection:
@@ -264,6 +266,46 @@ class Chaos:
             verdict.problems.append("the paused worker's result was accepted")
             verdict.duplicates += 1
         self.first_attempt_lost(trial, verdict)
+        return verdict
+
+    def budget(self, trial: int) -> Verdict:
+        """A subject's token budget, which one call spends, under a paused holder: its call is
+        in flight (not yet recorded), so the recovering worker's call is allowed, the one
+        overshoot each worker may make. The resumed holder is fenced and its paid call recorded
+        as ``lease_lost``. A later run of the subject that day is refused before its call: its
+        attempt ends ``budget``, its lease is free, and no call is recorded."""
+        extra = {"budget": BUDGET_TOKENS, "tokens": CALL_TOKENS}
+        process, marker = self.pause_in_model_call(trial, **extra)
+        self.recover(trial, **extra)
+        self.resume(process, marker)
+        verdict = self.verdict(trial, "budget")
+        self.first_attempt_lost(trial, verdict)
+        refused = trial_identity(trial, hour=10)
+        later = self.spec(trial, hour=10, results=str(self.workdir / f"later-{trial}.jsonl"))
+        worker = self.start({**later, **extra})
+        worker.join(timeout=60)
+        events = read_results(Path(later["results"]))
+        if [e["event"] for e in events] != ["error"] or "BudgetExceeded" not in events[0]["error"]:
+            verdict.problems.append(f"the later run was not refused by the budget: {events}")
+        with self.conn() as conn:
+            state = conn.execute(
+                "SELECT r.status, r.lease_owner IS NULL,"
+                " (SELECT array_agg(outcome) FROM idempotent_jobs.run_attempts a"
+                "  WHERE a.run_id = r.run_id),"
+                " (SELECT count(*) FROM idempotent_jobs.model_calls c WHERE c.run_id = r.run_id)"
+                " FROM idempotent_jobs.runs r WHERE r.run_id = %s",
+                (refused.run_id,),
+            ).fetchone()
+            spent = conn.execute(
+                "SELECT sum(c.input_tokens + c.output_tokens) FROM idempotent_jobs.model_calls c"
+                " JOIN idempotent_jobs.runs r USING (run_id) WHERE r.subject_id = %s",
+                (refused.subject_id,),
+            ).fetchone()
+        if state != ("failed", True, ["budget"], 0):
+            verdict.problems.append(f"the refused run is {state}, not failed/free/budget/0")
+        # Two workers, each one call past the budget at most.
+        if spent is None or not BUDGET_TOKENS <= spent[0] <= BUDGET_TOKENS - 1 + 2 * CALL_TOKENS:
+            verdict.problems.append(f"the subject spent {spent} tokens")
         return verdict
 
     def revise(self, trial: int) -> Verdict:
