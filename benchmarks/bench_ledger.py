@@ -467,7 +467,53 @@ def pgbouncer_cost(url: str, runs: int) -> None:
             )
 
 
-SECTIONS = ("per-run", "contention", "merged", "dagster", "reclaim", "pgbouncer")
+def telemetry_cost(url: str, runs: int) -> None:
+    """What the OpenTelemetry instrumentation costs the whole call: off
+    (``IDEMPOTENT_JOBS_TELEMETRY=off``), the API only with no SDK (what every user without
+    OpenTelemetry runs), and an SDK with an in-memory span exporter and metric reader;
+    interleaved block by block in one process."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from idempotent_jobs.core import telemetry
+    from idempotent_jobs_tests.otel import installed
+
+    times: dict[str, dict[str, list[float]]] = {
+        k: {"new": [], "reused": []} for k in ("off", "api", "sdk")
+    }
+    with RunLedger(url, pool_min_size=1, pool_max_size=1) as ledger:
+        _timed_calls(ledger, "otel-warm", 40)
+        for block in range(runs // 20):
+            for name in ("off", "api", "sdk"):
+                telemetry.enabled = name != "off"
+                tag = f"otel-{name}-{block}"
+                if name == "sdk":
+                    with installed() as otel:
+                        times[name]["new"] += _timed_calls(ledger, tag, 20)
+                        times[name]["reused"] += _timed_calls(ledger, tag, 20)
+                        otel.spans.clear()
+                else:
+                    times[name]["new"] += _timed_calls(ledger, tag, 20)
+                    times[name]["reused"] += _timed_calls(ledger, tag, 20)
+        telemetry.enabled = True
+    for kind in ("new", "reused"):
+        base = pct(times["off"][kind], 0.5)
+        api = pct(times["api"][kind], 0.5)
+        sdk = pct(times["sdk"][kind], 0.5)
+        overhead = api / base - 1
+        row(
+            f"whole call, {kind} run, OpenTelemetry API, no SDK (p50)",
+            f"{api * 1e3:.3f} ms = {overhead:+.1%}",
+            f"off {base * 1e3:.3f} ms; target < +3%",
+            "ok" if overhead < 0.03 else "MISSED",
+        )
+        row(
+            f"whole call, {kind} run, SDK + in-memory exporters (p50)",
+            f"{sdk * 1e3:.3f} ms = {sdk / base - 1:+.1%}",
+            f"off {base * 1e3:.3f} ms; no target",
+            "-",
+        )
+
+
+SECTIONS = ("per-run", "contention", "merged", "dagster", "reclaim", "pgbouncer", "telemetry")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -494,6 +540,8 @@ def main(argv: list[str] | None = None) -> int:
             reclaim_after_kill(url, 2.0)
         if "pgbouncer" in chosen:
             pgbouncer_cost(url, runs)
+        if "telemetry" in chosen:
+            telemetry_cost(url, 2 * runs)
     tally()
     return 0
 

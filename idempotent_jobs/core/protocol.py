@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from idempotent_jobs.core import telemetry
@@ -96,6 +97,25 @@ def run_idempotent(
     """
     config = config or JobConfig()
     worker_id = worker_id or default_worker_id()
+    run = partial(
+        _run,
+        ledger,
+        identity,
+        collect=collect,
+        transform=transform,
+        validate=validate,
+        notifications=notifications,
+        worker_id=worker_id,
+        lease_seconds=lease_seconds,
+        heartbeat_seconds=heartbeat_seconds,
+        wait_seconds=wait_seconds,
+        caller_run_id=caller_run_id,
+        caller_step=caller_step,
+        config=config,
+        budget=budget,
+    )
+    if not telemetry.active():  # no SDK: not even a span's context manager
+        return run()
     scope = telemetry.run_scope(
         identity.run_id,
         identity.job_name,
@@ -105,22 +125,7 @@ def run_idempotent(
     )
     with scope, telemetry.span("idempotent_jobs.attempt") as span:
         try:
-            outcome = _run(
-                ledger,
-                identity,
-                collect=collect,
-                transform=transform,
-                validate=validate,
-                notifications=notifications,
-                worker_id=worker_id,
-                lease_seconds=lease_seconds,
-                heartbeat_seconds=heartbeat_seconds,
-                wait_seconds=wait_seconds,
-                caller_run_id=caller_run_id,
-                caller_step=caller_step,
-                config=config,
-                budget=budget,
-            )
+            outcome = run()
         except BaseException as exc:
             telemetry.annotate(span, outcome="failed", **{"error.type": type(exc).__name__})
             raise

@@ -3,7 +3,8 @@
 Nothing here configures OpenTelemetry: the application does (an SDK, its exporters). Until it
 does, or when ``opentelemetry-api`` is not installed, every function here returns at once: each
 checks whether a tracer or meter provider has been set, so a process without an SDK pays one
-check per step (``make bench`` measures it).
+check per step (``make bench`` measures it). ``IDEMPOTENT_JOBS_TELEMETRY=off`` turns it all off
+even with an SDK.
 
 Traces: one span per attempt (:func:`run_idempotent`) or per Dagster step, and one per protocol
 step inside it: claim, collect, the model call, commit, deliver. Every span carries the ledger
@@ -18,6 +19,7 @@ accepted, money, lease waits and notifications (:class:`Instruments`).
 """
 
 import hashlib
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -38,6 +40,9 @@ except ImportError:  # the otel extra is not installed: every function is a no-o
     otel_trace = None  # type: ignore[assignment]
 
 SCOPE = "idempotent_jobs"
+#: ``IDEMPOTENT_JOBS_TELEMETRY=off`` turns every span and measurement off, SDK or not.
+TELEMETRY_ENV = "IDEMPOTENT_JOBS_TELEMETRY"
+enabled = os.environ.get(TELEMETRY_ENV, "on").strip().lower() not in ("off", "0", "false")
 PRICE_CACHE_SECONDS = 300.0
 #: The GenAI conventions' advisory buckets for ``gen_ai.client.token.usage``.
 TOKEN_BUCKETS = [4.0**n for n in range(14)]
@@ -78,9 +83,18 @@ def tracing() -> bool:
 
 def metering() -> bool:
     """Whether an SDK's meter provider is set (else measurements would go nowhere)."""
-    return otel_metrics is not None and not isinstance(
-        otel_metrics.get_meter_provider(), _ProxyMeterProvider | otel_metrics.NoOpMeterProvider
+    return (
+        enabled
+        and otel_metrics is not None
+        and not isinstance(
+            otel_metrics.get_meter_provider(), _ProxyMeterProvider | otel_metrics.NoOpMeterProvider
+        )
     )
+
+
+def active() -> bool:
+    """Whether spans or measurements go anywhere (an SDK's provider of either is set)."""
+    return tracing() or metering()
 
 
 @contextmanager
