@@ -24,6 +24,7 @@ WORKER_PRIVILEGES: dict[str, tuple[str, ...]] = {
     "upgrade_steps": ("SELECT",),
     "drills": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # operators arm, workers take
     "budgets": ("SELECT", "INSERT", "UPDATE"),  # workers declare the budget they enforce
+    "spend_days": ("SELECT", "INSERT", "UPDATE"),  # model_calls' trigger keeps it
     "model_prices": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # operators set, workers read
     "attempts": ("SELECT",),
     "schema_migrations": ("SELECT",),

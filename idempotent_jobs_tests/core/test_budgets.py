@@ -43,6 +43,7 @@ def _run(
 
 
 def _spent_today(db: psycopg.Connection, job: str = "budgeted-job") -> int:
+    """What ``model_calls`` records for ``job`` (the budget reads the trigger's rollup of it)."""
     row = db.execute(
         "SELECT COALESCE(sum(input_tokens + output_tokens), 0) FROM idempotent_jobs.model_calls"
         " JOIN idempotent_jobs.runs USING (run_id) WHERE job_name = %s",
@@ -72,6 +73,11 @@ def test_a_call_is_refused_once_the_days_budget_is_spent(
     assert [a.outcome for a in ledger.attempts(run_id)] == ["budget"]
     assert ledger.model_calls(run_id) == []  # no call was made, none recorded
     assert _spent_today(db) == 300
+    rollup = db.execute(
+        "SELECT sum(tokens), sum(calls) FROM idempotent_jobs.spend_days"
+        " WHERE job_name = 'budgeted-job'"
+    ).fetchone()
+    assert rollup == (300, 3)  # the budget's rollup is what model_calls records
     # Another job has its own budget; a job without a budget is never refused.
     assert _run(ledger, _ident("d", job="other-job"), 100, budget) == ["d"]
     assert _run(ledger, _ident("e"), 100, None) == ["e"]
@@ -106,6 +112,7 @@ def test_only_todays_calls_count_and_a_refused_run_runs_once_the_day_turns(
         _run(ledger, _ident("b"), 100, budget)
     # The day turns (by the database clock): yesterday's spend no longer counts.
     db.execute("UPDATE idempotent_jobs.model_calls SET called_at = called_at - interval '1 day'")
+    db.execute("UPDATE idempotent_jobs.spend_days SET day = day - 1")
     assert _run(ledger, _ident("b"), 100, budget) == ["b"]
     assert [a.outcome for a in ledger.attempts(_ident("b").run_id)] == ["budget", "completed"]
 

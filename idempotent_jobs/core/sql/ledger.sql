@@ -407,29 +407,27 @@ RETURNING b.job_name
 -- name: budget_check
 -- Decide whether a model call of this run may start under the job's token budget.
 -- What the run's job (and its subject) has spent today (UTC day, database clock) in recorded
--- model calls, and which limit, if any, is spent. A call is refused once spend >= limit; a call already started is never stopped, so
--- concurrent workers overshoot by at most the one call each has in flight.
+-- model calls (spend_days, kept by model_calls' trigger: one row per subject), and which
+-- limit, if any, is spent. A call is refused once spend >= limit; a call already started is
+-- never stopped, so concurrent workers overshoot by at most the one call each has in flight.
 WITH run AS (
   SELECT job_name, subject_id FROM {schema}.runs WHERE run_id = %(run_id)s
-), day AS (
-  SELECT (date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC') AS start
+), today AS (
+  SELECT (now() AT TIME ZONE 'UTC')::date AS day
 ), spend AS (
-  SELECT
-    COALESCE(sum(COALESCE(c.input_tokens, 0) + COALESCE(c.output_tokens, 0)), 0)::bigint
-      AS job_tokens,
-    COALESCE(sum(COALESCE(c.input_tokens, 0) + COALESCE(c.output_tokens, 0))
-      FILTER (WHERE r.subject_id = run.subject_id), 0)::bigint AS subject_tokens
-  FROM day, run, {schema}.model_calls AS c
-  JOIN {schema}.runs AS r ON r.run_id = c.run_id
-  WHERE c.called_at >= day.start AND r.job_name = run.job_name
+  SELECT COALESCE(sum(s.tokens), 0)::bigint AS job_tokens,
+    COALESCE(sum(s.tokens) FILTER (WHERE s.subject_id = run.subject_id), 0)::bigint
+      AS subject_tokens
+  FROM run, today, {schema}.spend_days AS s
+  WHERE s.job_name = run.job_name AND s.day = today.day
 )
-SELECT run.job_name, run.subject_id, day.start AS day_start, spend.job_tokens,
-  spend.subject_tokens,
+SELECT run.job_name, run.subject_id, today.day::timestamp AT TIME ZONE 'UTC' AS day_start,
+  spend.job_tokens, spend.subject_tokens,
   CASE
     WHEN spend.job_tokens >= %(tokens_per_day)s::bigint THEN 'day'
     WHEN spend.subject_tokens >= %(tokens_per_subject_per_day)s::bigint THEN 'subject'
   END AS refused
-FROM run, day, spend
+FROM run, today, spend
 
 -- name: set_price
 -- Set a model's price per million input and output tokens (an operator's write; no run).
@@ -460,10 +458,17 @@ WITH day AS (
     (COALESCE(c.input_tokens, 0) * p.input_per_million
       + COALESCE(c.output_tokens, 0) * p.output_per_million) / 1000000 AS cost,
     c.model_name IS NULL OR p.model_name IS NOT NULL AS priced
-  FROM day, {schema}.model_calls AS c
-  JOIN {schema}.runs AS r ON r.run_id = c.run_id
+  FROM {schema}.model_calls AS c
+  -- Each call's run by its key (LIMIT keeps the planner from turning it into a join that
+  -- scans every run).
+  CROSS JOIN LATERAL (SELECT job_name, subject_id FROM {schema}.runs AS r
+    WHERE r.run_id = c.run_id LIMIT 1) AS r
   LEFT JOIN {schema}.model_prices AS p ON p.model_name = c.model_name
-  WHERE c.called_at >= day.start AND c.called_at < day.start + interval '1 day'
+  -- Written out, not read from `day`, so the planner estimates the range (one day's calls).
+  WHERE c.called_at >= date_trunc('day', COALESCE(%(day)s::timestamptz, now())
+      AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
+    AND c.called_at < (date_trunc('day', COALESCE(%(day)s::timestamptz, now())
+      AT TIME ZONE 'UTC') + interval '1 day') AT TIME ZONE 'UTC'
 ), by_subject AS (
   SELECT job_name, subject_id, count(*) AS calls, sum(tokens) AS tokens,
     sum(tokens) FILTER (WHERE outcome <> 'accepted') AS wasted, sum(cost) AS cost,
