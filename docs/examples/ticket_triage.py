@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 import dagster as dg
 
-from idempotent_jobs import ModelAnswer, ModelUsage, RunIdentity
+from idempotent_jobs import ModelAnswer, ModelUsage, RunIdentity, TokenBudget
 from idempotent_jobs.dagster import (
     Collector,
     IdempotentJobSpec,
@@ -78,6 +78,9 @@ TRIAGE = IdempotentJobSpec(
     validate=known_labels,
     payload=triage_payload,
     channels=("triage_webhook",),
+    # Decided in the ledger for every worker: a call that would start once a limit is spent
+    # fails its step at once (no retry), with the spend and the budget as metadata.
+    budget=TokenBudget(tokens_per_day=2_000_000, tokens_per_subject_per_day=500_000),
 )
 
 triage_job, triage_schedule = build_idempotent_job(TRIAGE)

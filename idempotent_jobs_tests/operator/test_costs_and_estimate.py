@@ -53,7 +53,7 @@ def test_estimate_agrees_with_the_backfill_that_follows(
     )
     assert code == 0, out
     assert "6 partition(s)" in out and "already done (no model call): 2" in out
-    assert "would be computed: 4" in out
+    assert "\n  would be computed: 4\n" in out  # one line each, not escaped
     code, out = cli(
         capsys,
         "estimate",

@@ -3,10 +3,13 @@ cost, from the job's own history)."""
 
 import argparse
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from idempotent_jobs.operator.commands.common import Shared, code_location, emit, open_ledger
 from idempotent_jobs.operator.render import escape_controls, money, table
+
+if TYPE_CHECKING:
+    from decimal import Decimal
 
 
 def prices_command(args: argparse.Namespace) -> int:
@@ -23,19 +26,31 @@ def prices_command(args: argparse.Namespace) -> int:
                 set_by=os.environ.get("USER"),
             )
             human = (
-                f"{price.model_name}: {price.input_per_million} {price.currency} per million "
-                f"input tokens, {price.output_per_million} per million output tokens"
+                f"{price.model_name}: {_plain(price.input_per_million)} {price.currency} per "
+                f"million input tokens, {_plain(price.output_per_million)} per million output"
             )
             emit(args, price, escape_controls(human))
             return 0
         known = list(prices(ledger).values())
     rows = [
-        (p.model_name, p.input_per_million, p.output_per_million, p.currency, p.set_at, p.set_by)
+        (
+            p.model_name,
+            _plain(p.input_per_million),
+            _plain(p.output_per_million),
+            p.currency,
+            p.set_at,
+            p.set_by,
+        )
         for p in known
     ]
     headers = ["model", "input/M", "output/M", "currency", "set", "by"]
     emit(args, known, table(headers, rows))
     return 0
+
+
+def _plain(price: "Decimal") -> str:
+    """``2.5``, not ``2.500000`` (the column's scale)."""
+    return f"{price.normalize():f}"
 
 
 def _tokens(value: float | None) -> str:
@@ -81,7 +96,7 @@ def estimate_command(args: argparse.Namespace) -> int:
         ]
         if not h.priced:
             lines.append("  (a model without a price is left out of the money figures)")
-    emit(args, result, escape_controls("\n".join(lines)))
+    emit(args, result, "\n".join(escape_controls(line) for line in lines))
     return 0
 
 
