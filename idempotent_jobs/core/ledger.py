@@ -663,7 +663,7 @@ class RunLedger:
             "budget_check", {"run_id": lease.run_id, **_budget_params(budget)}, dict_row
         )
         if not rows:
-            raise RunNotFoundError(lease.run_id)
+            raise RunNotFoundError(f"run {lease.run_id} is not registered")
         spend = BudgetSpend(budget=budget, **rows[0])
         declared = (spend.job_name, budget)
         if declared not in self._declared_budgets:

@@ -132,9 +132,8 @@ def test_operator_queries_use_an_index(seeded: str, name: str) -> None:
     nodes = _plan(seeded, name)
     scanned = {(n["Node Type"], n.get("Relation Name")) for n in nodes if "Relation Name" in n}
     assert scanned, name
-    assert all(
-        kind != "Seq Scan" for kind, table in scanned if table not in SMALL_TABLES
-    ), (name, scanned)
+    scans = [table for kind, table in scanned if kind == "Seq Scan"]
+    assert set(scans) <= SMALL_TABLES, (name, scanned)
 
 
 def test_a_deep_page_starts_at_its_cursor(seeded: str) -> None:
