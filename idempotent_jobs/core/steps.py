@@ -167,9 +167,7 @@ def _record_usage(ledger: RunLedger, span: Any, usage: ModelUsage | None) -> Non
             "gen_ai.usage.output_tokens": usage.output_tokens,
         },
     )
-    telemetry.record_usage(
-        usage.model_name, usage.input_tokens, usage.output_tokens, ledger.price_rows, id(ledger)
-    )
+    telemetry.record_usage(usage.model_name, usage.input_tokens, usage.output_tokens, ledger)
 
 
 def call_model(

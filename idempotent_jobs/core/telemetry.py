@@ -22,12 +22,13 @@ import hashlib
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+import weakref
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
 try:
     from opentelemetry import context as otel_context
@@ -279,35 +280,37 @@ def count_notification(channel: str, outcome: str) -> None:
         )
 
 
-_prices: dict[int, tuple[float, dict[str, tuple[Decimal, Decimal, str]]]] = {}
+class PriceSource(Protocol):
+    """What prices are read from: a ledger (:meth:`RunLedger.price_rows`)."""
+
+    def price_rows(self) -> list[dict[str, Any]]: ...
 
 
-def _price_of(
-    model: str, load: Callable[[], list[dict[str, Any]]], cache_key: int
-) -> tuple[Decimal, Decimal, str] | None:
+_prices: "weakref.WeakKeyDictionary[PriceSource, tuple[float, dict[str, Any]]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _price_of(model: str, source: PriceSource) -> tuple[Decimal, Decimal, str] | None:
     """``model``'s price per million tokens (input, output, currency), read from the ledger at
     most every :data:`PRICE_CACHE_SECONDS` per ledger."""
     now = time.monotonic()
-    cached = _prices.get(cache_key)
+    cached = _prices.get(source)
     if cached is None or now - cached[0] > PRICE_CACHE_SECONDS:
-        rows = load()
         table = {
             r["model_name"]: (r["input_per_million"], r["output_per_million"], r["currency"])
-            for r in rows
+            for r in source.price_rows()
         }
-        cached = _prices[cache_key] = (now, table)
-    return cached[1].get(model)
+        cached = _prices[source] = (now, table)
+    found: tuple[Decimal, Decimal, str] | None = cached[1].get(model)
+    return found
 
 
 def record_usage(
-    model: str | None,
-    input_tokens: int | None,
-    output_tokens: int | None,
-    prices: Callable[[], list[dict[str, Any]]],
-    cache_key: int,
+    model: str | None, input_tokens: int | None, output_tokens: int | None, prices: PriceSource
 ) -> None:
     """A model call's tokens (``gen_ai.client.token.usage``) and, when its model has a price
-    (``prices`` reads them from the ledger), its money (``idempotent_jobs.model.cost``)."""
+    (read from ``prices``, the ledger), its money (``idempotent_jobs.model.cost``)."""
     found = instruments()
     if found is None:
         return
@@ -319,7 +322,7 @@ def record_usage(
     for token_type, tokens in (("input", input_tokens), ("output", output_tokens)):
         if tokens is not None:
             found.token_usage.record(tokens, {**base, "gen_ai.token.type": token_type})
-    price = _price_of(model, prices, cache_key) if model else None
+    price = _price_of(model, prices) if model else None
     if price is not None:
         money = ((input_tokens or 0) * price[0] + (output_tokens or 0) * price[1]) / 1_000_000
         found.cost.add(
