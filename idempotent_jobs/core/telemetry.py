@@ -76,9 +76,13 @@ _scope: ContextVar[RunScope | None] = ContextVar("idempotent_jobs_run_scope", de
 
 def tracing() -> bool:
     """Whether an SDK's tracer provider is set (else spans would go nowhere)."""
-    return otel_trace is not None and not isinstance(
-        otel_trace.get_tracer_provider(),
-        otel_trace.ProxyTracerProvider | otel_trace.NoOpTracerProvider,
+    return (
+        enabled
+        and otel_trace is not None
+        and not isinstance(
+            otel_trace.get_tracer_provider(),
+            otel_trace.ProxyTracerProvider | otel_trace.NoOpTracerProvider,
+        )
     )
 
 

@@ -119,3 +119,14 @@ def test_without_an_sdk_nothing_is_made(ledger: RunLedger) -> None:
         assert span is None
     outcome = run_idempotent(ledger, identity(), collect=Collector(), transform=_answer)
     assert outcome.executed
+
+
+def test_the_switch_turns_it_off_even_with_an_sdk(
+    ledger: RunLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(telemetry, "enabled", False)  # IDEMPOTENT_JOBS_TELEMETRY=off
+    with installed() as otel:
+        assert not telemetry.active()
+        run_idempotent(ledger, identity(), collect=Collector(), transform=_answer)
+        assert otel.finished() == []
+        assert otel.points("idempotent_jobs.runs") == []
