@@ -23,6 +23,9 @@ from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 def step_span(context: dg.OpExecutionContext, spec: IdempotentJobSpec) -> Iterator[Any]:
     """The span of this Dagster step (``None`` without an SDK), with the step's ledger run as
     the run scope of everything under it."""
+    if not telemetry.active():  # no SDK: nothing to name
+        yield None
+        return
     try:
         identity = spec.identity_for(context.partition_key)
     except (LedgerError, dg.DagsterInvariantViolationError):
