@@ -2,6 +2,7 @@
 reader: the span tree and metric values of a run with one failed and one accepted call; the
 same steps as spans under Dagster's steps; and nothing at all without an SDK."""
 
+import threading
 from typing import Any
 
 import pytest
@@ -130,3 +131,45 @@ def test_the_switch_turns_it_off_even_with_an_sdk(
         run_idempotent(ledger, identity(), collect=Collector(), transform=_answer)
         assert otel.finished() == []
         assert otel.points("idempotent_jobs.runs") == []
+
+
+def test_a_wait_for_another_workers_lease_is_measured(database: str) -> None:
+    ident = identity()
+    holding, go, waiting = threading.Event(), threading.Event(), threading.Event()
+
+    def collect(_: object) -> dict[str, Any]:  # runs under the holder's lease
+        holding.set()
+        return {"documents": ["d"]}
+
+    class WatchedLedger(RunLedger):
+        def get(self, run_id: str) -> Any:  # the waiter's look at the run between claims
+            waiting.set()
+            return super().get(run_id)
+
+    def held(raw: dict[str, Any]) -> ModelAnswer:
+        assert go.wait(timeout=60)
+        return _answer(raw)
+
+    with installed() as otel, RunLedger(database) as holder, WatchedLedger(database) as waiter:
+        first = threading.Thread(
+            target=lambda: run_idempotent(holder, ident, collect=collect, transform=held)
+        )
+        first.start()
+        assert holding.wait(timeout=60)
+        second = threading.Thread(
+            target=lambda: run_idempotent(
+                waiter, ident, collect=Collector(), transform=_answer, wait_seconds=60
+            )
+        )
+        second.start()
+        assert waiting.wait(timeout=60)  # the second worker is waiting for the lease
+        go.set()
+        first.join(timeout=60)
+        second.join(timeout=60)
+        [(attrs, point)] = otel.points("idempotent_jobs.lease.wait.duration")
+        assert attrs == {"idempotent_jobs.job": ident.job_name, "idempotent_jobs.outcome": "reused"}
+        assert point.count == 1 and point.sum > 0
+        runs = {
+            a["idempotent_jobs.outcome"]: p.value for a, p in otel.points("idempotent_jobs.runs")
+        }
+        assert runs == {"executed": 1, "reused": 1}
