@@ -513,7 +513,50 @@ def telemetry_cost(url: str, runs: int) -> None:
         )
 
 
-SECTIONS = ("per-run", "contention", "merged", "dagster", "reclaim", "pgbouncer", "telemetry")
+def budget_cost(url: str, runs: int) -> None:
+    """What a token budget costs the whole call of a new run: one more statement before the
+    model call (the spend of the job's subjects today), interleaved with calls without one."""
+    from idempotent_jobs import ModelAnswer, ModelUsage, TokenBudget
+
+    def paid_model(raw: dict[str, Any]) -> ModelAnswer:
+        return ModelAnswer({"summary": "s"}, ModelUsage("m", 100, 10))
+
+    budgets = {"none": None, "budget": TokenBudget(tokens_per_day=10**15)}
+    times: dict[str, list[float]] = {name: [] for name in budgets}
+    with RunLedger(url, pool_min_size=1, pool_max_size=1) as ledger:
+        for block in range(runs // 20 + 1):
+            for name, budget in budgets.items():
+                for n in range(20):
+                    started = time.perf_counter()
+                    run_idempotent(
+                        ledger,
+                        ident(f"budget-{name}-{block}", n),
+                        collect=noop_collect,
+                        transform=paid_model,
+                        notifications=notify,
+                        budget=budget,
+                    )
+                    if block:  # the first block warms both up
+                        times[name].append(time.perf_counter() - started)
+    base, budgeted = pct(times["none"], 0.5), pct(times["budget"], 0.5)
+    row(
+        "whole call, new run, with a token budget (p50)",
+        f"{budgeted * 1e3:.3f} ms = {budgeted / base - 1:+.1%}",
+        f"without {base * 1e3:.3f} ms; no target",
+        "-",
+    )
+
+
+SECTIONS = (
+    "per-run",
+    "contention",
+    "merged",
+    "dagster",
+    "reclaim",
+    "pgbouncer",
+    "telemetry",
+    "budget",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -542,6 +585,8 @@ def main(argv: list[str] | None = None) -> int:
             pgbouncer_cost(url, runs)
         if "telemetry" in chosen:
             telemetry_cost(url, 2 * runs)
+        if "budget" in chosen:
+            budget_cost(url, runs)
     tally()
     return 0
 

@@ -24,7 +24,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
 from decimal import Decimal
@@ -34,10 +34,12 @@ try:
     from opentelemetry import context as otel_context
     from opentelemetry import metrics as otel_metrics
     from opentelemetry import trace as otel_trace
+    from opentelemetry.metrics import _internal as otel_metrics_internal
     from opentelemetry.metrics._internal import _ProxyMeterProvider
 except ImportError:  # the otel extra is not installed: every function is a no-op
     otel_context = None  # type: ignore[assignment]
     otel_metrics = None  # type: ignore[assignment]
+    otel_metrics_internal = None  # type: ignore[assignment]
     otel_trace = None  # type: ignore[assignment]
 
 SCOPE = "idempotent_jobs"
@@ -74,27 +76,32 @@ class RunScope:
 _scope: ContextVar[RunScope | None] = ContextVar("idempotent_jobs_run_scope", default=None)
 
 
+# The API's own globals, read directly on the hot path: with no SDK, ``get_*_provider()`` looks
+# up an environment variable on every call (about 1 µs; a dozen checks per run). A provider named
+# by that variable is loaded by the API call, which is made whenever the variable was set at
+# start or a provider has been set.
+_TRACER_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+_METER_ENV = "OTEL_PYTHON_METER_PROVIDER" in os.environ
+
+
 def tracing() -> bool:
     """Whether an SDK's tracer provider is set (else spans would go nowhere)."""
-    return (
-        enabled
-        and otel_trace is not None
-        and not isinstance(
-            otel_trace.get_tracer_provider(),
-            otel_trace.ProxyTracerProvider | otel_trace.NoOpTracerProvider,
-        )
-    )
+    if not enabled or otel_trace is None:
+        return False
+    if getattr(otel_trace, "_TRACER_PROVIDER", True) is None and not _TRACER_ENV:
+        return False
+    provider = otel_trace.get_tracer_provider()
+    return not isinstance(provider, otel_trace.ProxyTracerProvider | otel_trace.NoOpTracerProvider)
 
 
 def metering() -> bool:
     """Whether an SDK's meter provider is set (else measurements would go nowhere)."""
-    return (
-        enabled
-        and otel_metrics is not None
-        and not isinstance(
-            otel_metrics.get_meter_provider(), _ProxyMeterProvider | otel_metrics.NoOpMeterProvider
-        )
-    )
+    if not enabled or otel_metrics is None:
+        return False
+    if getattr(otel_metrics_internal, "_METER_PROVIDER", True) is None and not _METER_ENV:
+        return False
+    provider = otel_metrics.get_meter_provider()
+    return not isinstance(provider, _ProxyMeterProvider | otel_metrics.NoOpMeterProvider)
 
 
 def active() -> bool:
@@ -119,20 +126,26 @@ def current_job() -> str:
     return scope.job if scope is not None else ""
 
 
-@contextmanager
-def span(name: str, attributes: Attributes | None = None, *, client: bool = False) -> Iterator[Any]:
+_NO_SPAN: AbstractContextManager[Any] = nullcontext(None)
+
+
+def span(
+    name: str, attributes: Attributes | None = None, *, client: bool = False
+) -> AbstractContextManager[Any]:
     """A span named ``name`` under the current one, carrying the run scope's attributes; the
-    span, or ``None`` when no SDK is set. An exception ends it with an error status."""
+    span, or ``None`` when no SDK is set (then not even a generator is made). An exception
+    ends it with an error status."""
     if not tracing():
-        yield None
-        return
+        return _NO_SPAN
     scope = _scope.get()
     attrs: dict[str, Any] = scope.attributes() if scope is not None else {}
     attrs.update(attributes or {})
     kind = otel_trace.SpanKind.CLIENT if client else otel_trace.SpanKind.INTERNAL
     tracer = otel_trace.get_tracer(SCOPE)
-    with tracer.start_as_current_span(name, kind=kind, attributes=attrs) as current:
-        yield current
+    started: AbstractContextManager[Any] = tracer.start_as_current_span(
+        name, kind=kind, attributes=attrs
+    )
+    return started
 
 
 @contextmanager
