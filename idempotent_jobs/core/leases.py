@@ -107,9 +107,11 @@ def claim_or_reuse(
         telemetry.annotate_current(reused=True, outcome="reused")
         telemetry.count_run("reused")
         return got
-    outcome = "claimed" if isinstance(got, Lease) else "busy"
-    attributes: dict[str, Any] = {"idempotent_jobs.outcome": outcome}
+    if not telemetry.tracing():
+        return got
+    attributes: dict[str, Any] = {"idempotent_jobs.outcome": "busy"}
     if isinstance(got, Lease):
+        attributes["idempotent_jobs.outcome"] = "claimed"
         attributes["idempotent_jobs.lease_epoch"] = got.epoch
         attributes["idempotent_jobs.revision"] = got.revision
         attributes["idempotent_jobs.handed_over"] = handed is not None and got.epoch == handed.epoch

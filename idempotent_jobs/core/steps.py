@@ -105,8 +105,8 @@ def end_attempt(
             usage,
             call=call,
             origin=origin,
-            drilled=isinstance(exc, DrilledFailure),
-            refused_by_budget=isinstance(exc, BudgetExceededError),
+            drilled=outcome == "drill",
+            refused_by_budget=outcome == "budget",
         )
     except Exception:  # LeaseLostError, an outage: the caller re-raises `exc` either way
         return None

@@ -339,7 +339,10 @@ def record_usage(
     for token_type, tokens in (("input", input_tokens), ("output", output_tokens)):
         if tokens is not None:
             found.token_usage.record(tokens, {**base, "gen_ai.token.type": token_type})
-    price = _price_of(model, prices) if model else None
+    try:
+        price = _price_of(model, prices) if model else None
+    except Exception:  # the prices could not be read (an outage): the call is not failed for it
+        price = None
     if price is not None:
         money = ((input_tokens or 0) * price[0] + (output_tokens or 0) * price[1]) / 1_000_000
         found.cost.add(
