@@ -9,7 +9,7 @@ flush unless ``durable_lease_commits`` is set (why that is safe: ``sql/ledger.sq
 """
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from functools import cache
 from typing import Any, TypeVar
@@ -223,6 +223,15 @@ def _model_name(name: str | None) -> str | None:
         return None
     text = "".join(ch if ch.isprintable() else "?" for ch in str(name))
     return text[:MAX_NAME_CHARS]
+
+
+def _job_names(names: Collection[str] | None) -> list[str] | None:
+    """Identity job names as the ledger stores them (NFC), for a ``job_names`` filter."""
+    if names is None:
+        return None
+    if isinstance(names, str):
+        raise InvalidInputError("job_names", "must be a collection of job names, not one string")
+    return sorted({normalize_text(name) for name in names})
 
 
 def _budget_params(budget: TokenBudget) -> dict[str, Any]:
@@ -727,14 +736,22 @@ class RunLedger:
         return self._db.fetch("list_model_calls", {"run_id": run_id}, record_row(ModelCallRecord))
 
     def outbox(
-        self, run_id: str | None = None, *, pending_only: bool = False, limit: int = 1000
+        self,
+        run_id: str | None = None,
+        *,
+        pending_only: bool = False,
+        limit: int = 1000,
+        job_names: Collection[str] | None = None,
     ) -> list[OutboxRecord]:
-        """Outbox rows, optionally of one run and/or only those not delivered yet."""
-        return self._db.fetch(
-            "list_outbox",
-            {"run_id": run_id, "pending_only": pending_only, "limit": check_limit(limit)},
-            record_row(OutboxRecord),
-        )
+        """Outbox rows, optionally of one run, of the identity jobs ``job_names``, and/or only
+        those not delivered yet."""
+        params = {
+            "run_id": run_id,
+            "pending_only": pending_only,
+            "limit": check_limit(limit),
+            "job_names": _job_names(job_names),
+        }
+        return self._db.fetch("list_outbox", params, record_row(OutboxRecord))
 
     def revisions(self, run_id: str) -> list[RevisionRecord]:
         """The accepted results a run had before each explicit revision, oldest first."""
@@ -796,15 +813,21 @@ class RunLedger:
         *,
         run_id: str | None = None,
         limit: int = 100,
+        job_names: Collection[str] | None = None,
     ) -> DeliveryReport:
         """Send undelivered notifications once each, keyed ``<run_id>:<channel>``.
 
         Each row is locked (``FOR UPDATE SKIP LOCKED``) while ``send`` runs, so concurrent
         deliverers never send the same row at once. A crash between a successful send and the
         mark re-sends later with the same key: receivers deduplicate on it.
+
+        ``job_names``: only rows of these identity jobs are sent (a deliverer passes the jobs
+        its code location owns, so on a shared ledger another team's rows are never sent
+        through its channels); the report counts, by job, the pending rows it left.
+        ``None`` sends every job's rows (the caller routes each row by its ``job_name``).
         """
         with telemetry.span("idempotent_jobs.deliver") as span:
-            report = self._deliver(send, run_id, limit)
+            report = self._deliver(send, run_id, limit, job_names)
             telemetry.annotate(span, delivered=len(report.delivered), failed=len(report.failed))
         for row in report.delivered:
             telemetry.count_notification(row.channel, "delivered")
@@ -813,11 +836,16 @@ class RunLedger:
         return report
 
     def _deliver(
-        self, send: Callable[[OutboxRecord], None], run_id: str | None, limit: int
+        self,
+        send: Callable[[OutboxRecord], None],
+        run_id: str | None,
+        limit: int,
+        job_names: Collection[str] | None,
     ) -> DeliveryReport:
         delivered: list[OutboxRecord] = []
         failed: list[tuple[OutboxRecord, str]] = []
-        for candidate in self.outbox(run_id, pending_only=True, limit=limit):
+        pending = self.outbox(run_id, pending_only=True, limit=limit, job_names=job_names)
+        for candidate in pending:
             key = {
                 "run_id": candidate.run_id,
                 "channel": candidate.channel,
@@ -837,7 +865,11 @@ class RunLedger:
                 delivered.append(row)
             else:
                 failed.append((row, refused))
-        return DeliveryReport(delivered=delivered, failed=failed)
+        left: dict[str, int] = {}
+        if job_names is not None:
+            params = {"job_names": _job_names(job_names), "run_id": run_id}
+            left = dict(self._db.rows("pending_outbox_by_job", params))
+        return DeliveryReport(delivered=delivered, failed=failed, left_pending=left)
 
     def _deliver_one(
         self, send: Callable[[OutboxRecord], None], key: dict[str, Any]

@@ -230,6 +230,8 @@ class OutboxRecord:
     last_error: str | None
     revision: int = 0
     payload_pruned_at: datetime | None = None
+    #: The identity job of the row's run (the job whose code location's channel sends it).
+    job_name: str | None = None
 
     @property
     def idempotency_key(self) -> str:
@@ -289,6 +291,8 @@ class DeliveryReport:
 
     delivered: list[OutboxRecord]
     failed: list[tuple[OutboxRecord, str]]
+    #: Undelivered rows of jobs the deliverer does not own, by identity job: left pending.
+    left_pending: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,28 +19,36 @@ accepted, money, lease waits and notifications (:class:`Instruments`).
 """
 
 import hashlib
+import importlib.util
 import os
+import re
 import time
 import uuid
+import warnings
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import Any, ParamSpec, Protocol, TypeVar
 
-try:
+try:  # the public API only: a release that moves its internals changes nothing here
     from opentelemetry import context as otel_context
     from opentelemetry import metrics as otel_metrics
     from opentelemetry import trace as otel_trace
-    from opentelemetry.metrics import _internal as otel_metrics_internal
-    from opentelemetry.metrics._internal import _ProxyMeterProvider
-except ImportError:  # the otel extra is not installed: every function is a no-op
+    from opentelemetry.trace import Status, StatusCode
+except ImportError as _missing:  # the otel extra is not installed: every function is a no-op
     otel_context = None  # type: ignore[assignment]
     otel_metrics = None  # type: ignore[assignment]
-    otel_metrics_internal = None  # type: ignore[assignment]
     otel_trace = None  # type: ignore[assignment]
+    if importlib.util.find_spec("opentelemetry.trace") is not None:  # installed, yet unusable
+        warnings.warn(
+            f"idempotent_jobs: OpenTelemetry is installed but its API cannot be imported "
+            f"({_missing}); traces and metrics are off",
+            RuntimeWarning,
+            stacklevel=1,
+        )
 
 SCOPE = "idempotent_jobs"
 #: ``IDEMPOTENT_JOBS_TELEMETRY=off`` turns every span and measurement off, SDK or not.
@@ -81,27 +89,74 @@ _scope: ContextVar[RunScope | None] = ContextVar("idempotent_jobs_run_scope", de
 # by that variable is loaded by the API call, which is made whenever the variable was set at
 # start or a provider has been set.
 _TRACER_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
-_METER_ENV = "OTEL_PYTHON_METER_PROVIDER" in os.environ
 
 
+_failures_reported: set[str] = set()
+
+
+def _telemetry_failed(where: str, exc: BaseException) -> None:
+    """A telemetry call raised (an SDK, a span processor, an exporter, an instrument): the work
+    goes on as with telemetry off, and a warning says so once per place and kind of error."""
+    key = f"{where}:{type(exc).__name__}"
+    if key in _failures_reported:
+        return
+    _failures_reported.add(key)
+    warnings.warn(
+        f"idempotent_jobs: telemetry failed in {where} ({type(exc).__name__}); the run goes on "
+        "as with telemetry off",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def best_effort(default: Any = None) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorate a telemetry function: whatever it raises is reported once (a warning) and
+    ``default`` returned, so telemetry never changes a run's outcome (the OpenTelemetry
+    specification's error-handling rule, applied to the plugins a user installs)."""
+
+    def wrap(function: Callable[P, R]) -> Callable[P, R]:
+        def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return function(*args, **kwargs)
+            except Exception as exc:
+                _telemetry_failed(function.__name__, exc)
+                result: R = default
+                return result
+
+        guarded.__name__ = function.__name__
+        guarded.__doc__ = function.__doc__
+        return guarded
+
+    return wrap
+
+
+def _api_provider(provider: object) -> bool:
+    """Whether ``provider`` is the API's own (its proxy or no-op): no SDK has been set."""
+    return type(provider).__module__.startswith(("opentelemetry.trace", "opentelemetry.metrics"))
+
+
+@best_effort(default=False)
 def tracing() -> bool:
     """Whether an SDK's tracer provider is set (else spans would go nowhere)."""
     if not enabled or otel_trace is None:
         return False
+    # The API's global, read directly when it exists: get_tracer_provider() looks an
+    # environment variable up on every call. Without it, the public call decides.
     if getattr(otel_trace, "_TRACER_PROVIDER", True) is None and not _TRACER_ENV:
         return False
-    provider = otel_trace.get_tracer_provider()
-    return not isinstance(provider, otel_trace.ProxyTracerProvider | otel_trace.NoOpTracerProvider)
+    return not _api_provider(otel_trace.get_tracer_provider())
 
 
+@best_effort(default=False)
 def metering() -> bool:
     """Whether an SDK's meter provider is set (else measurements would go nowhere)."""
     if not enabled or otel_metrics is None:
         return False
-    if getattr(otel_metrics_internal, "_METER_PROVIDER", True) is None and not _METER_ENV:
-        return False
-    provider = otel_metrics.get_meter_provider()
-    return not isinstance(provider, _ProxyMeterProvider | otel_metrics.NoOpMeterProvider)
+    return not _api_provider(otel_metrics.get_meter_provider())
 
 
 def active() -> bool:
@@ -134,18 +189,97 @@ def span(
 ) -> AbstractContextManager[Any]:
     """A span named ``name`` under the current one, carrying the run scope's attributes; the
     span, or ``None`` when no SDK is set (then not even a generator is made). An exception
-    ends it with an error status."""
+    ends it with an error status and ``error.type`` (see :func:`error_status`), never an
+    exception event: its text and stack may hold a prompt, an answer or a key."""
     if not tracing():
         return _NO_SPAN
-    scope = _scope.get()
-    attrs: dict[str, Any] = scope.attributes() if scope is not None else {}
-    attrs.update(attributes or {})
-    kind = otel_trace.SpanKind.CLIENT if client else otel_trace.SpanKind.INTERNAL
-    tracer = otel_trace.get_tracer(SCOPE)
-    started: AbstractContextManager[Any] = tracer.start_as_current_span(
-        name, kind=kind, attributes=attrs
-    )
-    return started
+    return _guarded_span(name, attributes, client)
+
+
+@contextmanager
+def _guarded_span(name: str, attributes: Attributes | None, client: bool) -> Iterator[Any]:
+    """The span of :func:`span`, started and ended so that nothing the SDK raises (a span
+    processor's ``on_start``/``on_end``, an exporter) reaches the work inside it."""
+    try:
+        scope = _scope.get()
+        attrs: dict[str, Any] = scope.attributes() if scope is not None else {}
+        attrs.update(attributes or {})
+        kind = otel_trace.SpanKind.CLIENT if client else otel_trace.SpanKind.INTERNAL
+        started = otel_trace.get_tracer(SCOPE).start_as_current_span(
+            name,
+            kind=kind,
+            attributes=attrs,
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+        current = started.__enter__()
+    except Exception as exc:
+        _telemetry_failed("span", exc)
+        yield None
+        return
+    try:
+        yield current
+    except BaseException as exc:
+        error_status(current, exc)
+        _exit_span(started, exc)
+        raise
+    _exit_span(started, None)
+
+
+def _exit_span(started: AbstractContextManager[Any], exc: BaseException | None) -> None:
+    try:
+        if exc is None:
+            started.__exit__(None, None, None)
+        else:
+            started.__exit__(type(exc), exc, exc.__traceback__)
+    except Exception as failure:
+        _telemetry_failed("span end", failure)
+
+
+#: What a span's error message may hold at most (characters, after escaping).
+MAX_SPAN_MESSAGE_CHARS = 200
+_SECRETS = (
+    re.compile(r"(?i)\b(bearer|basic|token)\s+[A-Za-z0-9._~+/=-]{6,}"),
+    re.compile(r"\b(sk|pk|rk|xox[abprs]|ghp|gho|glpat|AKIA)[-_A-Za-z0-9]{8,}"),
+    re.compile(r"(?i)([a-z][a-z0-9+.-]*://[^/\s:@]*:)[^@\s]*@"),
+    re.compile(
+        r"(?i)\b(password|passwd|pwd|secret|api[_-]?key|access[_-]?token|token|authorization)"
+        r"(\s*[=:]\s*)('[^']*'|\"[^\"]*\"|\S+)"
+    ),
+)
+
+
+def redact_secrets(text: str) -> str:
+    """``text`` with what looks like a secret replaced by ``****``: bearer and basic
+    credentials, API keys by their usual prefixes, URL passwords, ``password=``/``api_key:``
+    style settings."""
+    text = _SECRETS[0].sub(lambda m: f"{m.group(1)} ****", text)
+    text = _SECRETS[1].sub("****", text)
+    text = _SECRETS[2].sub(lambda m: f"{m.group(1)}****@", text)
+    return _SECRETS[3].sub(lambda m: f"{m.group(1)}{m.group(2)}****", text)
+
+
+def span_message(exc: BaseException) -> str:
+    """What a span says of ``exc``: the library's own errors (whose text names runs, leases
+    and limits, never payloads) with their message, escaped, capped and with anything that
+    looks like a secret redacted; any other exception (a provider's, a user's step, whose text
+    may echo the prompt, the input or a key) by its type alone."""
+    from idempotent_jobs.core.error_text import describe_error, safe_text
+    from idempotent_jobs.core.errors import LedgerError
+
+    if not isinstance(exc, LedgerError):
+        return type(exc).__name__
+    return safe_text(redact_secrets(describe_error(exc)), MAX_SPAN_MESSAGE_CHARS)
+
+
+@best_effort()
+def error_status(target: Any, exc: BaseException) -> None:
+    """End-of-span error marks on ``target`` (a span, or ``None``): status ERROR with
+    :func:`span_message`, and ``error.type``."""
+    if target is None:
+        return
+    target.set_attribute("error.type", type(exc).__name__)
+    target.set_status(Status(StatusCode.ERROR, span_message(exc)))
 
 
 @contextmanager
@@ -153,14 +287,22 @@ def joined_trace(run_uuid: str) -> Iterator[None]:
     """Spans made in the block join the trace whose id is ``run_uuid`` (a UUID: a Dagster run
     id), under a remote parent derived from it; unless a span of the caller is current (then
     they nest under that), no SDK is set, or ``run_uuid`` is no UUID."""
-    if not tracing() or otel_trace.get_current_span().get_span_context().is_valid:
+    token = _attach_run_trace(run_uuid) if tracing() else None
+    try:
         yield
-        return
+    finally:
+        if token is not None:
+            _detach(token)
+
+
+@best_effort()
+def _attach_run_trace(run_uuid: str) -> object | None:
+    if otel_trace.get_current_span().get_span_context().is_valid:
+        return None
     try:
         trace_id = uuid.UUID(run_uuid).int
     except ValueError:
-        yield
-        return
+        return None
     span_id = int.from_bytes(hashlib.sha256(run_uuid.encode()).digest()[:8], "big") or 1
     parent = otel_trace.SpanContext(
         trace_id=trace_id,
@@ -168,13 +310,15 @@ def joined_trace(run_uuid: str) -> Iterator[None]:
         is_remote=True,
         trace_flags=otel_trace.TraceFlags(otel_trace.TraceFlags.SAMPLED),
     )
-    token = otel_context.attach(otel_trace.set_span_in_context(otel_trace.NonRecordingSpan(parent)))
-    try:
-        yield
-    finally:
-        otel_context.detach(token)
+    return otel_context.attach(otel_trace.set_span_in_context(otel_trace.NonRecordingSpan(parent)))
 
 
+@best_effort()
+def _detach(token: Any) -> None:
+    otel_context.detach(token)
+
+
+@best_effort()
 def annotate(target: Any, **attributes: str | int | float | bool | None) -> None:
     """Set ``idempotent_jobs.<name>`` attributes on ``target`` (a span, or ``None``)."""
     if target is None:
@@ -184,12 +328,14 @@ def annotate(target: Any, **attributes: str | int | float | bool | None) -> None
             target.set_attribute(key if "." in key else f"idempotent_jobs.{key}", value)
 
 
+@best_effort()
 def annotate_current(**attributes: str | int | float | bool | None) -> None:
     """:func:`annotate` the current span, if one is recording."""
     if tracing():
         annotate(otel_trace.get_current_span(), **attributes)
 
 
+@best_effort()
 def past_span(name: str, start_ns: int, attributes: Attributes) -> None:
     """A span that began at ``start_ns`` (``time.time_ns()``) and ends now: a step recorded once
     its outcome is known (a claim that found the run completed makes none)."""
@@ -243,6 +389,7 @@ class Instruments:
 _instruments: tuple[object, Instruments] | None = None
 
 
+@best_effort()
 def instruments() -> Instruments | None:
     """The instruments of the meter provider set now, or ``None`` when none is set."""
     global _instruments
@@ -254,6 +401,7 @@ def instruments() -> Instruments | None:
     return _instruments[1]
 
 
+@best_effort()
 def count_run(outcome: str) -> None:
     """One logical run ended this way: ``executed``, ``reused``, ``failed``, ``superseded``
     or ``lease_lost``."""
@@ -264,6 +412,7 @@ def count_run(outcome: str) -> None:
         )
 
 
+@best_effort()
 def count_tokens_not_accepted(tokens: int, model: str | None, outcome: str) -> None:
     """``tokens`` of a call whose answer was not accepted (``failed``, ``rejected``, ``stale``,
     ``lease_lost``)."""
@@ -279,6 +428,7 @@ def count_tokens_not_accepted(tokens: int, model: str | None, outcome: str) -> N
         )
 
 
+@best_effort()
 def record_lease_wait(seconds: float, outcome: str) -> None:
     """A wait for another worker's lease, and how it ended (``claimed``, ``reused``, ``busy``)."""
     found = instruments()
@@ -288,6 +438,7 @@ def record_lease_wait(seconds: float, outcome: str) -> None:
         )
 
 
+@best_effort()
 def count_notification(channel: str, outcome: str) -> None:
     """A notification ``delivered`` or ``failed`` on ``channel``."""
     found = instruments()
@@ -323,6 +474,7 @@ def _price_of(model: str, source: PriceSource) -> tuple[Decimal, Decimal, str] |
     return found
 
 
+@best_effort()
 def record_usage(
     model: str | None, input_tokens: int | None, output_tokens: int | None, prices: PriceSource
 ) -> None:

@@ -295,7 +295,10 @@ def deliver_step(context: dg.OpExecutionContext, persisted: Ticket) -> None:
 def _traced(span: Any, ticket: Ticket) -> Ticket:
     """``ticket``, its result and epoch set on the step's span."""
     telemetry.annotate(
-        span, outcome=ticket.label, lease_epoch=ticket.epoch, reused=ticket.completed or None
+        span,
+        outcome=ticket.label,
+        lease_epoch=ticket.epoch,
+        reused=ticket.result == StepResult.REUSED or None,
     )
     return ticket
 

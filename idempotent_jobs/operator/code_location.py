@@ -29,10 +29,12 @@ from typing import Any
 import dagster as dg
 import yaml
 
-from idempotent_jobs.core.errors import InvalidInputError
-from idempotent_jobs.core.records import JobConfig
+from idempotent_jobs.core.errors import InvalidInputError, LedgerError
+from idempotent_jobs.core.identity import normalize_text
+from idempotent_jobs.core.records import JobConfig, OutboxRecord
 from idempotent_jobs.dagster.job_factory import spec_of_job
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
+from idempotent_jobs.dagster.resource_errors import describe_resource_error
 from idempotent_jobs.dagster.resources import ModelStep, NotificationChannel
 
 CODE_LOCATION_ENV = "IDEMPOTENT_JOBS_CODE_LOCATION"
@@ -139,21 +141,43 @@ class Workspace:
             f"the jobs are: {self.known_jobs()}",
         )
 
+    def owners(self, only: IdempotentJobSpec | None = None) -> dict[str, CodeLocation]:
+        """The code location that owns each identity job (``only``'s alone when given). Two
+        locations defining one identity job cannot both own its side effects: that is refused,
+        naming both, before anything is sent."""
+        owners: dict[str, CodeLocation] = {}
+        for location in self.locations:
+            for spec in location.specs:
+                if only is not None and spec is not only:
+                    continue
+                job = normalize_text(spec.identity_job_name)
+                other = owners.setdefault(job, location)
+                if other is not location:
+                    raise CodeLocationError(
+                        f"identity job {job!r} is defined by two code locations "
+                        f"({other.target.describe()}; {location.target.describe()}): "
+                        "name one with -m/-f/-w so its side effects have one owner"
+                    )
+        return owners
+
     @contextmanager
-    def channels(self) -> Iterator[dict[str, NotificationChannel]]:
-        """Every ``NotificationChannel`` resource of the loaded definitions, by key, built (so
-        ``EnvVar`` settings are resolved from this process's environment)."""
-        built: dict[str, NotificationChannel] = {}
+    def delivery(self, only: IdempotentJobSpec | None = None) -> Iterator["OutboxRouter"]:
+        """An :class:`OutboxRouter` over the channels of the jobs these locations own (``only``:
+        that job's), each location's channels built apart (``EnvVar`` settings resolved from
+        this process's environment); a missing variable is one :class:`CodeLocationError`."""
+        owners = self.owners(only)
+        built: dict[int, dict[str, NotificationChannel]] = {}
         with ExitStack() as stack:
-            for location in self.locations:
+            for location in {id(loc): loc for loc in owners.values()}.values():
+                named = {c for spec in location.specs for c in spec.channels}
                 wanted = {
-                    k: v
-                    for k, v in location.resources.items()
-                    if isinstance(v, NotificationChannel)
+                    key: resource
+                    for key, resource in location.resources.items()
+                    if key in named and isinstance(resource, NotificationChannel)
                 }
-                resources = stack.enter_context(dg.build_resources(wanted))
-                built.update({key: getattr(resources, key) for key in wanted})
-            yield built
+                resources = stack.enter_context(_built(wanted, location))
+                built[id(location)] = {key: getattr(resources, key) for key in wanted}
+            yield OutboxRouter(owners=owners, channels=built)
 
     def configs(self, specs: Sequence[IdempotentJobSpec]) -> dict[str, JobConfig]:
         """Each spec's configuration under its location's model step resource (what drift is
@@ -165,6 +189,56 @@ class Workspace:
                 with dg.build_resources({spec.model: resource}) as built:
                     configs[spec.name] = spec.config_of(getattr(built, spec.model))
         return configs
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutboxRouter:
+    """Sends each outbox row through a channel of the code location that owns the row's job:
+    the job's spec names the channel, its location provides it. Rows of other jobs are never
+    sent (:attr:`job_names` is what the deliverer asks the ledger for)."""
+
+    owners: dict[str, CodeLocation]
+    channels: dict[int, dict[str, NotificationChannel]]
+
+    @property
+    def job_names(self) -> list[str]:
+        return sorted(self.owners)
+
+    def send(self, row: OutboxRecord) -> None:
+        location = self.owners.get(row.job_name or "")
+        if location is None:  # the ledger was asked for owned jobs only: a row moved under us
+            raise LedgerError(f"job {row.job_name!r} is not owned by the loaded code location")
+        specs = [s for s in location.specs if normalize_text(s.identity_job_name) == row.job_name]
+        if not any(row.channel in spec.channels for spec in specs):
+            raise LedgerError(
+                f"job {row.job_name!r} names no channel {row.channel!r} "
+                f"(its channels: {', '.join(sorted({c for s in specs for c in s.channels}))})"
+            )
+        channel = self.channels[id(location)].get(row.channel)
+        if channel is None:
+            raise LedgerError(
+                f"no notification channel resource named {row.channel!r} in "
+                f"{location.target.describe()}"
+            )
+        channel.send(row)
+
+
+@contextmanager
+def _built(resources: dict[str, Any], location: CodeLocation) -> Iterator[Any]:
+    """``dg.build_resources(resources)``; a setting that cannot be resolved (an unset
+    ``EnvVar``) is one :class:`CodeLocationError` naming the location and the reason."""
+    try:
+        context = dg.build_resources(resources)
+        built = context.__enter__()
+    except dg.DagsterError as exc:
+        raise CodeLocationError(
+            f"the resources of {location.target.describe()} cannot be built: "
+            f"{describe_resource_error(exc)}"
+        ) from None
+    try:
+        yield built
+    finally:
+        context.__exit__(None, None, None)
 
 
 # -- finding the target ---------------------------------------------------------------------

@@ -15,6 +15,7 @@ from idempotent_jobs.core.database import DATABASE_URL_ENV
 from idempotent_jobs.dagster.project import (
     DAGSTER_STORAGE_URL_ENV,
     HOME_ENV,
+    ProjectNotFoundError,
     dagster_storage_url,
     project_home,
 )
@@ -58,9 +59,18 @@ def database_url() -> str:
 
 def ensure_database_url() -> str:
     """Like :func:`database_url`, and export it (and Dagster's form of it, for ``dagster.yaml``),
-    and the project home, so that child processes see the same database and the same files."""
+    and the project home, so that child processes see the same database and the same files.
+
+    With the URL configured, no project is needed: a command run from any folder (a pod, a cron
+    job, a CI step) uses that database, and the project home is exported only when there is one.
+    """
     url = database_url()
     os.environ[DATABASE_URL_ENV] = url
-    os.environ[HOME_ENV] = str(project_home())  # children resolve nothing from their own cwd
+    try:
+        home = project_home()
+    except ProjectNotFoundError:  # only reachable with the URL set: database_url() needs a home
+        home = None
+    if home is not None:
+        os.environ[HOME_ENV] = str(home)  # children resolve nothing from their own cwd
     os.environ.setdefault(DAGSTER_STORAGE_URL_ENV, dagster_storage_url(url))
     return url

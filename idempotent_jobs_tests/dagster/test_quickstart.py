@@ -183,3 +183,52 @@ def test_the_quickstart_runs_as_written(
         with psycopg.connect(fresh_database, autocommit=True) as db:
             db.execute("DROP OWNED BY leads_worker")
         conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier("leads_worker")))
+
+
+def test_the_installed_cli_runs_from_any_folder_given_the_url_and_the_location(
+    installed: Path, database: str, tmp_path: Path
+) -> None:
+    """A pod, a cron job, a CI step: no pyproject.toml or workspace here or above, only the
+    database URL and a code location, named each way the CLI takes one."""
+    from idempotent_jobs_tests.operator.test_outbox_ownership import DEFINITIONS, TEAMS, plant
+
+    anywhere = tmp_path / "pod"
+    (anywhere / "code").mkdir(parents=True)
+    (anywhere / "code" / "pod_defs.py").write_text(DEFINITIONS.format(**TEAMS["a"]))
+    (anywhere / "workspace-elsewhere.yaml").write_text(
+        "load_from:\n  - python_file: {relative_path: code/pod_defs.py}\n"
+    )
+    receiver = Receiver()
+    env = {
+        "PATH": f"{installed}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "IDEMPOTENT_JOBS_DATABASE_URL": database,
+        TEAMS["a"]["variable"]: receiver.url,
+    }
+    with RunLedger(database) as ledger:
+        keys = plant(ledger, TEAMS["a"]["identity"], days=1)
+    commands = [
+        ({}, ["runs", "list"]),
+        ({}, ["-m", "pod_defs", "runs", "list", "--job", "weekly_report"]),
+        ({}, ["-f", "code/pod_defs.py", "runs", "list", "--job", "weekly_report"]),
+        (
+            {"IDEMPOTENT_JOBS_CODE_LOCATION": "pod_defs:defs"},
+            ["runs", "list", "--job", "weekly_report"],
+        ),
+        ({}, ["-w", "workspace-elsewhere.yaml", "outbox", "deliver"]),
+        ({"IDEMPOTENT_JOBS_CODE_LOCATION": "pod_defs:defs"}, ["outbox", "deliver"]),
+    ]
+    for extra, argv in commands:
+        done = subprocess.run(
+            ["idempotent-jobs", *argv],
+            cwd=anywhere,
+            env={**env, **extra, "PYTHONPATH": str(anywhere / "code")},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, f"{argv}\n{done.stdout}\n{done.stderr[-3000:]}"
+        assert "not inside a Dagster project" not in done.stderr
+    assert set(receiver.effects) == set(keys)
+    assert sorted(p.name for p in anywhere.iterdir()) == ["code", "workspace-elsewhere.yaml"]
+    receiver.close()

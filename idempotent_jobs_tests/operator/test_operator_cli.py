@@ -240,7 +240,7 @@ def test_outbox_list_and_deliver(
     assert sorted(o["channel"] for o in pending) == ["fax", "report_file"]
     code, out = run(capsys, "outbox", "deliver")
     assert code == 1, "the unknown channel fails"
-    assert "delivered" in out and "no notification channel resource named 'fax'" in out
+    assert "delivered" in out and "names no channel 'fax'" in out
     delivered = (cli_env / "home" / "notifications.jsonl").read_text().splitlines()
     assert [json.loads(line)["key"] for line in delivered] == [
         f"{planted['completed']}:report_file"

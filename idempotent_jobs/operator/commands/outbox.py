@@ -4,7 +4,6 @@ channels)."""
 import argparse
 from typing import Any
 
-from idempotent_jobs.core.errors import LedgerError
 from idempotent_jobs.operator.commands.common import (
     Shared,
     code_location,
@@ -13,7 +12,7 @@ from idempotent_jobs.operator.commands.common import (
     positive,
     reads,
 )
-from idempotent_jobs.operator.render import table
+from idempotent_jobs.operator.render import escape_controls, table
 
 
 def outbox_list(args: argparse.Namespace) -> int:
@@ -39,26 +38,26 @@ def outbox_list(args: argparse.Namespace) -> int:
 
 
 def outbox_deliver(args: argparse.Namespace) -> int:
+    """Send the pending rows of the jobs the loaded code location owns (``--job``: of that one),
+    each through its own job's channel; other jobs' rows stay pending, and are counted."""
     workspace = code_location(args)
-    with open_ledger(args) as ledger, workspace.channels() as channels:
+    only = workspace.find_job(args.job).spec if args.job else None
+    with workspace.delivery(only) as router, open_ledger(args) as ledger:
         run_id = reads(ledger).resolve_run_id(args.run) if args.run else None
-
-        def send(row: Any) -> None:
-            channel = channels.get(row.channel)
-            if channel is None:
-                raise LedgerError(
-                    f"no notification channel resource named {row.channel!r} in "
-                    f"{workspace.describe()}"
-                )
-            channel.send(row)
-
-        report = ledger.deliver_outbox(send, run_id=run_id, limit=args.limit)
+        report = ledger.deliver_outbox(
+            router.send, run_id=run_id, limit=args.limit, job_names=router.job_names
+        )
     human = table(
         ["key", "result"],
         [(r.idempotency_key, "delivered") for r in report.delivered]
         + [(r.idempotency_key, f"failed: {reason}") for r, reason in report.failed],
     )
-    emit(args, report, human)
+    left = [
+        f"left pending: {count} row(s) of job {escape_controls(job)}, which "
+        f"{'--job does not name' if only else 'no loaded code location has'}"
+        for job, count in report.left_pending.items()
+    ]
+    emit(args, report, "\n".join([human, *left]))
     return 1 if report.failed else 0
 
 
@@ -73,5 +72,8 @@ def add_parser(commands: Any, shared: Shared) -> None:
     olist.set_defaults(handler=outbox_list)
     deliver = outbox.add_parser("deliver", parents=[shared.json_flag], help="send pending rows")
     deliver.add_argument("--run", help="only this run (id or prefix)")
+    deliver.add_argument(
+        "--job", help="only this job's rows (Dagster job name or identity job name)"
+    )
     deliver.add_argument("--limit", type=positive(int), default=100)
     deliver.set_defaults(handler=outbox_deliver)
