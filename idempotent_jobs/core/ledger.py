@@ -624,6 +624,64 @@ class RunLedger:
                 self.record_lost_call(lease, usage, lease.revision, origin=origin, error=error)
             raise
 
+    def record_answer(
+        self,
+        lease: Lease,
+        output: dict[str, Any],
+        usage: ModelUsage | None,
+        *,
+        basis: Basis,
+        config: JobConfig,
+        origin: CallOrigin,
+    ) -> None:
+        """Record the paid call that answered ``output`` (outcome ``answered``: usage, model,
+        epoch, counted in the spend), with the answer and its basis and configuration, before
+        the answer crosses a step boundary. :meth:`complete` (or :meth:`fail`) later updates
+        this row, matched by ``origin``; :meth:`recorded_answer` finds it for a later attempt.
+        Raises :class:`LeaseLostError` (the call recorded ``lease_lost``) if the lease was lost.
+        """
+        parts = dict(config.parts)
+        params = {
+            **_fence(lease),
+            **_usage(usage),
+            **_origin(origin),
+            "revision": basis.revision,
+            "input_fingerprint": basis.input_fingerprint,
+            "answer": _within(dump_json_object(output, "output"), "output", self.max_output_bytes),
+            "config_parts": dump_json_object(parts, "config") if parts else None,
+        }
+        if self._db.rows("record_answer", params):
+            return
+        try:  # no row: recorded already (a retried statement), or the lease was lost
+            self.renew(lease)
+        except LeaseLostError:
+            self.record_lost_call(lease, usage, basis.revision, origin=origin)
+            raise
+
+    def recorded_answer(self, lease: Lease) -> dict[str, Any] | None:
+        """The latest answer recorded by :meth:`record_answer` and not committed yet, on the
+        lease's revision and checkpoint (its columns as a dict), or ``None``."""
+        params = {
+            "run_id": lease.run_id,
+            "revision": lease.revision,
+            "input_fingerprint": lease.input_fingerprint,
+        }
+        rows = self._db.fetch("recorded_answer", params, dict_row)
+        return rows[0] if rows else None
+
+    def end_caller_attempt(self, run_id: str, caller_run_id: str, error: str) -> FenceOutcome:
+        """End, as failed, the attempt that the Dagster run ``caller_run_id`` holds on the run,
+        for a step that failed before its body could (its input could not be loaded, its
+        output not stored). Fenced by the Dagster run that claimed the lease: a lease another
+        run or worker has taken since is never touched. ``applied`` or ``lease_lost``."""
+        params = {
+            "run_id": run_id,
+            "caller_run_id": _check_name("caller_run_id", caller_run_id),
+            "error": safe_text(str(error)) or "unknown error",
+        }
+        rows = self._db.rows("fail_by_caller", params)
+        return FenceOutcome(rows[0][0]) if rows else FenceOutcome.LEASE_LOST
+
     def record_lost_call(
         self,
         lease: Lease,

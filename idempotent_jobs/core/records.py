@@ -86,7 +86,9 @@ class CallOrigin:
     retry_number: int | None = None
 
 
-CallOutcome = Literal["accepted", "stale", "rejected", "failed", "lease_lost"]
+#: ``answered``: paid for and recorded with its answer (Dagster's ``transform``), waiting for
+#: the commit that accepts or refuses it.
+CallOutcome = Literal["accepted", "stale", "rejected", "failed", "lease_lost", "answered"]
 
 
 @dataclass(frozen=True, kw_only=True)

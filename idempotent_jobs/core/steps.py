@@ -181,6 +181,7 @@ def call_model(
     validate: Callable[[JSONDict], object] | None = None,
     before_call: Callable[[], None] | None = None,
     budget: TokenBudget | None = None,
+    record_answer: bool = False,
 ) -> BoundAnswer:
     """Call ``model`` on the lease's checkpoint while renewing the lease, check the answer, and
     bind it to the basis it was computed on.
@@ -191,6 +192,11 @@ def call_model(
     ends it with no call recorded. So does ``budget`` once the job's token budget is spent
     (:class:`BudgetExceededError`, decided in the ledger; the attempt ends ``budget``). A lease
     lost meanwhile raises :class:`LeaseLostError`.
+
+    ``record_answer``: record the paid call with its answer before returning it
+    (:meth:`RunLedger.record_answer`), for a caller whose answer crosses a step boundary
+    before its commit (Dagster's ``transform``): whatever happens to it there, the call is
+    in the books and a later attempt can reuse the answer (:func:`recorded_answer`).
     """
     raw_input = lease.stored_raw_input
     if raw_input is None:
@@ -232,7 +238,41 @@ def call_model(
         if usage is not None:
             telemetry.count_tokens_not_accepted(_tokens(usage), usage.model_name, "lease_lost")
     heartbeat.raise_if_lost()
-    return BoundAnswer(output=output, usage=usage, basis=lease.basis, config=config, origin=origin)
+    answer = BoundAnswer(
+        output=output, usage=usage, basis=lease.basis, config=config, origin=origin
+    )
+    if record_answer:
+        try:
+            ledger.record_answer(
+                lease, output, usage, basis=answer.basis, config=config, origin=origin
+            )
+        except LeaseLostError:
+            telemetry.count_run("lease_lost")
+            raise
+        except BaseException as exc:  # not recorded: the answer must not travel on unpaid
+            end_attempt(ledger, lease, exc, usage, call="rejected", origin=origin)
+            raise
+    return answer
+
+
+def recorded_answer(ledger: RunLedger, lease: Lease, config: JobConfig) -> BoundAnswer | None:
+    """The answer an earlier attempt paid for and recorded (:func:`call_model` with
+    ``record_answer``) but never committed, when it is still valid: on the lease's revision and
+    checkpoint, under the same configuration. It keeps its origin, so its commit updates the
+    recorded call instead of adding one. ``None`` when there is none."""
+    row = ledger.recorded_answer(lease)
+    if row is None or dict(row["config_parts"] or {}) != dict(config.parts):
+        return None
+    usage = ModelUsage(row["model_name"], row["input_tokens"], row["output_tokens"])
+    origin = CallOrigin(
+        caller_step=row["caller_step"],
+        caller_run_id=row["caller_run_id"],
+        retry_number=row["retry_number"],
+    )
+    telemetry.annotate_current(answer_reused=True)
+    return BoundAnswer(
+        output=row["answer"], usage=usage, basis=lease.basis, config=config, origin=origin
+    )
 
 
 def commit(

@@ -7,6 +7,7 @@ retries, re-execution from failure and overlapping launches all address the same
 
 import dagster as dg
 
+from idempotent_jobs.dagster.failure_hook import build_failure_hook
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 from idempotent_jobs.dagster.ops import build_ops
 
@@ -45,6 +46,7 @@ def build_idempotent_job(
         description=spec.description or None,
         tags=spec.tags(),
         executor_def=executor_def or dg.in_process_executor,
+        hooks={build_failure_hook(spec)},
     )
     def idempotent_job() -> None:
         collected = collect.alias("collect")()

@@ -34,7 +34,14 @@ from idempotent_jobs.core.records import (
     ModelUsage,
     RunRecord,
 )
-from idempotent_jobs.core.steps import BoundAnswer, call_model, collect_once, commit, end_attempt
+from idempotent_jobs.core.steps import (
+    BoundAnswer,
+    call_model,
+    collect_once,
+    commit,
+    end_attempt,
+    recorded_answer,
+)
 from idempotent_jobs.dagster.drill import drill_for
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 from idempotent_jobs.dagster.resources import Collector, ModelStep, NotificationChannel, StepContext
@@ -91,7 +98,7 @@ def _report(
         metadata["tokens_wasted"] = costs.wasted_tokens
         metadata["cost"] = costs.summary()
     context.add_output_metadata(metadata)
-    if ticket.result in (StepResult.REUSED, StepResult.INPUT_REUSED):
+    if ticket.result in (StepResult.REUSED, StepResult.INPUT_REUSED, StepResult.ANSWER_REUSED):
         context.log.info(f"ledger run {ticket.run_id}: {ticket.label}")
     return ticket
 
@@ -170,6 +177,11 @@ def transform_step(
     lease = lease_for(context, spec, ledger, collected.run_id, handed, config)
     if isinstance(lease, Ticket):
         return _report(context, lease)
+    if lease.attempts > 1 or context.retry_number > 0:  # an earlier attempt may have paid
+        recorded = recorded_answer(ledger, lease, config)
+        if recorded is not None:
+            ticket = Ticket.under(lease, context.run_id, StepResult.ANSWER_REUSED, recorded)
+            return _report(context, ticket, recorded.usage)
     step = StepContext(
         _identity(context, spec), spec.prompt, lease.run_id, context.run_id, context.op.name
     )
@@ -188,6 +200,7 @@ def transform_step(
             heartbeat_seconds=spec.lease_seconds / 3,
             before_call=drill_for(ledger, spec.identity_job_name),
             budget=spec.budget,
+            record_answer=True,  # before the answer goes to the IO manager
         )
     except BudgetExceededError as exc:  # retrying today would be refused again: no retry
         raise dg.Failure(

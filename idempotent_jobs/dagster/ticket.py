@@ -24,6 +24,7 @@ class StepResult(StrEnum):
     COLLECTED = "collected"  # collect gathered the input and checkpointed it
     INPUT_REUSED = "reused input"  # collect found the checkpoint of an earlier attempt
     MODEL_CALLED = "model called"  # transform made the call; persist has yet to commit it
+    ANSWER_REUSED = "reused answer"  # transform found an earlier attempt's paid, recorded answer
     NEW = "new"  # persist committed this run's answer: it is the accepted result
     REUSED = "reused"  # the run was already completed: its stored result is reported
 

@@ -266,3 +266,72 @@ def test_relaunches_after_unbelievable_usage_claim_at_once_and_record_every_call
     assert [c.lease_epoch for c in calls] == [1, 2, 3]
     assert all(c.input_tokens is None and c.output_tokens == 5 for c in calls)
     assert [a.outcome for a in ledger.attempts(run_id)] == ["failed"] * 3
+
+
+class FlakyIOManager(dg.ConfigurableIOManager):
+    """Dagster's storage between steps, failing as an object store can: ``fail`` names what
+    fails (``load`` persist's input, or ``store`` transform's output), on the first Dagster
+    run only; later runs store and load in memory."""
+
+    fail: str
+
+    def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
+        if self.fail == "store" and context.step_key == "transform" and not IO_FAILED:
+            IO_FAILED.append(context.run_id)
+            raise ConnectionError("object store refused the upload")
+        STORED[(context.run_id, context.step_key)] = obj
+
+    def load_input(self, context: dg.InputContext) -> Any:
+        upstream = context.upstream_output
+        assert upstream is not None
+        if self.fail == "load" and upstream.step_key == "transform" and not IO_FAILED:
+            IO_FAILED.append(str(upstream.run_id))
+            raise ConnectionError("object store timed out")
+        return STORED[(upstream.run_id, upstream.step_key)]
+
+
+STORED: dict[tuple[str, str], Any] = {}
+IO_FAILED: list[str] = []
+PAID: list[str] = []
+
+
+def _paid(raw: dict[str, Any], run_id: str, db: str) -> Any:
+    PAID.append(run_id)
+    return ModelAnswer({"summary": f"answer #{len(PAID)}"}, ModelUsage("m", 100, 50))
+
+
+@pytest.mark.parametrize("fail", ["load", "store"])
+def test_a_paid_answer_survives_storage_between_steps_failing(
+    fail: str, dagster_env: DagsterTestEnv, ledger: RunLedger, db: psycopg.Connection
+) -> None:
+    """The IO manager fails between ``transform`` and ``persist``: the call is in the books
+    (tokens, spend) at once, the attempt ends within the Dagster run (not at lease expiry,
+    error kept), and the next launch commits the recorded answer without paying again."""
+    CURRENT["case"] = Case(_paid)
+    STORED.clear(), IO_FAILED.clear(), PAID.clear()
+    defs = _defs(dagster_env)
+    job = dg.Definitions.merge(
+        defs, dg.Definitions(resources={"io_manager": FlakyIOManager(fail=fail)})
+    ).resolve_job_def("parity_job")
+    key = PARTITION.format(subject="via-dagster")
+    run_id = SPEC.identity_for(key).run_id
+
+    assert not job.execute_in_process(partition_key=key, raise_on_error=False).success
+    state = ledger_state(db, run_id)
+    assert state["status"] == "failed" and state["lease_free"]
+    assert "ConnectionError: object store" in state["error"]
+    step = "persist" if fail == "load" else "transform"
+    assert f"step {step} failed" in state["error"]
+    assert state["model_calls"] == [(1, 0, "answered", "m", 100, 50, None)]
+    spent = db.execute(
+        "SELECT sum(tokens) FROM idempotent_jobs.spend_days WHERE job_name = 'parity-job'"
+    ).fetchone()
+    assert spent == (150,)
+
+    assert job.execute_in_process(partition_key=key).success  # a new launch
+    state = ledger_state(db, run_id)
+    assert state["status"] == "completed" and len(PAID) == 1
+    assert state["model_calls"] == [(1, 0, "accepted", "m", 100, 50, None)]
+    assert [a[1] for a in state["attempts"]] == ["failed", "completed"]
+    record = ledger.get(run_id)
+    assert record is not None and record.output == {"summary": "answer #1"}

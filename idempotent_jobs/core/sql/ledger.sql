@@ -845,3 +845,62 @@ FROM {schema}.notification_outbox AS o TABLESAMPLE SYSTEM (%(percent)s)
 JOIN {schema}.runs AS r USING (run_id)
 GROUP BY r.job_name
 ORDER BY r.job_name
+
+-- name: record_answer
+-- Record a paid call and its answer under the lease, before the answer leaves the step.
+-- Fenced by owner, epoch and status: a lost lease records nothing here (the caller records the
+-- call as `lease_lost`). Once per caller run, step and retry: a retried statement adds no
+-- second row. The outcome `answered` waits for the commit, which updates this row.
+INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
+  caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error, answer,
+  input_fingerprint, config_parts)
+SELECT r.run_id, r.lease_epoch, %(revision)s::integer, %(worker_id)s, %(call_caller_run_id)s,
+  %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
+  'answered', NULL, %(answer)s::jsonb, %(input_fingerprint)s, %(config_parts)s::jsonb
+FROM {schema}.runs AS r
+WHERE r.run_id = %(run_id)s AND r.lease_owner = %(worker_id)s AND r.lease_epoch = %(epoch)s
+  AND r.status = 'running'
+  AND NOT EXISTS (SELECT FROM {schema}.model_calls AS c
+    WHERE c.run_id = r.run_id AND c.caller_run_id = %(call_caller_run_id)s
+      AND c.caller_step = %(call_caller_step)s AND c.retry_number = %(call_retry)s)
+RETURNING call_id
+
+-- name: recorded_answer
+-- The latest recorded answer still waiting for its commit on this revision and checkpoint.
+SELECT answer, model_name, input_tokens, output_tokens, caller_run_id, caller_step,
+  retry_number, config_parts
+FROM {schema}.model_calls
+WHERE run_id = %(run_id)s AND outcome = 'answered' AND revision = %(revision)s::integer
+  AND input_fingerprint IS NOT DISTINCT FROM %(input_fingerprint)s::text
+ORDER BY call_id DESC
+LIMIT 1
+
+-- name: fail_by_caller
+-- End the attempt a Dagster run holds when one of its steps failed before it could end it.
+-- For a step that failed outside its body (its input could not be loaded, its output not
+-- stored): the lease is fenced by the Dagster run that claimed it, and only while running, so
+-- a lease another Dagster run or worker has since taken is never touched. A model call already
+-- recorded keeps its outcome (an `answered` call stays reusable). `outcome`: `applied`, or
+-- `lease_lost` (nothing of this Dagster run held the run).
+WITH cur AS (
+  SELECT run_id, lease_owner FROM {schema}.runs
+  WHERE run_id = %(run_id)s AND status = 'running' AND lease_caller_run_id = %(caller_run_id)s
+  FOR UPDATE
+), failed AS (
+  UPDATE {schema}.runs AS r
+  SET status = 'failed', last_error = %(error)s, lease_owner = NULL, lease_expires_at = NULL,
+    updated_at = now()
+  FROM cur
+  WHERE r.run_id = cur.run_id AND r.status = 'running'
+    AND r.lease_caller_run_id = %(caller_run_id)s
+  RETURNING r.run_id, r.lease_epoch, r.lease_started_at, r.lease_caller_run_id,
+    r.lease_caller_step
+), attempt AS (
+  INSERT INTO {schema}.run_attempts (run_id, lease_epoch, worker_id, caller_run_id, caller_step,
+    started_at, ended_at, outcome, error)
+  SELECT failed.run_id, failed.lease_epoch, cur.lease_owner, failed.lease_caller_run_id,
+    failed.lease_caller_step, COALESCE(failed.lease_started_at, now()), now(), 'failed',
+    %(error)s
+  FROM failed, cur
+)
+SELECT CASE WHEN EXISTS (SELECT FROM failed) THEN 'applied' ELSE 'lease_lost' END AS outcome
