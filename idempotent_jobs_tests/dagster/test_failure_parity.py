@@ -308,7 +308,8 @@ def test_a_paid_answer_survives_storage_between_steps_failing(
     (tokens, spend) at once, the attempt ends within the Dagster run (not at lease expiry,
     error kept), and the next launch commits the recorded answer without paying again."""
     CURRENT["case"] = Case(_paid)
-    STORED.clear(), IO_FAILED.clear(), PAID.clear()
+    for kept in (STORED, IO_FAILED, PAID):
+        kept.clear()
     defs = _defs(dagster_env)
     job = dg.Definitions.merge(
         defs, dg.Definitions(resources={"io_manager": FlakyIOManager(fail=fail)})
