@@ -435,6 +435,7 @@ class RunLedger:
             attempts=record.attempts,
             revision=record.revision,
             input_fingerprint=record.input_fingerprint,
+            drill_armed=rows[0]["drill_armed"],
         )
         return record, lease
 
@@ -777,7 +778,7 @@ class RunLedger:
     def take_drill(self, job_name: str) -> int | None:
         """Use up one drilled failure for a model call of ``job_name``: the calls the drill
         still fails after this one, or ``None`` when no drill takes it."""
-        rows = self._db.rows("take_drill", {"job_name": job_name})
+        rows = self._db.rows("take_drill", {"job_name": normalize_text(job_name)})
         return int(rows[0][1]) if rows else None
 
     def get(self, run_id: str) -> RunRecord | None:

@@ -190,6 +190,7 @@ def _run(
         origin=CallOrigin(caller_step=caller_step, caller_run_id=caller_run_id),
         heartbeat_seconds=heartbeat_seconds or lease_seconds / 3,
         budget=budget,
+        drill_job=identity.job_name,
     )
     completion = commit(ledger, lease, answer, notifications)
     return RunOutcome(

@@ -60,6 +60,9 @@ class Lease:
     attempts: int = 0
     revision: int = 0
     input_fingerprint: str | None = None
+    #: Whether a failure drill of the run's job was armed when ``begin`` claimed it (``None``:
+    #: not known, the model call asks the ledger).
+    drill_armed: bool | None = None
 
     @property
     def basis(self) -> Basis:

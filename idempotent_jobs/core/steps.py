@@ -22,6 +22,7 @@ from typing import Any
 
 from idempotent_jobs.core import telemetry
 from idempotent_jobs.core.budgets import TokenBudget
+from idempotent_jobs.core.drills import take_drill
 from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.errors import (
     BudgetExceededError,
@@ -182,6 +183,7 @@ def call_model(
     before_call: Callable[[], None] | None = None,
     budget: TokenBudget | None = None,
     record_answer: bool = False,
+    drill_job: str | None = None,
 ) -> BoundAnswer:
     """Call ``model`` on the lease's checkpoint while renewing the lease, check the answer, and
     bind it to the basis it was computed on.
@@ -192,6 +194,9 @@ def call_model(
     ends it with no call recorded. So does ``budget`` once the job's token budget is spent
     (:class:`BudgetExceededError`, decided in the ledger; the attempt ends ``budget``). A lease
     lost meanwhile raises :class:`LeaseLostError`.
+
+    ``drill_job``: the identity job whose armed failure drill this call takes
+    (:mod:`idempotent_jobs.core.drills`), the same way through either driver.
 
     ``record_answer``: record the paid call with its answer before returning it
     (:meth:`RunLedger.record_answer`), for a caller whose answer crosses a step boundary
@@ -218,6 +223,8 @@ def call_model(
         try:
             if budget is not None:
                 ledger.check_budget(lease, budget)
+            if drill_job is not None:
+                take_drill(ledger, lease, drill_job)
             if before_call is not None:
                 before_call()
             called = True

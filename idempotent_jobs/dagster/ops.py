@@ -42,7 +42,6 @@ from idempotent_jobs.core.steps import (
     end_attempt,
     recorded_answer,
 )
-from idempotent_jobs.dagster.drill import drill_for
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 from idempotent_jobs.dagster.resources import Collector, ModelStep, NotificationChannel, StepContext
 from idempotent_jobs.dagster.telemetry import step_span
@@ -198,7 +197,7 @@ def transform_step(
                 retry_number=context.retry_number,
             ),
             heartbeat_seconds=spec.lease_seconds / 3,
-            before_call=drill_for(ledger, spec.identity_job_name),
+            drill_job=spec.identity_job_name,
             budget=spec.budget,
             record_answer=True,  # before the answer goes to the IO manager
         )

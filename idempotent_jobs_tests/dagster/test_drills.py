@@ -73,3 +73,64 @@ def test_a_drilled_failure_ends_the_attempt_as_drill_and_is_no_call(ledger: RunL
     assert ledger.model_calls(ident.run_id) == []
     record = ledger.get(ident.run_id)
     assert record is not None and (record.status, record.lease_owner) == ("failed", None)
+
+
+def test_run_idempotent_takes_drills_as_the_dagster_steps_do(ledger: RunLedger) -> None:
+    """The library driver takes the drill from the shared steps: no model call while it
+    lasts, the attempt ends ``drill``, and a run with no drill armed asks no statement more."""
+    from idempotent_jobs import ModelAnswer, ModelUsage, run_idempotent
+
+    calls: list[str] = []
+
+    def model(raw: dict[str, object]) -> ModelAnswer:
+        calls.append("called")
+        return ModelAnswer({"summary": "s"}, ModelUsage("m", 1, 1))
+
+    ident = identity("drilled")
+    ledger.arm_drill("*", 2, 3600)
+    for _ in range(2):
+        with pytest.raises(ModelOutageDrill):
+            run_idempotent(ledger, ident, collect=lambda i: {"d": 1}, transform=model)
+    assert calls == [] and LedgerReads(ledger).drills() == []
+    assert [a.outcome for a in ledger.attempts(ident.run_id)] == ["drill", "drill"]
+    assert ledger.model_calls(ident.run_id) == []
+    assert run_idempotent(ledger, ident, collect=lambda i: {"d": 1}, transform=model).executed
+    assert calls == ["called"]
+
+
+def test_a_drill_armed_for_a_name_in_another_unicode_form_is_taken(ledger: RunLedger) -> None:
+    nfd, nfc = "cafe\u0301-digest", "caf\u00e9-digest"
+    ledger.arm_drill(nfc, 1, 3600)
+    assert ledger.take_drill(nfd) == 0
+    ledger.arm_drill(nfd, 1, 3600)
+    assert ledger.take_drill(nfc) == 0
+
+
+def test_arming_a_drill_for_a_job_the_location_does_not_have_is_refused(
+    database: str,
+    tmp_path: object,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pathlib import Path
+
+    from idempotent_jobs.core.database import DATABASE_URL_ENV
+    from idempotent_jobs.dagster import project as project_module
+    from idempotent_jobs.operator.cli import main
+    from idempotent_jobs.operator.code_location import CODE_LOCATION_ENV
+
+    monkeypatch.setenv(DATABASE_URL_ENV, database)
+    monkeypatch.delenv(CODE_LOCATION_ENV, raising=False)
+    monkeypatch.setattr(project_module, "CHECKOUT", Path(str(tmp_path)) / "site-packages")
+    monkeypatch.chdir(str(tmp_path))
+    location = ["-m", "idempotent_jobs.location.definitions"]
+    assert main([*location, "drill", "fail-model-calls", "2", "--job", "cl_job"]) == 2
+    assert "no job named 'cl_job'" in capsys.readouterr().err
+    with RunLedger(database) as ledger:
+        assert LedgerReads(ledger).drills() == []
+    assert main([*location, "drill", "fail-model-calls", "2", "--job", "cl_job", "--any-job"]) == 0
+    capsys.readouterr()
+    # Without a code location the name is taken as the identity job name, with a warning.
+    assert main(["drill", "fail-model-calls", "1", "--job", "cl-job"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: no code location to check --job against" in err

@@ -33,6 +33,7 @@ class Case:
     model: Behaviour
     raw_input: dict[str, Any] | None = None  # what the collector returns (default: small)
     outcome: str = "failed"  # the run's status afterwards
+    drilled: bool = False  # a failure drill of the job is armed for both drivers' calls
 
 
 def _answer(output: dict[str, Any], usage: ModelUsage | None = None) -> Behaviour:
@@ -89,6 +90,7 @@ CASES: dict[str, Case] = {
     "oversize input": Case(_answer({"summary": "s"}), raw_input={"blob": "y" * (1024 * 1024)}),
     "lost lease": Case(_lose_lease, outcome="running"),
     "stale basis": Case(_move_basis, outcome="pending"),
+    "failure drill": Case(_answer({"summary": "never asked"}), drilled=True),
 }
 
 CURRENT: dict[str, Case] = {}  # the case the Dagster resources below act out
@@ -180,12 +182,16 @@ def test_a_failure_leaves_the_same_ledger_state_through_both_drivers(
     case = CURRENT["case"] = CASES[name]
     via_dagster = SPEC.identity_for(PARTITION.format(subject="via-dagster"))
     via_protocol = SPEC.identity_for(PARTITION.format(subject="via-protocol"))
+    if case.drilled:  # one drilled call for each driver
+        ledger.arm_drill(SPEC.identity_job_name, 1, 3600)
 
     job = _defs(dagster_env).resolve_job_def("parity_job")
     result = job.execute_in_process(
         partition_key=PARTITION.format(subject="via-dagster"), raise_on_error=False
     )
     assert not result.success
+    if case.drilled:
+        ledger.arm_drill(SPEC.identity_job_name, 1, 3600)
 
     with pytest.raises(Exception):  # noqa: B017 - each case fails in its own way
         run_idempotent(

@@ -39,6 +39,8 @@ WHERE (r.job_name, r.subject_id, r.scheduled_at, r.version)
 -- (only an explicit revise changes a completed run). `claimed` says whether this statement took
 -- the lease. No row back: a first registration raced this one, or the run completed while this
 -- statement waited for its row lock; either is committed now: run the statement again.
+-- `drill_armed` says whether a failure drill of the job is armed, so a model call under this
+-- lease asks for one only then.
 WITH inserted AS (
   INSERT INTO {schema}.runs AS r (run_id, job_name, subject_id, scheduled_at, version, status,
     lease_owner, lease_expires_at, lease_epoch, attempts, lease_started_at, lease_caller_run_id,
@@ -95,11 +97,16 @@ WITH inserted AS (
   WHERE claimed AND prev_status = 'running'
   ON CONFLICT (run_id, lease_epoch) DO NOTHING
 )
-SELECT (run).*, claimed FROM inserted
-UNION ALL
-SELECT (run).*, claimed FROM done
-UNION ALL
-SELECT (run).*, claimed FROM claimed
+SELECT u.*, EXISTS (SELECT FROM {schema}.drills AS d
+    WHERE d.job_name IN (%(job_name)s, '*') AND d.remaining > 0 AND d.expires_at > now())
+  AS drill_armed
+FROM (
+  SELECT (run).*, claimed FROM inserted
+  UNION ALL
+  SELECT (run).*, claimed FROM done
+  UNION ALL
+  SELECT (run).*, claimed FROM claimed
+) AS u
 
 -- name: claim
 -- Take the run's lease if it is free, bumping the fencing epoch.

@@ -2,6 +2,7 @@
 
 import argparse
 import os
+import sys
 from typing import Any
 
 from idempotent_jobs.operator.commands.common import (
@@ -22,16 +23,25 @@ def drill(args: argparse.Namespace) -> int:
     said = "every job"
     job_option = getattr(args, "job", None)
     if job_option:
+        from idempotent_jobs.core.errors import InvalidInputError
+        from idempotent_jobs.core.identity import normalize_text
         from idempotent_jobs.operator.code_location import CodeLocationError
 
+        job, said = normalize_text(job_option), f"identity job {normalize_text(job_option)}"
         try:
             match = code_location(args).find_job(job_option)
             job, said = match.spec.identity_job_name, match.describe()
-        except CodeLocationError:  # no code location here: the name is the identity job name
-            from idempotent_jobs.core.identity import normalize_text
-
-            job = normalize_text(job_option)
-            said = f"identity job {job}"
+        except CodeLocationError as exc:  # no code location here: the name is taken as it is
+            if args.drill_command == "fail-model-calls":
+                print(
+                    f"idempotent-jobs: warning: no code location to check --job against "
+                    f"({escape_controls(exc.reason)}); arming the drill for identity job "
+                    f"{escape_controls(job)}, which fires only if a job has that identity name",
+                    file=sys.stderr,
+                )
+        except InvalidInputError:  # a code location without that job: a typo, unless meant
+            if args.drill_command == "fail-model-calls" and not args.any_job:
+                raise
     with open_ledger(args) as ledger:
         if args.drill_command == "fail-model-calls":
             drill = ledger.arm_drill(
@@ -66,6 +76,11 @@ def add_parser(commands: Any, shared: Shared) -> None:
         help="make the next N model calls fail before the call, on every worker",
     )
     fail.add_argument("calls", type=positive(int), help="how many model calls fail")
+    fail.add_argument(
+        "--any-job",
+        action="store_true",
+        help="arm it for --job even if the loaded code location has no job of that name",
+    )
     fail.add_argument(
         "--expires-in",
         type=positive(float, MAX_SECONDS),
