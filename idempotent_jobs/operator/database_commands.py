@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 
 from idempotent_jobs.core.database import DATABASE_URL_ENV, redact
+from idempotent_jobs.core.errors import LedgerError
 from idempotent_jobs.dagster.project import (
     DAGSTER_STORAGE_URL_ENV,
     HOME_ENV,
@@ -26,13 +27,53 @@ def data_directory() -> Path:
     return project_home() / "pgdata"
 
 
-def embedded_pid(data_dir: Path) -> int | None:
-    """The running postmaster's pid on ``data_dir``, or ``None`` when none runs."""
+def _postmaster_of(pid: int, data_dir: Path) -> bool:
+    """Whether process ``pid`` is a PostgreSQL postmaster serving ``data_dir``: its program is
+    ``postgres`` (or ``postmaster``) and its ``-D`` or working directory is ``data_dir``. A
+    pid file can outlive its server (a crash), and its pid be reused by any process, even
+    another project's server: only this check makes a pid safe to report or signal."""
+    proc = Path(f"/proc/{pid}")
     try:
-        pid = int((data_dir / "postmaster.pid").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return pid if Path(f"/proc/{pid}").exists() else None
+        argv = (proc / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    program = Path(os.fsdecode(argv[0])).name if argv and argv[0] else ""
+    if program not in ("postgres", "postmaster"):
+        return False
+    wanted = data_dir.resolve()
+    args = [os.fsdecode(a) for a in argv[1:]]
+    for flag, value in zip(args, args[1:], strict=False):
+        if flag == "-D":
+            return (Path(value) if Path(value).is_absolute() else _cwd(proc) / value) == wanted
+    return _cwd(proc) == wanted
+
+
+def _cwd(proc: Path) -> Path:
+    try:
+        return (proc / "cwd").resolve(strict=True)
+    except OSError:
+        return Path("/nonexistent")
+
+
+def postmaster_pid(data_dir: Path) -> tuple[int | None, str | None]:
+    """The pid of the postmaster running on ``data_dir`` and ``None``; or ``None`` and why the
+    pid file there is stale (``None`` too when there is no pid file: stopped)."""
+    pid_file = data_dir / "postmaster.pid"
+    try:
+        text = pid_file.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"{pid_file} cannot be read ({exc.strerror or exc})"
+    try:
+        pid = int(text.split()[0])
+    except (ValueError, IndexError):
+        return None, f"{pid_file} holds no pid"
+    if _postmaster_of(pid, data_dir):
+        return pid, None
+    running = Path(f"/proc/{pid}").exists()
+    what = "another process, not this project's server" if running else "no running process"
+    return None, f"stale {pid_file}: pid {pid} is {what}"
 
 
 def _url(configured_ok: bool = True) -> str:
@@ -76,9 +117,17 @@ def db_env(args: argparse.Namespace) -> int:
     return 0
 
 
+class StalePidFileError(LedgerError):
+    """The embedded server's pid file names no server of this project: nothing is signalled."""
+
+
 def db_status(args: argparse.Namespace) -> int:
     data_dir = data_directory()
-    pid = embedded_pid(data_dir)
+    pid, stale = postmaster_pid(data_dir)
+    if stale is not None:
+        raise StalePidFileError(
+            f"{stale}; the embedded server is not running (remove the file once you are sure)"
+        )
     state = f"running (pid {pid})" if pid else "stopped"
     if not data_dir.exists():
         state = "not created yet (the first command that needs the ledger creates it)"
@@ -91,7 +140,10 @@ def db_status(args: argparse.Namespace) -> int:
 
 def db_stop(args: argparse.Namespace) -> int:
     data_dir = data_directory()
-    if embedded_pid(data_dir) is None:
+    pid, stale = postmaster_pid(data_dir)
+    if stale is not None:
+        raise StalePidFileError(f"{stale}; nothing was stopped")
+    if pid is None:
         print(f"embedded PostgreSQL is not running ({data_dir})")
         return 0
     stop_embedded_postgres(data_dir)
