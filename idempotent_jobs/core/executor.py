@@ -178,7 +178,7 @@ class Executor:
                 min_size=self.pool_min_size,
                 max_size=max(self.pool_max_size, self.pool_min_size),
                 kwargs={"autocommit": True, "prepare_threshold": 0 if prepare else None},
-                configure=configure_pooled_connection if self.pooled else configure_connection,
+                configure=self._configure_new_connection,
                 timeout=self.connect_timeout_seconds,
                 name="idempotent_jobs.ledger",
                 open=False,
@@ -195,6 +195,21 @@ class Executor:
                 pool.close()
                 raise
             self._pool, self._verified = pool, True
+
+    def _configure_new_connection(self, conn: psycopg.Connection) -> None:
+        """Each new pool connection is checked for a pooler, not only the probe at open: a
+        multi-host URL may fail over from a direct host to PgBouncer, or a pooler be put in
+        front of the server, while the pool lives. Behind one, the connection prepares
+        nothing (unless ``prepared_statements`` says otherwise) and sets its zone to UTC
+        (:func:`configure_pooled_connection`); one round trip, once per connection."""
+        if not behind_pooler(conn):
+            configure_connection(conn)
+            return
+        if self.prepared_statements is None:
+            conn.prepare_threshold = None
+        if not self.pooled:
+            self.pooled = True  # a later connection found one: say so (doctor, benchmarks)
+        configure_pooled_connection(conn)
 
     def _probe_pooler(self, conn: psycopg.Connection) -> bool:
         try:
