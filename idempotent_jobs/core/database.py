@@ -19,6 +19,18 @@ _KEYWORD_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.I
 _KEYWORD_VALUE = re.compile(
     r"password\s*=\s*('(?:[^'\\]|\\.)*'|.*?)(?=\s+[A-Za-z_]+\s*=|$)", re.IGNORECASE | re.DOTALL
 )
+_QUOTED = re.compile(r'"([^"]*)"')
+
+
+def _elided(text: str) -> str:
+    """libpq's message cut where it first quotes more than one character of the text it
+    stumbled on, which may hold the password in any shape (``missing "=" after …``)."""
+    for match in _QUOTED.finditer(text):
+        if len(match[1]) > 1:
+            return text[: match.start()].rstrip() + " …"
+    return text
+
+
 _FRAGMENT_SPLIT = re.compile(r"[\s@%'\"/:?&=#\\]+")
 
 
@@ -92,9 +104,13 @@ def parse_database_url(url: str) -> dict[str, Any]:
     try:
         return dict(conninfo_to_dict(libpq_conninfo(url)))
     except psycopg.Error as exc:
-        reason = " ".join(redact(str(exc), url).split())
+        # libpq quotes the part of the text it stumbled on, which may be the password itself
+        # in a URL it could not parse as one: every quoted part is dropped, whatever the shape.
+        reason = _elided(" ".join(redact(str(exc), url).split()))
         raise InvalidInputError(
-            "database_url", f"is not a PostgreSQL URL or conninfo string: {reason}"
+            "database_url",
+            f"is not a PostgreSQL URL (postgresql://user:…@host:port/dbname) or a "
+            f"key=value conninfo string: {reason}",
         ) from None
 
 

@@ -29,6 +29,12 @@ def _urls(password: str) -> list[str]:
         f"postgresql+psycopg2://ledger:{password}@127.0.0.1:1/x?sslmode=disable",
         f"host=127.0.0.1 port=1 user=ledger password={password} dbname=x",
         f"host=127.0.0.1 port=1 password='{password}' dbname=x",
+        # Malformed: a scheme typo, one slash, no scheme, text that is neither URL nor conninfo.
+        f"postgresql//ledger:{password}@127.0.0.1:1/x",
+        f"postgresql:/ledger:{password}@127.0.0.1:1/x",
+        f"postgersql://ledger:{password}@127.0.0.1:1/x",
+        f"ledger:{password}@127.0.0.1:1/x",
+        f"the ledger is at 127.0.0.1 and its password is {password}",
     ]
 
 
