@@ -15,7 +15,8 @@ Kinds, in turn: ``worker`` (a worker host is partitioned in the middle of a mode
 longer than the lease; a run of the other deployment takes over on the other worker host; the
 partitioned worker is fenced when it heals), ``broker`` (Redis is partitioned while steps hand
 over), ``deployment`` (a deployment host is partitioned from everything while its run commits in
-``persist``; the other deployment takes over), ``restart`` (PostgreSQL restarted, or crashed with
+``persist``; the other deployment takes over, committing the answer the first one recorded in
+``transform`` without paying again), ``restart`` (PostgreSQL restarted, or crashed with
 ``pg_ctl -m immediate``, during a model call), ``clock`` (a run on a skewed worker: its lease
 expires by the database clock). After each trial the chaos runner's invariants are checked, and
 for every kind: each attempt's lease ran by the database clock, whatever the worker's.
@@ -147,7 +148,10 @@ class Cluster(Hosts):
                 )
         return problems
 
-    def fenced(self, trial: int, verdict: Verdict) -> None:
+    def fenced(self, trial: int, verdict: Verdict, *, answer_recorded: bool = False) -> None:
+        """The partitioned holder was fenced. Partitioned in its model call, its takeover pays
+        for a call of its own; partitioned in ``persist`` (``answer_recorded``), its answer was
+        recorded in ``transform``, and the takeover commits that one without paying again."""
         first = self.query(
             "SELECT outcome FROM idempotent_jobs.attempts WHERE run_id = %s AND lease_epoch = 1",
             self.run_id(trial),
@@ -159,7 +163,17 @@ class Cluster(Hosts):
             for r in read_results(self.control / f"results-{trial}.jsonl")
             if r.get("event") == "paid_call"
         ]
-        if len(calls) < 2:
+        if answer_recorded:
+            outcomes = self.query(
+                "SELECT outcome FROM idempotent_jobs.model_calls WHERE run_id = %s",
+                self.run_id(trial),
+            )
+            if len(calls) != 1 or outcomes != [("accepted",)]:
+                verdict.problems.append(
+                    f"{len(calls)} paid calls, recorded as {outcomes}: the takeover paid again "
+                    "instead of committing the recorded answer"
+                )
+        elif len(calls) < 2:
             verdict.problems.append(f"{len(calls)} paid calls: the takeover did not call the model")
 
     def other(self, deployment: str) -> str:
@@ -218,7 +232,7 @@ class Cluster(Hosts):
             self.net.heal(first)
             self.go("persist", trial)
         self.finish(trial, verdict)
-        self.fenced(trial, verdict)
+        self.fenced(trial, verdict, answer_recorded=True)
         return self.verdict(trial, "deployment", verdict)
 
     def restart(self, trial: int) -> Verdict:
