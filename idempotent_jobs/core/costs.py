@@ -44,8 +44,13 @@ def _price(field: str, value: object) -> Decimal:
         price = Decimal(str(value))
     except InvalidOperation:
         raise InvalidInputError(field, f"must be a number, got {value!r}") from None
+    if price.is_finite() and price.adjusted() < 20:
+        # As the column stores it (numeric(14, 6)): 99999999.9999999 rounds up to 10^8.
+        price = price.quantize(Decimal("0.000001"))
     if not price.is_finite() or not 0 <= price < _MAX_PRICE:
-        raise InvalidInputError(field, f"must be from 0 to below {_MAX_PRICE:,}, got {value!r}")
+        raise InvalidInputError(
+            field, f"must be from 0 to below {_MAX_PRICE:,} (6 decimals), got {value!r}"
+        )
     return price
 
 

@@ -11,7 +11,8 @@ from typing import Any
 import dagster as dg
 
 from idempotent_jobs.core.budgets import TokenBudget
-from idempotent_jobs.core.identity import RunIdentity
+from idempotent_jobs.core.errors import InvalidInputError
+from idempotent_jobs.core.identity import RunIdentity, clean_identity_text
 from idempotent_jobs.core.records import JobConfig
 from idempotent_jobs.core.retention import RetentionPolicy
 from idempotent_jobs.dagster.partitions import identity_for_partition, window_by_subject
@@ -41,6 +42,16 @@ def default_validate(output: JSONDict) -> bool:
     """Accept an output with a non-empty text summary."""
     summary = output.get("summary")
     return isinstance(summary, str) and bool(summary.strip())
+
+
+def _identity_text(field_name: str, value: object) -> str:
+    text = clean_identity_text(field_name, value)
+    assert isinstance(value, str)
+    if value != value.strip():
+        raise InvalidInputError(
+            field_name, f"has spaces around it, which a run would strip (to {text!r})"
+        )
+    return text
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,30 @@ class IdempotentJobSpec:
     description: str = ""
     retention: RetentionPolicy = RetentionPolicy()
     budget: TokenBudget | None = None
+
+    def __post_init__(self) -> None:
+        """The identity fields are checked when the job is built, by the rules a run applies
+        (:func:`clean_identity_text`), so a subject no run could take is refused here, naming
+        it, instead of failing every run of it. A subject or name with surrounding spaces
+        would be stripped into another one: refused too."""
+        for field_name, value in (
+            ("identity_job_name", self.identity_job_name),
+            ("version", self.version),
+        ):
+            _identity_text(f"IdempotentJobSpec {self.name!r}: {field_name}", value)
+        if isinstance(self.subjects, str):
+            raise InvalidInputError(
+                f"IdempotentJobSpec {self.name!r}: subjects", "must be a list, not one string"
+            )
+        seen: dict[str, str] = {}
+        for subject in self.subjects:
+            text = _identity_text(f"IdempotentJobSpec {self.name!r}: subject {subject!r}", subject)
+            if text in seen:
+                raise InvalidInputError(
+                    f"IdempotentJobSpec {self.name!r}: subjects",
+                    f"{seen[text]!r} and {subject!r} are the same subject once normalised",
+                )
+            seen[text] = subject
 
     @property
     def partitions_def(self) -> dg.MultiPartitionsDefinition:

@@ -63,7 +63,8 @@ def _has_dagster_block(pyproject: Path) -> bool:
         config = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError):
         return False
-    return isinstance(config.get("tool", {}).get("dagster"), dict)
+    tool = config.get("tool", {})
+    return isinstance(tool, dict) and isinstance(tool.get("dagster"), dict)
 
 
 def find_project_root(start: Path | None = None) -> Path | None:

