@@ -179,15 +179,38 @@ class Workspace:
                 built[id(location)] = {key: getattr(resources, key) for key in wanted}
             yield OutboxRouter(owners=owners, channels=built)
 
+    def check_resources(self, spec: IdempotentJobSpec) -> None:
+        """Build every resource ``spec``'s job needs (its ledger, collector, model step and
+        channels) and release them: an unset variable or a missing resource is one
+        :class:`CodeLocationError` before anything is written (``revise --now``)."""
+        location = self.location_of(spec)
+        needed = {"ledger", spec.collector, spec.model, *spec.channels}
+        missing = sorted(needed - set(location.resources))
+        if missing:
+            raise CodeLocationError(
+                f"{location.target.describe()}: job {spec.name} needs the resource(s) "
+                f"{', '.join(missing)}, which its Definitions do not provide"
+            )
+        with _built({key: location.resources[key] for key in needed}, location):
+            pass
+
     def configs(self, specs: Sequence[IdempotentJobSpec]) -> dict[str, JobConfig]:
         """Each spec's configuration under its location's model step resource (what drift is
-        compared to), by spec name; a spec whose model step is not a resource is left out."""
+        compared to), by spec name; a spec whose model step is not a resource is left out.
+
+        Comparing needs the model's name and settings, never its secrets: when a setting's
+        ``EnvVar`` is unset here (a health check's pod has no API key), the configuration is
+        read from the resource as declared, which calls nothing out."""
         configs: dict[str, JobConfig] = {}
         for spec in specs:
             resource = self.location_of(spec).resources.get(spec.model)
-            if isinstance(resource, ModelStep):
+            if not isinstance(resource, ModelStep):
+                continue
+            try:
                 with dg.build_resources({spec.model: resource}) as built:
                     configs[spec.name] = spec.config_of(getattr(built, spec.model))
+            except dg.DagsterInvalidConfigError:  # an unset variable, most likely a secret
+                configs[spec.name] = spec.config_of(resource)
         return configs
 
 

@@ -196,3 +196,92 @@ def test_output_piped_into_head_ends_quietly(database: str, tmp_path: Path) -> N
     _, err = reader_gone.communicate(timeout=60)
     assert reader_gone.returncode == 0, err
     assert b"Traceback" not in err and b"BrokenPipe" not in err, err
+
+
+CONTRACTS = """\
+import dagster as dg
+
+from idempotent_jobs.dagster import (
+    IdempotentJobSpec, RunLedgerResource, WebhookChannel, build_idempotent_job,
+)
+from idempotent_jobs.dagster.resources import OpenAICompatibleModel, SampleDocumentsCollector
+
+SPEC = IdempotentJobSpec(
+    name="contract_review",
+    identity_job_name="contract-review",
+    version="v1",
+    window=dg.DailyPartitionsDefinition(start_date="2026-11-01"),
+    subjects=["acme"],
+    channels=("legal",),
+)
+job, schedule = build_idempotent_job(SPEC)
+defs = dg.Definitions(
+    jobs=[job],
+    resources={
+        "ledger": RunLedgerResource(database_url=dg.EnvVar("IDEMPOTENT_JOBS_DATABASE_URL")),
+        "collector": SampleDocumentsCollector(),
+        "model": OpenAICompatibleModel(
+            base_url="http://127.0.0.1:9/v1", model="gpt-x", api_key=dg.EnvVar("CONTRACT_API_KEY")
+        ),
+        "legal": WebhookChannel(url=dg.EnvVar("CONTRACT_WEBHOOK_URL")),
+    },
+)
+"""
+
+
+@pytest.fixture
+def contracts(
+    database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[str], str]:
+    """A new user's own job whose model key and webhook come from variables, both unset;
+    one completed run of it in the ledger."""
+    from idempotent_jobs import RunLedger
+    from idempotent_jobs.core.identity import RunIdentity
+
+    _file(tmp_path / "contract_defs.py", CONTRACTS)
+    for name in ("CONTRACT_API_KEY", "CONTRACT_WEBHOOK_URL", CODE_LOCATION_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(DATABASE_URL_ENV, database)
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster-home"))
+    (tmp_path / "dagster-home").mkdir()
+    monkeypatch.chdir(tmp_path)
+    from datetime import UTC, datetime
+
+    run = RunIdentity("contract-review", "acme", datetime(2026, 11, 2, tzinfo=UTC), "v1")
+    with RunLedger(database) as ledger:
+        _, lease = ledger.begin(run, "w", 60)
+        assert lease is not None
+        ledger.complete(ledger.checkpoint(lease, {"docs": []}), {"summary": "fine"})
+    return ["-f", str(tmp_path / "contract_defs.py")], run.run_id
+
+
+def test_revise_now_checks_the_environment_before_it_writes(
+    contracts: tuple[list[str], str], database: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from idempotent_jobs import RunLedger
+
+    location, run_id = contracts
+    code = main([*location, "revise", run_id, "--reason", "new prompt", "--now"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "CONTRACT_API_KEY" in err[0], err
+    with RunLedger(database) as ledger:
+        record = ledger.get(run_id)
+        assert record is not None and ledger.revisions(run_id) == []
+        assert (record.status, record.revision, record.output) == (
+            "completed",
+            0,
+            {"summary": "fine"},
+        )
+
+
+@pytest.mark.dagster_instance
+def test_reconcile_needs_no_model_or_channel_secret(
+    contracts: tuple[list[str], str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    location, _ = contracts
+    code = main([*location, "reconcile"])
+    captured = capsys.readouterr()
+    assert code in (0, 1), captured.err
+    assert "Traceback" not in captured.err and "CONTRACT_API_KEY" not in captured.err
+    assert "contract_review" in captured.out

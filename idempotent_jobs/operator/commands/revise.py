@@ -40,8 +40,9 @@ def revise(args: argparse.Namespace) -> int:
                     f"{', '.join(map(repr, unknown))} is not a channel of job {spec.name}; "
                     f"its channels: {', '.join(spec.channels) or 'none'}",
                 )
-            if args.now:
+            if args.now:  # everything the recompute needs, checked before the revise writes
                 partition = partition_for_run(workspace, record)
+                workspace.check_resources(spec)
         record = ledger.revise(
             run_id,
             args.reason,
