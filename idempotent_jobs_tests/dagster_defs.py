@@ -20,6 +20,7 @@ from idempotent_jobs.core.protocol import ModelAnswer
 from idempotent_jobs.core.records import ModelUsage
 from idempotent_jobs.dagster.job_factory import build_idempotent_job
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
+from idempotent_jobs.dagster.ledger_io import ledger_io_manager
 from idempotent_jobs.dagster.reconciliation_job import build_reconciliation_job
 from idempotent_jobs.dagster.resource import RunLedgerResource
 from idempotent_jobs.dagster.resources import (
@@ -98,6 +99,7 @@ SUMMARY_SPEC = _spec("competitor_summary", "competitor-summary", retries=2)
 NO_RETRY_SPEC = _spec("summary_without_op_retries", "summary-without-op-retries", retries=0)
 CELERY_SPEC = _spec("celery_summary", "celery-summary", retries=0)
 MULTIPROCESS_SPEC = _spec("summary_multiprocess", "summary-multiprocess", retries=0)
+LEDGER_IO_SPEC = _spec("summary_ledger_io", "summary-ledger-io", retries=0)
 
 # Steps as Celery tasks on real workers; the broker comes from the environment of the test.
 CELERY_EXECUTOR = celery_executor.configured(
@@ -114,6 +116,10 @@ built = [
     build_idempotent_job(SUMMARY_SPEC),
     build_idempotent_job(NO_RETRY_SPEC),
     build_idempotent_job(MULTIPROCESS_SPEC, executor_def=dg.multiprocess_executor),
+    # Each op in a process of its own, the tickets kept in the ledger: no shared storage.
+    build_idempotent_job(
+        LEDGER_IO_SPEC, executor_def=dg.multiprocess_executor, io_manager_key="ledger_io"
+    ),
     build_idempotent_job(CELERY_SPEC, executor_def=CELERY_EXECUTOR),
     build_reconciliation_job([SUMMARY_SPEC]),
 ]
@@ -126,5 +132,6 @@ defs = dg.Definitions(
         "model": RecordingModel(calls_dir=dg.EnvVar("IJ_TEST_DIR")),
         "collector": RecordingCollector(calls_dir=dg.EnvVar("IJ_TEST_DIR")),
         "report_file": JsonLinesChannel(path=dg.EnvVar("IJ_TEST_NOTIFICATIONS")),
+        "ledger_io": ledger_io_manager,
     },
 )

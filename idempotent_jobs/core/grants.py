@@ -26,6 +26,7 @@ WORKER_PRIVILEGES: dict[str, tuple[str, ...]] = {
     "budgets": ("SELECT", "INSERT", "UPDATE"),  # workers declare the budget they enforce
     "spend_days": ("SELECT", "INSERT", "UPDATE"),  # model_calls' trigger keeps it
     "model_prices": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # operators set, workers read
+    "step_outputs": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # the ledger IO manager's
     "attempts": ("SELECT",),
     "schema_migrations": ("SELECT",),
 }

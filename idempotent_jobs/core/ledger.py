@@ -683,6 +683,32 @@ class RunLedger:
         rows = self._db.rows("fail_by_caller", params)
         return FenceOutcome(rows[0][0]) if rows else FenceOutcome.LEASE_LOST
 
+    def store_step_output(
+        self, dagster_run_id: str, step_key: str, output_name: str, value: dict[str, Any]
+    ) -> None:
+        """Keep ``value`` (JSON) as what a Dagster step hands the next (the ledger IO manager);
+        ``value["run_id"]``, when it names a registered run, ties it to that run."""
+        params = {
+            "dagster_run_id": _check_name("dagster_run_id", dagster_run_id),
+            "step_key": _check_name("step_key", step_key),
+            "output_name": _check_name("output_name", output_name),
+            "run_id": value.get("run_id") if isinstance(value.get("run_id"), str) else None,
+            "value": dump_json_object(value, "step output"),
+        }
+        self._db.rows("store_step_output", params)
+
+    def load_step_output(
+        self, dagster_run_id: str, step_key: str, output_name: str
+    ) -> dict[str, Any] | None:
+        """What :meth:`store_step_output` kept for that Dagster run, step and output."""
+        params = {
+            "dagster_run_id": dagster_run_id,
+            "step_key": step_key,
+            "output_name": output_name,
+        }
+        rows = self._db.rows("load_step_output", params)
+        return dict(rows[0][0]) if rows else None
+
     def record_lost_call(
         self,
         lease: Lease,

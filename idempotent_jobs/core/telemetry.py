@@ -33,6 +33,15 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, ParamSpec, Protocol, TypeVar
 
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be found (a missing parent package means no)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 try:  # the public API only: a release that moves its internals changes nothing here
     from opentelemetry import context as otel_context
     from opentelemetry import metrics as otel_metrics
@@ -42,7 +51,7 @@ except ImportError as _missing:  # the otel extra is not installed: every functi
     otel_context = None  # type: ignore[assignment]
     otel_metrics = None  # type: ignore[assignment]
     otel_trace = None  # type: ignore[assignment]
-    if importlib.util.find_spec("opentelemetry.trace") is not None:  # installed, yet unusable
+    if _installed("opentelemetry.trace"):  # installed, yet unusable
         warnings.warn(
             f"idempotent_jobs: OpenTelemetry is installed but its API cannot be imported "
             f"({_missing}); traces and metrics are off",

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from idempotent_jobs.dagster.job_factory import build_idempotent_job
     from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
+    from idempotent_jobs.dagster.ledger_io import ledger_io_manager
     from idempotent_jobs.dagster.reconciliation_job import build_reconciliation_job
     from idempotent_jobs.dagster.resource import RunLedgerResource
     from idempotent_jobs.dagster.resources import (
@@ -22,11 +23,14 @@ if TYPE_CHECKING:
         StepContext,
         WebhookChannel,
     )
+    from idempotent_jobs.dagster.retention_job import build_retention_job
 
 _HOMES = {
     "IdempotentJobSpec": "job_spec",
     "build_idempotent_job": "job_factory",
     "build_reconciliation_job": "reconciliation_job",
+    "build_retention_job": "retention_job",
+    "ledger_io_manager": "ledger_io",
     "RunLedgerResource": "resource",
     **dict.fromkeys(
         (
@@ -52,6 +56,8 @@ __all__ = [
     "WebhookChannel",
     "build_idempotent_job",
     "build_reconciliation_job",
+    "build_retention_job",
+    "ledger_io_manager",
 ]
 
 

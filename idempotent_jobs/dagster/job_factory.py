@@ -27,7 +27,10 @@ def spec_of_job(job: dg.JobDefinition) -> IdempotentJobSpec | None:
 
 
 def build_idempotent_job(
-    spec: IdempotentJobSpec, executor_def: dg.ExecutorDefinition | None = None
+    spec: IdempotentJobSpec,
+    executor_def: dg.ExecutorDefinition | None = None,
+    *,
+    io_manager_key: str = "io_manager",
 ) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
     """The partitioned job and its schedule (one run request per subject for the last window,
     run key = partition key).
@@ -37,8 +40,12 @@ def build_idempotent_job(
     Dagster for each of them (about 10 s per op on a 2-core machine). Pass
     ``dg.multiprocess_executor`` (each op in its own process) or a Celery executor (each op a
     task) to spread steps out: the lease is handed on between them by owner and epoch.
+
+    ``io_manager_key``: the IO manager the ops hand their tickets through. Where steps share no
+    storage (a pod per step), give that key
+    :data:`~idempotent_jobs.dagster.ledger_io.ledger_io_manager`, which keeps them in the ledger.
     """
-    collect, transform, persist, deliver = build_ops(spec)
+    collect, transform, persist, deliver = build_ops(spec, io_manager_key)
 
     @dg.job(
         name=spec.name,

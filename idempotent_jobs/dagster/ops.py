@@ -316,17 +316,19 @@ def _traced(span: Any, ticket: Ticket) -> Ticket:
 
 
 def build_ops(
-    spec: IdempotentJobSpec,
+    spec: IdempotentJobSpec, io_manager_key: str = "io_manager"
 ) -> tuple[dg.OpDefinition, dg.OpDefinition, dg.OpDefinition, dg.OpDefinition]:
     """collect, transform, persist and deliver for ``spec``.
 
     Op definition names carry the job's name (Dagster wants them unique per code location);
-    the job uses them under the plain node names ``collect``, ``transform``, ...
+    the job uses them under the plain node names ``collect``, ``transform``, ... Their tickets
+    go through the IO manager under ``io_manager_key``.
     """
+    ticket = dg.Out(Ticket, io_manager_key=io_manager_key)
 
     @dg.op(
         name=f"{spec.name}_collect",
-        out=dg.Out(Ticket),
+        out=ticket,
         required_resource_keys={"ledger", spec.collector, spec.model},
         tags={"kind": "ledger"},
     )
@@ -337,7 +339,7 @@ def build_ops(
 
     @dg.op(
         name=f"{spec.name}_transform",
-        out=dg.Out(Ticket),
+        out=ticket,
         required_resource_keys={"ledger", spec.model},
         retry_policy=spec.model_retry,
         tags={"kind": "model"},
@@ -347,7 +349,7 @@ def build_ops(
         with step_span(context, spec) as span:
             return _traced(span, transform_step(context, spec, collected))
 
-    @dg.op(name=f"{spec.name}_persist", out=dg.Out(Ticket), tags={"kind": "ledger"})
+    @dg.op(name=f"{spec.name}_persist", out=ticket, tags={"kind": "ledger"})
     def persist(
         context: dg.OpExecutionContext, transformed: Ticket, ledger: dg.ResourceParam[RunLedger]
     ) -> Ticket:

@@ -7,10 +7,18 @@ model's answer travels with what it was computed on (a :class:`BoundAnswer`), so
 commits it only on that basis. Dagster's IO manager pickles tickets; they carry no raw input.
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
+from typing import Any
 
-from idempotent_jobs.core.records import Lease, RunRecord
+from idempotent_jobs.core.records import (
+    Basis,
+    CallOrigin,
+    JobConfig,
+    Lease,
+    ModelUsage,
+    RunRecord,
+)
 from idempotent_jobs.core.steps import BoundAnswer
 
 # Tickets pickled by an earlier release (in Dagster's IO storage, read by a re-execution after an
@@ -98,3 +106,65 @@ class Ticket:
             caller_run_id=None,
             answer=None,
         )
+
+
+#: The version of :meth:`Ticket.to_json`'s shape (a stored ticket names it).
+TICKET_FORMAT = 1
+
+
+def ticket_to_json(ticket: Ticket) -> dict[str, Any]:
+    """``ticket`` as JSON (the ledger IO manager stores it so): plain fields, no pickle, so a
+    stored value is never code that runs when it is loaded."""
+    lease = ticket.lease
+    answer = ticket.answer
+    return {
+        "format": TICKET_FORMAT,
+        "run_id": ticket.run_id,
+        "epoch": ticket.epoch,
+        "attempts": ticket.attempts,
+        "result": str(ticket.result),
+        "notes": list(ticket.notes),
+        "completed": ticket.completed,
+        "caller_run_id": ticket.caller_run_id,
+        "lease": None
+        if lease is None
+        else {
+            k: v for k, v in asdict(lease).items() if k not in ("expires_at", "stored_raw_input")
+        },
+        "answer": None
+        if answer is None
+        else {
+            "output": answer.output,
+            "usage": None if answer.usage is None else asdict(answer.usage),
+            "basis": asdict(answer.basis),
+            "config": dict(answer.config.parts),
+            "origin": asdict(answer.origin),
+        },
+    }
+
+
+def ticket_from_json(value: dict[str, Any]) -> Ticket:
+    """The :class:`Ticket` :func:`ticket_to_json` stored."""
+    if value.get("format") != TICKET_FORMAT:
+        raise ValueError(f"a stored ticket of format {value.get('format')!r}, not {TICKET_FORMAT}")
+    lease = value["lease"]
+    answer = value["answer"]
+    return Ticket(
+        run_id=value["run_id"],
+        epoch=value["epoch"],
+        attempts=value["attempts"],
+        result=StepResult(value["result"]),
+        notes=tuple(value["notes"]),
+        completed=value["completed"],
+        caller_run_id=value["caller_run_id"],
+        lease=None if lease is None else Lease(**lease, expires_at=None),
+        answer=None
+        if answer is None
+        else BoundAnswer(
+            output=answer["output"],
+            usage=None if answer["usage"] is None else ModelUsage(**answer["usage"]),
+            basis=Basis(**answer["basis"]),
+            config=JobConfig(answer["config"]),
+            origin=CallOrigin(**answer["origin"]),
+        ),
+    )

@@ -4,13 +4,20 @@ The instance is configured by the project's dagster.yaml (PostgreSQL storage, ru
 runs are submitted through the same GraphQL mutations the UI uses and executed in process.
 """
 
+from pathlib import Path
+
 import dagster as dg
 import psycopg
 import pytest
 
 from idempotent_jobs import RunLedger
 from idempotent_jobs.core.operator_reads import LedgerReads
-from idempotent_jobs_tests.dagster_defs import MULTIPROCESS_SPEC, NO_RETRY_SPEC, SUMMARY_SPEC
+from idempotent_jobs_tests.dagster_defs import (
+    LEDGER_IO_SPEC,
+    MULTIPROCESS_SPEC,
+    NO_RETRY_SPEC,
+    SUMMARY_SPEC,
+)
 from idempotent_jobs_tests.dagster_harness import (
     DagsterTestEnv,
     dagster_instance,
@@ -134,6 +141,34 @@ def test_the_multiprocess_executor_hands_the_lease_over_between_processes(
         "completed",
         "collect",
     )
+    assert dagster_env.model_calls() == 1 and len(dagster_env.delivered()) == 1
+
+
+def test_ops_in_separate_processes_hand_tickets_over_through_the_ledger_alone(
+    dagster_env: DagsterTestEnv, ledger: RunLedger, db: psycopg.Connection
+) -> None:
+    """As in a pod per step: each op in a process of its own, and what one hands the next is
+    kept in the ledger (``ledger_io_manager``), never in the instance's local storage."""
+    with dagster_instance(dagster_env) as instance, workspace(instance) as context:
+        run_id = launch_partition(context, "summary_ledger_io", PARTITION)
+        assert status(instance, run_id) == dg.DagsterRunStatus.SUCCESS
+        starts = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.STEP_START)
+        pids = {r.event_log_entry.dagster_event.pid for r in starts.records}  # type: ignore[union-attr]
+        storage = Path(instance.storage_directory()) / run_id
+    assert len(pids) == 4, pids
+    # Dagster's filesystem IO manager would have written storage/<run>/<step>/result.
+    written = [p for p in storage.rglob("*") if p.is_file() and "compute_logs" not in p.parts]
+    assert written == []
+    stored = db.execute(
+        "SELECT step_key FROM idempotent_jobs.step_outputs WHERE dagster_run_id = %s"
+        " ORDER BY step_key",
+        (run_id,),
+    ).fetchall()
+    assert stored == [("collect",), ("persist",), ("transform",)]
+    ident = LEDGER_IO_SPEC.identity_for(PARTITION)
+    record = ledger.get(ident.run_id)
+    assert record is not None and record.status == "completed"
+    assert [c.outcome for c in ledger.model_calls(ident.run_id)] == ["accepted"]
     assert dagster_env.model_calls() == 1 and len(dagster_env.delivered()) == 1
 
 

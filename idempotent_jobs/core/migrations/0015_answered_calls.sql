@@ -19,3 +19,18 @@ ALTER TABLE {schema}.model_calls
 -- The answers waiting for their commit: found by run, on the run's current revision.
 CREATE INDEX model_calls_answered ON {schema}.model_calls (run_id, revision)
   WHERE outcome = 'answered';
+
+-- What one Dagster step hands the next (a Ticket, as JSON), for executors whose steps share no
+-- storage (Kubernetes: a pod per step): the ledger IO manager keeps it here, by the Dagster
+-- run, step and output that produced it, so a later step or a re-execution from failure in any
+-- process loads it. A new table: the previous release's workers never read it.
+CREATE TABLE {schema}.step_outputs (
+    dagster_run_id text NOT NULL,
+    step_key       text NOT NULL,
+    output_name    text NOT NULL,
+    run_id         text REFERENCES {schema}.runs (run_id) ON DELETE CASCADE,
+    value          jsonb NOT NULL,
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (dagster_run_id, step_key, output_name)
+);
+CREATE INDEX step_outputs_created_at ON {schema}.step_outputs (created_at);

@@ -911,3 +911,19 @@ WITH cur AS (
   FROM failed, cur
 )
 SELECT CASE WHEN EXISTS (SELECT FROM failed) THEN 'applied' ELSE 'lease_lost' END AS outcome
+
+-- name: store_step_output
+-- Keep what a Dagster step hands the next; a re-run of the same step replaces it.
+INSERT INTO {schema}.step_outputs (dagster_run_id, step_key, output_name, run_id, value)
+SELECT %(dagster_run_id)s, %(step_key)s, %(output_name)s, r.run_id, %(value)s::jsonb
+FROM (SELECT %(run_id)s::text AS wanted) AS w
+LEFT JOIN {schema}.runs AS r ON r.run_id = w.wanted
+ON CONFLICT (dagster_run_id, step_key, output_name)
+DO UPDATE SET value = EXCLUDED.value, run_id = EXCLUDED.run_id, created_at = now()
+RETURNING created_at
+
+-- name: load_step_output
+-- What a Dagster step handed the next, by the run, step and output that produced it.
+SELECT value FROM {schema}.step_outputs
+WHERE dagster_run_id = %(dagster_run_id)s AND step_key = %(step_key)s
+  AND output_name = %(output_name)s
