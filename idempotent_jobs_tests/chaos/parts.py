@@ -153,8 +153,8 @@ def run_worker(spec: dict[str, Any]) -> None:
         if crash == "during_model":
             die()
         if spec.get("pause_marker"):
-            Path(spec["pause_marker"]).touch()
-            go = Path(spec["pause_marker"] + ".go")
+            Path(spec["answer_marker"]).touch()
+            go = Path(spec["answer_marker"] + ".go")
             while not go.exists():  # a long model call; the parent SIGSTOPs us meanwhile
                 if not results.parent.exists():  # the runner is gone and took its workdir
                     die()
@@ -188,7 +188,11 @@ def run_worker(spec: dict[str, Any]) -> None:
         return {"hook": {"summary": output["summary"]}}
 
     try:
-        if spec.get("fallback"):
+        if spec.get("answered") is not None:
+            executed, output = answer_like_transform(
+                ledger, identity, spec, collect, transform, notify
+            )
+        elif spec.get("fallback"):
             executed, output = commit_like_persist(
                 ledger, identity, spec, collect, transform, notify
             )
@@ -280,6 +284,54 @@ def commit_like_persist(
         done = ledger.complete(again, output, notify(output), basis=lease.basis, origin=origin)
     except StaleCandidateError:
         return False, None
+    return done.accepted, done.output
+
+
+def answer_like_transform(
+    ledger: Any,
+    identity: Any,
+    spec: dict[str, Any],
+    collect: Callable[[Any], dict[str, Any]],
+    transform: Callable[[dict[str, Any]], dict[str, Any]],
+    notify: Callable[[dict[str, Any]], dict[str, Any]],
+) -> tuple[bool, dict[str, Any] | None]:
+    """The Dagster steps' path across a step boundary: ``transform`` records its paid answer
+    before handing it on, and dies there (``answered="kill"``) or is paused past its lease
+    (``answered="stop"``, at ``answer_marker``); a later attempt on the same basis commits the
+    recorded answer instead of paying again. Returns (accepted, output)."""
+    from idempotent_jobs.core.protocol import default_worker_id
+    from idempotent_jobs.core.records import CallOrigin, JobConfig
+    from idempotent_jobs.core.steps import call_model, commit, recorded_answer
+
+    worker = default_worker_id()
+    origin = CallOrigin(
+        caller_step="transform", caller_run_id=f"chaos-{os.getpid()}", retry_number=0
+    )
+    config = JobConfig.of(prompt="chaos", model="chaos-model", validator="chaos")
+    record, lease = ledger.begin(identity, worker, spec["lease_seconds"])
+    if lease is None:
+        return False, record.output
+    if lease.stored_raw_input is None:
+        lease = ledger.checkpoint(lease, collect(identity))
+    answer = recorded_answer(ledger, lease, config) if lease.attempts > 1 else None
+    if answer is None:
+        answer = call_model(
+            ledger,
+            lease,
+            transform,
+            config=config,
+            origin=origin,
+            heartbeat_seconds=spec["lease_seconds"] / 4,
+            record_answer=True,
+        )
+        if spec["answered"] == "kill":
+            die()  # recorded, never committed: a pod that died between steps
+        if spec["answered"] == "stop":
+            Path(spec["answer_marker"]).touch()
+            go = Path(spec["answer_marker"] + ".go")
+            while not go.exists():  # the parent SIGSTOPs us past the lease meanwhile
+                time.sleep(0.02)
+    done = commit(ledger, lease, answer, notify)
     return done.accepted, done.output
 
 

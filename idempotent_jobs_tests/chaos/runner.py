@@ -15,7 +15,10 @@ or by dropping the connection before it answers 200), ``prune`` (retention runs 
 revised), ``hostile`` (the model answers a hostile value: absurd or negative token counts, NaN,
 NUL, a lone surrogate, too deep, too big, not an object, invalid, or it raises with hostile text;
 its worker fails on its own, or is paused past its lease and overtaken, or a second worker is
-killed in its model call; then a healthy worker recovers the run). After each trial the
+killed in its model call; then a healthy worker recovers the run), ``answered`` (a worker
+records its paid answer as Dagster's ``transform`` does, then is killed or paused past its lease
+before the commit: the recovery commits that answer with no model call, the paused one is
+fenced). After each trial the
 invariants are checked from the database and the receiver, among them: every paid model call is
 recorded once, and no lease outlives its holder's failure. Prints ``N passed, M failed``.
 """
@@ -56,7 +59,18 @@ from idempotent_jobs_tests.chaos.parts import (
 )
 from idempotent_jobs_tests.pgbouncer import PgBouncer
 
-KINDS = ("kill", "stop", "drop", "restart", "revise", "deliver", "prune", "hostile", "budget")
+KINDS = (
+    "kill",
+    "stop",
+    "drop",
+    "restart",
+    "revise",
+    "deliver",
+    "prune",
+    "hostile",
+    "budget",
+    "answered",
+)
 # The budget trials: one call's tokens spend a subject's daily budget.
 BUDGET_TOKENS, CALL_TOKENS = 100, 80
 WEBHOOK_TIMEOUT = 0.5
@@ -266,6 +280,51 @@ class Chaos:
             verdict.problems.append("the paused worker's result was accepted")
             verdict.duplicates += 1
         self.first_attempt_lost(trial, verdict)
+        return verdict
+
+    def answered(self, trial: int) -> Verdict:
+        """A paid answer recorded by ``transform`` whose worker then dies (SIGKILL), or is
+        paused past its lease (SIGSTOP) before its commit: the recovery commits the recorded
+        answer without a model call, and the resumed worker is fenced."""
+        fault = self.rng.choice(["kill", "stop"])
+        process = None
+        marker = str(self.workdir / f"answered-{trial}")
+        if fault == "kill":
+            first = self.start(self.spec(trial, answered="kill"))
+            first.join(timeout=60)
+            self.wait_for_lease_expiry(trial_identity(trial).run_id)
+        else:
+            process = self.start(self.spec(trial, answered="stop", answer_marker=marker))
+            try:
+                self.wait_for(lambda: Path(marker).exists(), "the recorded answer")
+                os.kill(process.pid, signal.SIGSTOP)
+                self.wait_for(lambda: process_state(process.pid) == "T", "the holder to stop")
+                self.wait_for_lease_expiry(trial_identity(trial).run_id)
+            except BaseException:
+                process.kill()
+                process.join(timeout=60)
+                raise
+        self.recover(trial, answered="")
+        if process is not None:
+            self.resume(process, marker)
+        verdict = self.verdict(trial, f"answered:{fault}")
+        paid = [
+            r
+            for r in read_results(Path(self.spec(trial)["results"]))
+            if r.get("event") == "paid_call"
+        ]
+        with self.conn() as conn:
+            calls = conn.execute(
+                "SELECT outcome FROM idempotent_jobs.model_calls WHERE run_id = %s",
+                (trial_identity(trial).run_id,),
+            ).fetchall()
+        if len(paid) != 1 or calls != [("accepted",)]:
+            verdict.problems.append(
+                f"{len(paid)} paid call(s), recorded as {calls}: the recovery paid again or "
+                "the recorded answer was not the one accepted"
+            )
+        if process is not None:
+            self.first_attempt_lost(trial, verdict)
         return verdict
 
     def budget(self, trial: int) -> Verdict:

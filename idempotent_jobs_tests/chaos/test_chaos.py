@@ -26,7 +26,7 @@ def test_chaos_trials_of_every_kind_keep_the_promise() -> None:
 def test_chaos_trials_through_pgbouncer_in_transaction_mode_keep_the_promise() -> None:
     """Every worker (and the fault proxy) reaches the ledger through PgBouncer 1.18 in
     transaction pooling mode: kills, pauses past the lease, dropped commits, restarts."""
-    kinds = ["kill", "stop", "drop", "restart", "revise", "hostile"]
+    kinds = ["kill", "stop", "drop", "restart", "revise", "hostile", "answered"]
     verdicts = chaos.run(
         trials=len(kinds), kinds=kinds, seed=23, lease_seconds=0.6, use_pgbouncer=True
     )
