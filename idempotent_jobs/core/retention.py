@@ -2,8 +2,9 @@
 
 A run's row (identity, status, ``completed_at``, epoch, fingerprints, counts) is what makes a
 second invocation a no-op, so it is never pruned. What a :class:`RetentionPolicy` bounds is the
-bulk around it: the collected raw input, the accepted output, the attempt rows and the payloads
-of delivered notifications. :func:`prune` walks one job's runs in identity order (an index range)
+bulk around it: the collected raw input, the accepted output, the attempt rows (with what the
+ledger IO manager kept between the run's Dagster steps) and the payloads of delivered
+notifications. :func:`prune` walks one job's runs in identity order (an index range)
 in bounded batches, one short transaction each pruning all four parts of the batch's runs. It
 touches only completed runs and delivered notifications: it never takes a lease, never waits on a
 held one, and can run while the jobs run.
@@ -27,7 +28,7 @@ PARTS = ("raw_input", "output", "attempts", "delivered_payloads")
 PART_TABLES = {
     "raw_input": "runs.raw_input",
     "output": "runs.output",
-    "attempts": "run_attempts",
+    "attempts": "run_attempts",  # and the step_outputs of the same completed runs
     "delivered_payloads": "notification_outbox.payload",
 }
 
@@ -162,8 +163,33 @@ def prune(
         if on_batch is not None:
             on_batch(report)
         after = found.last_key
+    if cutoffs["attempts_before"] is not None:
+        _prune_step_outputs(ledger, job_name, cutoffs["attempts_before"], batch_size, apply, report)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _prune_step_outputs(
+    ledger: RunLedger,
+    job_name: str,
+    before: datetime,
+    batch_size: int,
+    apply: bool,
+    report: "PruneReport",
+) -> None:
+    """What the ledger IO manager kept between the steps of the job's completed runs, by the
+    attempts' cutoff (counted with them): batch by batch with ``apply``, else one count."""
+    params = {
+        "job_name": normalize_text(job_name),
+        "before": before,
+        "batch_size": batch_size,
+        "apply": apply,
+    }
+    while True:
+        [(rows, size)] = ledger.executor.rows("prune_step_outputs", params)
+        _add(report.parts["attempts"], int(rows), int(size))
+        if not apply or rows < batch_size:
+            return
 
 
 def _add(count: PartCount, rows: int, size: int) -> None:

@@ -342,3 +342,7 @@ def test_a_paid_answer_survives_storage_between_steps_failing(
     assert [a[1] for a in state["attempts"]] == ["failed", "completed"]
     record = ledger.get(run_id)
     assert record is not None and record.output == {"summary": "answer #1"}
+    # Once committed, the answer lives on the run alone (under the retention policy).
+    assert db.execute(
+        "SELECT answer FROM idempotent_jobs.model_calls WHERE run_id = %s", (run_id,)
+    ).fetchall() == [(None,)]

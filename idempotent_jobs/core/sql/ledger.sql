@@ -198,6 +198,8 @@ RETURNING raw_input, input_fingerprint,
 -- retry (a re-execution committing the answer an earlier Dagster run paid for, after that run's
 -- commit failed or was refused as stale) has its outcome updated, never a second row. A caller
 -- that names no run or retry (run_idempotent's own calls are committed once) is not matched.
+-- A recorded answer (`answered`) is dropped from the call's row once its commit decides it: the
+-- accepted output lives on the run, under the retention policy, and nowhere else.
 WITH basis AS (
   SELECT run_id, status, lease_epoch, output, revision, input_fingerprint, config_parts,
     COALESCE(lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s AND status = 'running',
@@ -236,7 +238,8 @@ WITH basis AS (
   FROM done
 ), call_again AS (
   UPDATE {schema}.model_calls AS c
-  SET outcome = CASE WHEN done.accepted THEN 'accepted' ELSE 'stale' END, error = NULL
+  SET outcome = CASE WHEN done.accepted THEN 'accepted' ELSE 'stale' END, error = NULL,
+    answer = NULL
   FROM done
   WHERE c.run_id = done.run_id AND c.caller_run_id = %(call_caller_run_id)s
     AND c.caller_step = %(call_caller_step)s AND c.retry_number = %(call_retry)s
@@ -291,7 +294,8 @@ WITH cur AS (
   RETURNING r.run_id, r.lease_epoch, r.revision, r.lease_started_at, r.lease_caller_run_id,
     r.lease_caller_step
 ), call_again AS (
-  UPDATE {schema}.model_calls AS c SET outcome = %(call_outcome)s, error = %(error)s
+  UPDATE {schema}.model_calls AS c SET outcome = %(call_outcome)s, error = %(error)s,
+    answer = NULL
   FROM failed
   WHERE %(call_outcome)s::text IS NOT NULL AND c.run_id = failed.run_id
     AND c.caller_run_id = %(call_caller_run_id)s AND c.caller_step = %(call_caller_step)s
@@ -927,3 +931,22 @@ RETURNING created_at
 SELECT value FROM {schema}.step_outputs
 WHERE dagster_run_id = %(dagster_run_id)s AND step_key = %(step_key)s
   AND output_name = %(output_name)s
+
+-- name: prune_step_outputs
+-- Count, and with `apply` delete, up to `batch_size` step hand-overs of a job's runs completed before the cutoff.
+-- What the ledger IO manager kept between a Dagster run's steps is history once the run is
+-- completed (a re-execution of it finds the run done from the ledger): it goes with the attempt
+-- rows' retention. Only completed runs: a run in progress keeps what its next step loads.
+WITH old AS (
+  SELECT s.dagster_run_id, s.step_key, s.output_name, pg_column_size(s.*) AS bytes
+  FROM {schema}.step_outputs AS s JOIN {schema}.runs AS r ON r.run_id = s.run_id
+  WHERE r.job_name = %(job_name)s AND r.status = 'completed'
+    AND r.completed_at < %(before)s AND s.created_at < %(before)s
+  LIMIT %(batch_size)s
+), gone AS (
+  DELETE FROM {schema}.step_outputs AS s USING old
+  WHERE %(apply)s AND (s.dagster_run_id, s.step_key, s.output_name)
+    = (old.dagster_run_id, old.step_key, old.output_name)
+  RETURNING s.dagster_run_id
+)
+SELECT count(*)::bigint, COALESCE(sum(bytes), 0)::bigint FROM old
