@@ -28,6 +28,9 @@ UNFENCED_WRITES = {
     "set_price": "an operator sets a model's price; it touches no run",
     "fail_by_caller": "fenced by the Dagster run that claimed the lease, while running: a step "
     "that failed outside its body (an IO manager) holds no lease object to fence with",
+    "store_step_output": "the ledger IO manager's hand-over between Dagster steps, keyed by the "
+    "Dagster run and step that produced it; it touches no run",
+    "prune_step_outputs": "retention: hand-overs of completed runs only, never leased",
     "record_lost_call": "only the cost of a call whose lease was lost, never the run's state; "
     "only for an epoch the ledger recorded as this worker's",
 }
