@@ -20,6 +20,7 @@ from idempotent_jobs.operator.commands import (
     db,
     drill,
     health,
+    launch,
     outbox,
     prune,
     revise,
@@ -30,7 +31,7 @@ from idempotent_jobs.operator.commands.common import Shared, positive
 from idempotent_jobs.operator.render import escape_controls
 
 #: The command modules, in the order ``--help`` lists them.
-COMMANDS = (setup, db, runs, outbox, health, revise, prune, drill, costs)
+COMMANDS = (setup, db, launch, runs, outbox, health, revise, prune, drill, costs)
 
 
 def build_parser() -> argparse.ArgumentParser:

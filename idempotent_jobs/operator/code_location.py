@@ -60,6 +60,17 @@ class Target:
     found_in: str = "the command line"
     #: The pyproject.toml or workspace file this target was read from, if any.
     config_file: Path | None = None
+    #: The code location's name as configured (``code_location_name``, ``location_name``).
+    location_name: str | None = None
+
+    @property
+    def dagster_location_name(self) -> str:
+        """The name ``dagster dev`` gives this code location: the configured one, else the
+        module (or the file's name), with ``:attribute`` when one is given."""
+        if self.location_name:
+            return self.location_name
+        base = self.module or (self.python_file.name if self.python_file else "")
+        return f"{base}:{self.attribute}" if self.attribute else base
 
     def describe(self) -> str:
         what = f"module {self.module}" if self.module else f"file {self.python_file}"
@@ -289,10 +300,12 @@ def _pyproject_targets(pyproject: Path) -> list[Target] | None:
     folder = pyproject.parent
     working = _text_setting(block, "working_directory", f"[tool.dagster] in {pyproject}")
     attribute = _text_setting(block, "attribute", f"[tool.dagster] in {pyproject}")
+    name = _text_setting(block, "code_location_name", f"[tool.dagster] in {pyproject}")
     return [
         Target(
             module=module,
             attribute=attribute,
+            location_name=name,
             working_directory=(folder / working) if working else folder,
             found_in=f"from [tool.dagster] in {pyproject}",
             config_file=pyproject,
@@ -350,6 +363,7 @@ def _workspace_targets(workspace: Path) -> list[Target]:
                 module=module if kind == "python_module" else None,
                 python_file=folder / relative if kind == "python_file" and relative else None,
                 attribute=_text_setting(value, "attribute", where),
+                location_name=_text_setting(value, "location_name", where),
                 working_directory=(folder / working) if working else folder,
                 found_in=found_in,
                 config_file=workspace,

@@ -54,3 +54,46 @@ def rerun_partition(
     defs = workspace.location_of(spec).defs
     quiet = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
     return defs.resolve_job_def(spec.name).execute_in_process(partition_key=key, run_config=quiet)
+
+
+#: Run tags the Dagster UI selects a job's runs and partition statuses by (the repository label,
+#: ``<repository>@<code location>``, and the job's partition set).
+REPOSITORY_LABEL_TAG = ".dagster/repository"
+PARTITION_SET_TAG = "dagster/partition_set"
+
+
+def ui_tags(workspace: Workspace, spec: IdempotentJobSpec) -> dict[str, str]:
+    """The tags that make a run launched from here show on the job's Runs and Partitions pages
+    of ``dagster dev`` serving the same code location, as a launch from its UI does."""
+    location = workspace.location_of(spec)
+    repository = location.defs.get_repository_def().name
+    return {
+        REPOSITORY_LABEL_TAG: f"{repository}@{location.target.dagster_location_name}",
+        PARTITION_SET_TAG: f"{spec.name}_partition_set",
+    }
+
+
+def launch_partitions(
+    workspace: Workspace, spec: IdempotentJobSpec, keys: list[str], instance: dg.DagsterInstance
+) -> list[tuple[str, dg.ExecuteInProcessResult]]:
+    """Run each partition of ``keys`` in this process, recorded in ``instance`` (the project's
+    Dagster instance) like a launch from the UI; a key the job does not have raises before any
+    runs."""
+    job = workspace.location_of(spec).defs.resolve_job_def(spec.name)
+    known = set(spec.partitions_def.get_partition_keys(dynamic_partitions_store=instance))
+    unknown = [key for key in keys if key not in known]
+    if unknown:
+        raise LedgerError(
+            f"job {spec.name} has no partition {unknown[0]!r} (its keys look like "
+            f"{sorted(known)[0]!r})"
+        )
+    tags = ui_tags(workspace, spec)
+    return [
+        (
+            key,
+            job.execute_in_process(
+                partition_key=key, instance=instance, tags=tags, raise_on_error=False
+            ),
+        )
+        for key in keys
+    ]

@@ -37,6 +37,7 @@ class Forwarder:
         self.listener = socket.create_server(("127.0.0.1", self.port))
         self.sockets: list[socket.socket] = []
         self.lock = threading.Lock()
+        self.closed = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -44,6 +45,9 @@ class Forwarder:
             try:
                 client, _ = self.listener.accept()
             except OSError:
+                return
+            if self.closed.is_set():  # accepted as the host went away: refuse it
+                client.close()
                 return
             server = socket.socket(self.target[0], socket.SOCK_STREAM)
             server.connect(self.target[1])  # type: ignore[arg-type]
@@ -67,6 +71,11 @@ class Forwarder:
                     pass
 
     def close(self) -> None:
+        self.closed.set()
+        try:  # wakes the thread blocked in accept(): close() alone may leave it accepting
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.listener.close()
         with self.lock:
             for s in self.sockets:
@@ -99,6 +108,8 @@ def test_a_failover_to_pgbouncer_prepares_nothing_and_holds_no_lease(
             assert lease is not None
             ledger.complete(ledger.checkpoint(lease, {"n": hour}), {"summary": "s"})
         forwarder.close()  # the direct host goes away; new connections reach PgBouncer
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", forwarder.port), timeout=5)
 
         def one_run(number: int) -> None:
             ident = identity(f"after-{number % 8}", number // 8)

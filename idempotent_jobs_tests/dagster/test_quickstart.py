@@ -102,7 +102,7 @@ def test_the_quickstart_runs_as_written(
     project = tmp_path / "leads"
     parts = blocks(DOC.read_text(encoding="utf-8"))
     files = {info.removeprefix("file="): body for _, info, body in parts if "file=" in info}
-    assert set(files) >= {"pyproject.toml", "leads/definitions.py", "launch.py"}
+    assert set(files) >= {"pyproject.toml", "leads/definitions.py"}
     for name, body in files.items():
         (project / name).parent.mkdir(parents=True, exist_ok=True)
         (project / name).write_text(body, encoding="utf-8")

@@ -199,3 +199,43 @@ def test_dev_serves_a_project_with_only_a_dagster_block(tmp_path: Path) -> None:
         assert (state / "pgdata" / "postmaster.pid").exists()
     assert not (state / "pgdata" / "postmaster.pid").exists(), "dev stops what it started"
     assert (home / "dagster.yaml").read_text() == USER_DAGSTER_YAML
+
+
+@pytest.mark.dagster_instance
+def test_launched_partitions_show_on_the_jobs_pages(
+    project: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``launch`` records its runs in the user's Dagster instance with the tags ``dagster dev``'s
+    UI selects a job's runs and partition statuses by, for the location name Dagster's own
+    loader gives this project."""
+    from dagster._core.remote_representation.external_data import (
+        partition_set_snap_name_for_job_name,
+    )
+    from dagster._core.storage.tags import PARTITION_SET_TAG, REPOSITORY_LABEL_TAG
+    from dagster._core.workspace.load_target import get_origins_from_toml
+
+    code, out = cli(capsys, "launch", "--job", "ticket_triage", *PARTITIONS)
+    assert code == 0, out
+    assert out.count("new") == 2
+    code, out = cli(capsys, "launch", "--job", "ticket-triage", PARTITIONS[0])
+    assert code == 0 and "reused" in out, out
+    code, out = cli(capsys, "launch", "--job", "ticket_triage", "nowhere|2026-11-02")
+    assert code == 2 and "has no partition 'nowhere|2026-11-02'" in out
+
+    [origin] = get_origins_from_toml(str(project["folder"] / "pyproject.toml"))
+    label = f"__repository__@{origin.location_name}"
+    with dg.DagsterInstance.get() as instance:
+        runs = instance.get_runs(
+            dg.RunsFilter(job_name="ticket_triage", tags={REPOSITORY_LABEL_TAG: label})
+        )
+        partitions = instance.run_storage.get_run_partition_data(
+            dg.RunsFilter(
+                tags={
+                    PARTITION_SET_TAG: partition_set_snap_name_for_job_name("ticket_triage"),
+                    REPOSITORY_LABEL_TAG: label,
+                }
+            )
+        )
+    assert len(runs) == 3 and all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
+    assert {p.partition for p in partitions} == set(PARTITIONS)
+    assert (project["home"] / "dagster.yaml").read_text() == USER_DAGSTER_YAML
