@@ -22,6 +22,7 @@ import hashlib
 import importlib.util
 import os
 import re
+import sys
 import time
 import uuid
 import warnings
@@ -98,6 +99,7 @@ _scope: ContextVar[RunScope | None] = ContextVar("idempotent_jobs_run_scope", de
 # by that variable is loaded by the API call, which is made whenever the variable was set at
 # start or a provider has been set.
 _TRACER_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+_METER_ENV = "OTEL_PYTHON_METER_PROVIDER" in os.environ
 
 
 _failures_reported: set[str] = set()
@@ -148,24 +150,36 @@ def _api_provider(provider: object) -> bool:
     return type(provider).__module__.startswith(("opentelemetry.trace", "opentelemetry.metrics"))
 
 
-@best_effort(default=False)
 def tracing() -> bool:
-    """Whether an SDK's tracer provider is set (else spans would go nowhere)."""
+    """Whether an SDK's tracer provider is set (else spans would go nowhere). On the hot path:
+    no wrapper, one attribute read without an SDK; a provider that raises counts as none."""
     if not enabled or otel_trace is None:
         return False
     # The API's global, read directly when it exists: get_tracer_provider() looks an
     # environment variable up on every call. Without it, the public call decides.
     if getattr(otel_trace, "_TRACER_PROVIDER", True) is None and not _TRACER_ENV:
         return False
-    return not _api_provider(otel_trace.get_tracer_provider())
+    try:
+        return not _api_provider(otel_trace.get_tracer_provider())
+    except Exception as exc:
+        _telemetry_failed("tracing", exc)
+        return False
 
 
-@best_effort(default=False)
 def metering() -> bool:
     """Whether an SDK's meter provider is set (else measurements would go nowhere)."""
     if not enabled or otel_metrics is None:
         return False
-    return not _api_provider(otel_metrics.get_meter_provider())
+    # As for tracing: the API's global, read (never imported) where this release keeps it; a
+    # release that moves it makes the public call below decide, nothing is turned off.
+    internal = sys.modules.get("opentelemetry.metrics._internal")
+    if getattr(internal, "_METER_PROVIDER", True) is None and not _METER_ENV:
+        return False
+    try:
+        return not _api_provider(otel_metrics.get_meter_provider())
+    except Exception as exc:
+        _telemetry_failed("metering", exc)
+        return False
 
 
 def active() -> bool:

@@ -97,9 +97,9 @@ WITH inserted AS (
   WHERE claimed AND prev_status = 'running'
   ON CONFLICT (run_id, lease_epoch) DO NOTHING
 )
-SELECT u.*, EXISTS (SELECT FROM {schema}.drills AS d
+SELECT u.*, CASE WHEN u.claimed THEN EXISTS (SELECT FROM {schema}.drills AS d
     WHERE d.job_name IN (%(job_name)s, '*') AND d.remaining > 0 AND d.expires_at > now())
-  AS drill_armed
+  ELSE false END AS drill_armed
 FROM (
   SELECT (run).*, claimed FROM inserted
   UNION ALL
