@@ -107,6 +107,20 @@ def test_spans_nest_under_dagster_steps_in_the_trace_of_the_run(
     assert [(s.attributes or {})["dagster.retry_number"] for s in retried] == [0, 1]
 
 
+def test_only_a_reused_runs_steps_say_reused(dagster_env: DagsterTestEnv) -> None:
+    with installed() as otel:
+        assert _run(dagster_env).success  # a new run
+        first = {s.name: dict(s.attributes or {}) for s in otel.finished()}
+        otel.spans.clear()
+        assert _run(dagster_env).success  # the same partition again: reused
+        second = {s.name: dict(s.attributes or {}) for s in otel.finished()}
+    persist = first["dagster step persist"]
+    assert persist["idempotent_jobs.outcome"] == "new"
+    assert "idempotent_jobs.reused" not in persist
+    assert second["dagster step persist"]["idempotent_jobs.reused"] is True
+    assert second["dagster step persist"]["idempotent_jobs.outcome"] == "reused"
+
+
 @pytest.mark.slow
 def test_metrics_reach_prometheus_through_the_exporter(
     dagster_env: DagsterTestEnv, ledger: RunLedger
