@@ -191,3 +191,21 @@ def test_secret_looking_text_is_redacted(text: str) -> None:
     assert "S3cret-pw" not in redacted and "SENTINELKEY" not in redacted
     assert "abcdefghijklmnop1234" not in redacted
     assert "****" in redacted
+
+
+def test_only_the_public_opentelemetry_api_is_imported() -> None:
+    """A release that moves OpenTelemetry's internals must not turn tracing off: the module
+    imports no private module or name of it."""
+    import ast
+    from pathlib import Path
+
+    source = Path(telemetry.__file__).read_text(encoding="utf-8")
+    imported = [
+        (node.module or "", [a.name for a in node.names])
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("opentelemetry")
+    ]
+    assert imported, "the module imports the API"
+    for module, names in imported:
+        assert not any(part.startswith("_") for part in module.split(".")), module
+        assert not any(name.startswith("_") for name in names), (module, names)
