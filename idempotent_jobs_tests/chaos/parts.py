@@ -153,8 +153,8 @@ def run_worker(spec: dict[str, Any]) -> None:
         if crash == "during_model":
             die()
         if spec.get("pause_marker"):
-            Path(spec["answer_marker"]).touch()
-            go = Path(spec["answer_marker"] + ".go")
+            Path(spec["pause_marker"]).touch()
+            go = Path(spec["pause_marker"] + ".go")
             while not go.exists():  # a long model call; the parent SIGSTOPs us meanwhile
                 if not results.parent.exists():  # the runner is gone and took its workdir
                     die()
