@@ -20,7 +20,7 @@ from idempotent_jobs.core.protocol import ModelAnswer
 from idempotent_jobs.core.records import ModelUsage
 from idempotent_jobs.dagster.job_factory import build_idempotent_job
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
-from idempotent_jobs.dagster.ledger_io import ledger_io_manager
+from idempotent_jobs.dagster.ledger_io import LedgerIOManager, ledger_io_manager
 from idempotent_jobs.dagster.reconciliation_job import build_reconciliation_job
 from idempotent_jobs.dagster.resource import RunLedgerResource
 from idempotent_jobs.dagster.resources import (
@@ -29,6 +29,7 @@ from idempotent_jobs.dagster.resources import (
     SampleDocumentsCollector,
     SummaryModel,
 )
+from idempotent_jobs.dagster.ticket import Ticket
 
 SUBJECTS = ["workspace-acme", "workspace-globex", "workspace-initech"]
 WINDOW = dg.DailyPartitionsDefinition(start_date="2026-08-01")
@@ -81,6 +82,24 @@ class RecordingCollector(DocumentCollector):
         return SampleDocumentsCollector().collect(identity)
 
 
+class FlakyLedgerIO(LedgerIOManager):
+    """The ledger IO manager, failing once to load ``persist``'s input when the test scripts
+    ``fail_load_once`` under ``$IJ_TEST_DIR`` (as an object store times out)."""
+
+    def load_input(self, context: dg.InputContext) -> Ticket:
+        marker = Path(os.environ["IJ_TEST_DIR"]) / "fail_load_once"
+        upstream = context.upstream_output
+        if upstream is not None and upstream.step_key == "transform" and marker.exists():
+            marker.unlink()
+            raise ConnectionError("scripted: the object store timed out loading the ticket")
+        return super().load_input(context)
+
+
+@dg.io_manager(required_resource_keys={"ledger"})
+def flaky_ledger_io(init_context: dg.InitResourceContext) -> FlakyLedgerIO:
+    return FlakyLedgerIO()
+
+
 def _spec(name: str, identity_job_name: str, retries: int) -> IdempotentJobSpec:
     return IdempotentJobSpec(
         name=name,
@@ -100,6 +119,7 @@ NO_RETRY_SPEC = _spec("summary_without_op_retries", "summary-without-op-retries"
 CELERY_SPEC = _spec("celery_summary", "celery-summary", retries=0)
 MULTIPROCESS_SPEC = _spec("summary_multiprocess", "summary-multiprocess", retries=0)
 LEDGER_IO_SPEC = _spec("summary_ledger_io", "summary-ledger-io", retries=0)
+FLAKY_IO_SPEC = _spec("summary_flaky_storage", "summary-flaky-storage", retries=0)
 
 # Steps as Celery tasks on real workers; the broker comes from the environment of the test.
 CELERY_EXECUTOR = celery_executor.configured(
@@ -120,6 +140,7 @@ built = [
     build_idempotent_job(
         LEDGER_IO_SPEC, executor_def=dg.multiprocess_executor, io_manager_key="ledger_io"
     ),
+    build_idempotent_job(FLAKY_IO_SPEC, io_manager_key="flaky_ledger_io"),
     build_idempotent_job(CELERY_SPEC, executor_def=CELERY_EXECUTOR),
     build_reconciliation_job([SUMMARY_SPEC]),
 ]
@@ -133,5 +154,6 @@ defs = dg.Definitions(
         "collector": RecordingCollector(calls_dir=dg.EnvVar("IJ_TEST_DIR")),
         "report_file": JsonLinesChannel(path=dg.EnvVar("IJ_TEST_NOTIFICATIONS")),
         "ledger_io": ledger_io_manager,
+        "flaky_ledger_io": flaky_ledger_io,
     },
 )

@@ -13,6 +13,7 @@ import pytest
 from idempotent_jobs import RunLedger
 from idempotent_jobs.core.operator_reads import LedgerReads
 from idempotent_jobs_tests.dagster_defs import (
+    FLAKY_IO_SPEC,
     LEDGER_IO_SPEC,
     MULTIPROCESS_SPEC,
     NO_RETRY_SPEC,
@@ -170,6 +171,32 @@ def test_ops_in_separate_processes_hand_tickets_over_through_the_ledger_alone(
     assert record is not None and record.status == "completed"
     assert [c.outcome for c in ledger.model_calls(ident.run_id)] == ["accepted"]
     assert dagster_env.model_calls() == 1 and len(dagster_env.delivered()) == 1
+
+
+def test_reexecution_after_storage_failed_commits_the_recorded_answer(
+    dagster_env: DagsterTestEnv, ledger: RunLedger
+) -> None:
+    """``persist`` cannot load its ticket (the object store timed out): the attempt ends at
+    once, the paid call is in the books, and the UI's re-execution from failure commits that
+    answer with no second model call."""
+    ident = FLAKY_IO_SPEC.identity_for(PARTITION)
+    dagster_env.script("fail_load_once")
+    with dagster_instance(dagster_env) as instance, workspace(instance) as context:
+        failed = launch_partition(context, "summary_flaky_storage", PARTITION)
+        assert status(instance, failed) == dg.DagsterRunStatus.FAILURE
+        record = ledger.get(ident.run_id)
+        assert record is not None and (record.status, record.lease_owner) == ("failed", None)
+        assert "step persist failed" in (record.last_error or "")
+        assert [(c.outcome, c.input_tokens) for c in ledger.model_calls(ident.run_id)] == [
+            ("answered", 101)
+        ]
+        retried = reexecute(context, failed, "FROM_FAILURE")
+        assert status(instance, retried) == dg.DagsterRunStatus.SUCCESS
+        assert step_metadata(instance, retried, "persist")["result"] == "new"
+    assert dagster_env.model_calls() == 1
+    assert [c.outcome for c in ledger.model_calls(ident.run_id)] == ["accepted"]
+    assert [a.outcome for a in ledger.attempts(ident.run_id)] == ["failed", "completed"]
+    assert len(dagster_env.delivered()) == 1
 
 
 def test_reexecuting_an_old_runs_persist_after_a_revise_commits_nothing(
