@@ -772,8 +772,6 @@ class RunLedger:
         :mod:`idempotent_jobs.core.costs` for the operator's side)."""
         return self._db.fetch("list_prices", {}, dict_row)
 
-    # -- reading -----------------------------------------------------------------------------
-
     # -- failure drills ------------------------------------------------------------------------
 
     def arm_drill(
@@ -806,6 +804,8 @@ class RunLedger:
         still fails after this one, or ``None`` when no drill takes it."""
         rows = self._db.rows("take_drill", {"job_name": normalize_text(job_name)})
         return int(rows[0][1]) if rows else None
+
+    # -- reading -----------------------------------------------------------------------------
 
     def get(self, run_id: str) -> RunRecord | None:
         """The stored record of a run, or ``None``."""
@@ -841,6 +841,8 @@ class RunLedger:
     def revisions(self, run_id: str) -> list[RevisionRecord]:
         """The accepted results a run had before each explicit revision, oldest first."""
         return self._db.fetch("list_revisions", {"run_id": run_id}, record_row(RevisionRecord))
+
+    # -- revisions ---------------------------------------------------------------------------
 
     def revise(
         self,

@@ -2,7 +2,8 @@
 
 ``RunLedgerResource`` holds the settings (``database_url`` from a ``dg.EnvVar``: it may hold a
 password) and, for each run, creates the core's :class:`RunLedger`, opens it and closes it after
-the run. Ops ask for it as ``ledger: dg.ResourceParam[RunLedger]``.
+the run. Ops reach it as ``context.resources.ledger`` (``persist`` takes it as a parameter,
+``ledger: dg.ResourceParam[RunLedger]``, which works in any op of your own).
 """
 
 from collections.abc import Iterator

@@ -97,13 +97,6 @@ def when(text: str) -> datetime:
     return value
 
 
-#: The largest value each kind of numeric option takes: a number past these is a typo, and
-#: would overflow a date or a libpq setting further on.
-MAX_SECONDS = 3600.0 * 24 * 366 * 10  # ten years
-MAX_DAYS = 366.0 * 100  # a century
-MAX_COUNT = 10_000_000
-
-
 def positive(
     kind: type[int] | type[float], maximum: float = MAX_COUNT, *, zero: bool = False
 ) -> Any:
