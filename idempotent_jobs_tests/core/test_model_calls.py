@@ -151,3 +151,30 @@ def test_the_call_is_recorded_with_the_step_that_made_it_and_persist_reports_tot
     assert main(["runs", "show", ident.run_id]) == 0
     shown = capsys.readouterr().out
     assert "model calls:" in shown and "cost: 2 model call(s): 112 tokens accepted" in shown
+
+
+def test_a_recorded_answer_lost_again_at_its_commit_is_still_one_call(
+    ledger: RunLedger, db: psycopg.Connection
+) -> None:
+    """``transform`` recorded its paid answer; a later step (re-execution, the lost-lease
+    fallback) claims again, and loses that lease too before its commit lands. The call it
+    commits is the recorded one: it stays one row, still reusable, never a second paid call."""
+    from idempotent_jobs import LeaseLostError
+    from idempotent_jobs.core.records import Basis, JobConfig
+
+    ident = identity("recorded-then-lost")
+    lease = ledger.checkpoint(claimed(ledger, ident, "transformer"), {"documents": ["d"]})
+    origin = CallOrigin(caller_step="transform", caller_run_id="dagster-1", retry_number=0)
+    config = JobConfig.of(prompt="p", model="m", validator="v")
+    basis = Basis(revision=lease.revision, input_fingerprint=lease.input_fingerprint)
+    usage = ModelUsage("m", 100, 50)
+    ledger.record_answer(lease, {"summary": "s"}, usage, basis=basis, config=config, origin=origin)
+    expire_lease(db, ident.run_id)
+    again = ledger.claim(ident.run_id, "persister", 30)
+    assert again is not None
+    expire_lease(db, ident.run_id)
+    assert ledger.claim(ident.run_id, "someone-else", 30) is not None
+    with pytest.raises(LeaseLostError):
+        ledger.complete(again, {"summary": "s"}, None, usage, basis=basis, origin=origin)
+    calls = [(c.outcome, c.input_tokens) for c in ledger.model_calls(ident.run_id)]
+    assert calls == [("answered", 100)]

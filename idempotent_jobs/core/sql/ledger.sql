@@ -328,7 +328,10 @@ FROM cur
 -- Record a paid model call of a lease that was lost before the call could be committed.
 -- Only the call's cost is written, never the run's state: the row names an epoch this worker
 -- held (the claim that took the run over recorded that attempt as this worker's), once per
--- epoch and worker, so a retried statement adds no second row.
+-- epoch and worker, so a retried statement adds no second row. A call already recorded from the
+-- same caller run, step and retry (`answered` by Dagster's `transform`, then committed by a
+-- later claim that lost its lease too) is in the books already: no second row, and it stays
+-- as it was (an `answered` one reusable).
 INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
   caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error)
 SELECT a.run_id, a.lease_epoch, %(revision)s::integer, a.worker_id, %(call_caller_run_id)s,
@@ -338,6 +341,9 @@ FROM {schema}.run_attempts AS a
 WHERE a.run_id = %(run_id)s AND a.lease_epoch = %(epoch)s AND a.worker_id = %(worker_id)s
   AND NOT EXISTS (SELECT FROM {schema}.model_calls AS c
     WHERE c.run_id = a.run_id AND c.lease_epoch = a.lease_epoch AND c.worker_id = a.worker_id)
+  AND NOT EXISTS (SELECT FROM {schema}.model_calls AS c
+    WHERE c.run_id = a.run_id AND c.caller_run_id = %(call_caller_run_id)s
+      AND c.caller_step = %(call_caller_step)s AND c.retry_number = %(call_retry)s)
 RETURNING call_id
 
 -- name: release
