@@ -18,14 +18,17 @@ class ModelOutageDrill(DrilledFailure, ConnectionError):
     """A model call failed on purpose: `idempotent-jobs drill fail-model-calls` is armed."""
 
 
-def take_drill(ledger: RunLedger, lease: Lease, job_name: str) -> None:
+def fail_if_drilled(ledger: RunLedger, job_name: str) -> None:
     """Raise :class:`ModelOutageDrill` when an armed drill of ``job_name`` (the identity job
-    name, normalised as the drill was armed) takes this call; a lease whose claim saw no drill
-    armed skips the statement."""
-    if lease.drill_armed is False:
-        return
+    name, normalised as the drill was armed) takes this call."""
     left = ledger.take_drill(normalize_text(job_name))
     if left is not None:
         raise ModelOutageDrill(
             f"model outage drill: this call failed on purpose ({left} more will)"
         )
+
+
+def take_drill(ledger: RunLedger, lease: Lease, job_name: str) -> None:
+    """:func:`fail_if_drilled`, unless the lease's claim saw no drill armed (no statement)."""
+    if lease.drill_armed is not False:
+        fail_if_drilled(ledger, job_name)

@@ -178,11 +178,12 @@ def _prune_step_outputs(
     report: "PruneReport",
 ) -> None:
     """What the ledger IO manager kept between the steps of the job's completed runs, by the
-    attempts' cutoff (counted with them): batch by batch with ``apply``, else one count."""
+    attempts' cutoff (counted with them): batch by batch with ``apply``, else one count of all
+    (``LIMIT NULL``)."""
     params = {
         "job_name": normalize_text(job_name),
         "before": before,
-        "batch_size": batch_size,
+        "batch_size": batch_size if apply else None,
         "apply": apply,
     }
     while True:

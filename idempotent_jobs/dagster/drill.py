@@ -3,8 +3,7 @@ every model call of both drivers takes; kept here for code that imported them fr
 
 from collections.abc import Callable
 
-from idempotent_jobs.core.drills import ModelOutageDrill
-from idempotent_jobs.core.identity import normalize_text
+from idempotent_jobs.core.drills import ModelOutageDrill, fail_if_drilled
 from idempotent_jobs.core.ledger import RunLedger
 
 
@@ -12,15 +11,7 @@ def drill_for(ledger: RunLedger, job_name: str) -> Callable[[], None]:
     """A ``before_call`` check raising :class:`ModelOutageDrill` when an armed drill of
     ``job_name`` takes this call (the shared steps take drills themselves: see
     :func:`~idempotent_jobs.core.steps.call_model`'s ``drill_job``)."""
-
-    def fail_if_drilled() -> None:
-        left = ledger.take_drill(normalize_text(job_name))
-        if left is not None:
-            raise ModelOutageDrill(
-                f"model outage drill: this call failed on purpose ({left} more will)"
-            )
-
-    return fail_if_drilled
+    return lambda: fail_if_drilled(ledger, job_name)
 
 
 __all__ = ["ModelOutageDrill", "drill_for"]

@@ -24,9 +24,9 @@ from idempotent_jobs.operator.embedded import start_embedded_postgres, stop_embe
 
 
 def data_directory() -> Path:
-    from idempotent_jobs.operator.embedded import check_home_folder
+    from idempotent_jobs.operator.embedded import check_folder
 
-    return check_home_folder(project_home()) / "pgdata"
+    return check_folder(project_home()) / "pgdata"
 
 
 def _postmaster_of(pid: int, data_dir: Path) -> bool:

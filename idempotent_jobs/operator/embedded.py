@@ -25,8 +25,8 @@ from idempotent_jobs.dagster.project import (
 def start_embedded_postgres(data_dir: Path | None = None) -> str:
     """Start (or reuse) the embedded server on ``data_dir``; return its URL (no password)."""
     data_dir = (data_dir or project_home() / "pgdata").resolve()
-    _check_folder(data_dir.parent)
-    _check_folder(data_dir)
+    check_folder(data_dir.parent)
+    check_folder(data_dir)
     try:
         data_dir.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -46,18 +46,14 @@ class EmbeddedServerError(LedgerError):
     """The project's embedded PostgreSQL cannot be started on its data directory."""
 
 
-def check_home_folder(path: Path) -> Path:
-    """``path`` (the project home), unless it is a file: then one clear error."""
-    _check_folder(path)
-    return path
-
-
-def _check_folder(path: Path) -> None:
+def check_folder(path: Path) -> Path:
+    """``path`` (the project home, its data directory), unless it is a file: one clear error."""
     if path.exists() and not path.is_dir():
         raise EmbeddedServerError(
             f"{path} is a file, not a folder: {HOME_ENV} must name a folder (the embedded "
             "database's data directory goes in pgdata/ inside it)"
         )
+    return path
 
 
 def _first_line(exc: BaseException) -> str:

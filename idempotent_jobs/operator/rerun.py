@@ -80,13 +80,12 @@ def launch_partitions(
     Dagster instance) like a launch from the UI; a key the job does not have raises before any
     runs."""
     job = workspace.location_of(spec).defs.resolve_job_def(spec.name)
-    known = set(spec.partitions_def.get_partition_keys(dynamic_partitions_store=instance))
-    unknown = [key for key in keys if key not in known]
-    if unknown:
-        raise LedgerError(
-            f"job {spec.name} has no partition {unknown[0]!r} (its keys look like "
-            f"{sorted(known)[0]!r})"
-        )
+    for key in keys:
+        if not spec.partitions_def.has_partition_key(key):
+            raise LedgerError(
+                f"job {spec.name} has no partition {key!r}: a key is <subject>|<window>, with "
+                f"a subject of {', '.join(map(repr, spec.subjects))} and a window the job has"
+            )
     tags = ui_tags(workspace, spec)
     return [
         (

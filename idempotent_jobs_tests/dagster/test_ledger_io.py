@@ -39,15 +39,19 @@ def test_retention_prunes_the_hand_overs_of_completed_runs_with_their_attempts(
     ledger: RunLedger, db: psycopg.Connection
 ) -> None:
     ticket = _ticket(ledger)
-    ledger.store_step_output("dagster-run", "transform", "result", ticket_to_json(ticket))
+    for step in ("collect", "transform"):
+        ledger.store_step_output("dagster-run", step, "result", ticket_to_json(ticket))
     assert ticket.lease is not None and ticket.answer is not None
     ledger.complete(ticket.lease, ticket.answer.output)
     policy = RetentionPolicy.of_days(attempts=30)
     assert prune(ledger, "competitor-summary", policy, apply=True).rows == 0
     db.execute("UPDATE idempotent_jobs.step_outputs SET created_at = now() - interval '40 days'")
     backdate(db, ticket.run_id, 40)
-    dry = prune(ledger, "competitor-summary", policy)
-    assert dry.parts["attempts"].rows == 2  # the attempt row and the hand-over
+    # A dry run counts every one, however small the batches; the apply prunes them all.
+    dry = prune(ledger, "competitor-summary", policy, batch_size=1)
+    assert dry.parts["attempts"].rows == 3  # the attempt row and the two hand-overs
     assert ledger.load_step_output("dagster-run", "transform", "result") is not None
-    prune(ledger, "competitor-summary", policy, apply=True)
-    assert ledger.load_step_output("dagster-run", "transform", "result") is None
+    applied = prune(ledger, "competitor-summary", policy, apply=True, batch_size=1)
+    assert applied.parts["attempts"].rows == 3
+    for step in ("collect", "transform"):
+        assert ledger.load_step_output("dagster-run", step, "result") is None

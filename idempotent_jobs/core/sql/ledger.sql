@@ -948,7 +948,7 @@ WITH old AS (
   FROM {schema}.step_outputs AS s JOIN {schema}.runs AS r ON r.run_id = s.run_id
   WHERE r.job_name = %(job_name)s AND r.status = 'completed'
     AND r.completed_at < %(before)s AND s.created_at < %(before)s
-  LIMIT %(batch_size)s
+  LIMIT %(batch_size)s::bigint
 ), gone AS (
   DELETE FROM {schema}.step_outputs AS s USING old
   WHERE %(apply)s AND (s.dagster_run_id, s.step_key, s.output_name)
