@@ -29,6 +29,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from idempotent_jobs import RunIdentity, RunLedger, run_idempotent
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.retention import RetentionPolicy, prune
 from idempotent_jobs.operator.embedded import database_url
 
@@ -161,7 +162,8 @@ def storage(url: str, runs: int) -> dict[str, float]:
         policy = RetentionPolicy.of_days(
             raw_input=30, output=30, attempts=30, delivered_payloads=30
         )
-        prune(ledger, "capacity", policy, apply=True)
+        with LedgerAdmin.beside(ledger) as admin:
+            prune(admin, "capacity", policy, apply=True)
         conn.execute("VACUUM FULL")
         pruned = sizes(conn)
     per_run: dict[str, float] = {}

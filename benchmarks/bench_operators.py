@@ -22,12 +22,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
-from bench_ledger import COUNTS, CountingLedger, bench_database, header, row, tally
+from bench_ledger import COUNTS, CountingAdmin, bench_database, header, row, tally
 
 from idempotent_jobs import RunIdentity, RunLedger
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.health import ledger_findings
-from idempotent_jobs.core.operator_reads import LedgerReads
-from idempotent_jobs.core.retention import RetentionPolicy, database_now, prune
+from idempotent_jobs.core.retention import RetentionPolicy, prune
 
 CLI = str(Path(sys.executable).with_name("idempotent-jobs"))
 DB_TARGET_MS, WALL_TARGET_S = 20.0, 0.4
@@ -95,7 +95,7 @@ def fill(url: str, runs: int) -> None:
     )
 
 
-def database_ms(ledger: CountingLedger, command: Callable[[], object], repeats: int = 15) -> float:
+def database_ms(ledger: CountingAdmin, command: Callable[[], object], repeats: int = 15) -> float:
     """Median milliseconds spent in the command's statements (round trips included)."""
     samples = []
     for _ in range(repeats):
@@ -125,10 +125,10 @@ def operator_commands(url: str, runs: int) -> None:
         ).fetchone()
     assert found is not None
     prefix = str(found[0])[:12]
-    ledger = CountingLedger(url)
+    ledger = CountingAdmin(url)
 
     def show() -> None:
-        run_id = LedgerReads(ledger).resolve_run_id(prefix)
+        run_id = ledger.resolve_run_id(prefix)
         ledger.get(run_id)
         ledger.attempts(run_id)
         ledger.model_calls(run_id)
@@ -136,19 +136,19 @@ def operator_commands(url: str, runs: int) -> None:
         ledger.revisions(run_id)
 
     def page_two() -> None:
-        first = LedgerReads(ledger).list_runs(limit=50)
-        LedgerReads(ledger).list_runs(limit=50, after=first[-1].run_id)
+        first = ledger.list_runs(limit=50)
+        ledger.list_runs(limit=50, after=first[-1].run_id)
 
     commands: list[tuple[str, Callable[[], object], list[str]]] = [
         (f"runs show {prefix}", show, ["runs", "show", prefix]),
         (
             "runs list (newest 50)",
-            lambda: LedgerReads(ledger).list_runs(limit=50),
+            lambda: ledger.list_runs(limit=50),
             ["runs", "list", "--limit", "50"],
         ),
         (
             "runs list --status failed",
-            lambda: LedgerReads(ledger).list_runs(status="failed", limit=50),
+            lambda: ledger.list_runs(status="failed", limit=50),
             ["runs", "list", "--status", "failed", "--limit", "50"],
         ),
         ("runs list, two pages (--after)", page_two, []),
@@ -204,8 +204,8 @@ def prune_while_claiming(url: str, runs: int) -> None:
                 claims.append(time.perf_counter() - began)
                 n += 1
 
-    with RunLedger(url) as ledger:
-        now = database_now(ledger)
+    with LedgerAdmin(url) as ledger:
+        now = ledger.database_now()
         started = time.perf_counter()
         dry = [prune(ledger, job, policy, now=now) for job in jobs]
         dry_seconds = time.perf_counter() - started

@@ -14,11 +14,11 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from idempotent_jobs import RunLedger
 from idempotent_jobs.core.database import DATABASE_URL_ENV
 from idempotent_jobs.dagster.project import project_home
 from idempotent_jobs.operator.embedded import start_embedded_postgres
 from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
+from idempotent_jobs_tests.ledgers import BothFaces
 from idempotent_jobs_tests.pgbouncer import PgBouncer
 
 # Markers (registered in pyproject.toml, --strict-markers): `chaos`, `dagster_instance` and
@@ -65,7 +65,7 @@ def admin_execute(server_url: str, statement: sql.Composed) -> None:
 def template_database(server_url: str) -> Iterator[str]:
     name = f"ij_template_{uuid.uuid4().hex[:12]}"
     admin_execute(server_url, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    RunLedger(database_conninfo(server_url, name)).migrate()
+    BothFaces(database_conninfo(server_url, name)).migrate()
     yield name
     _drop(server_url, name)
 
@@ -191,8 +191,8 @@ def database(
 
 
 @pytest.fixture
-def ledger(database: str) -> Iterator[RunLedger]:
-    with RunLedger(database) as opened:
+def ledger(database: str) -> Iterator[BothFaces]:
+    with BothFaces(database) as opened:
         yield opened
 
 

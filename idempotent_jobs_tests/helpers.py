@@ -9,8 +9,9 @@ from urllib.parse import parse_qs, urlparse
 
 import psycopg
 
-from idempotent_jobs import Lease, RunIdentity, RunLedger
+from idempotent_jobs import Lease, RunIdentity
 from idempotent_jobs.core.records import OutboxRecord
+from idempotent_jobs_tests.ledgers import BothFaces
 
 
 def identity(subject: str = "workspace-acme", hour: int = 9) -> RunIdentity:
@@ -50,7 +51,7 @@ def email(output: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {"email": {"body": output["summary"]}}
 
 
-def claimed(ledger: RunLedger, ident: RunIdentity, worker: str = "w", lease: float = 30) -> Lease:
+def claimed(ledger: BothFaces, ident: RunIdentity, worker: str = "w", lease: float = 30) -> Lease:
     """Register the run and take its lease (which must succeed)."""
     ledger.register(ident)
     taken = ledger.claim(ident.run_id, worker, lease)
@@ -78,7 +79,7 @@ def backdate(db: psycopg.Connection, run_id: str, days: int) -> None:
     )
 
 
-def deliver_all(ledger: RunLedger) -> list[OutboxRecord]:
+def deliver_all(ledger: BothFaces) -> list[OutboxRecord]:
     sent: list[OutboxRecord] = []
     ledger.deliver_outbox(lambda row: sent.append(row))
     return sent

@@ -13,10 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 
-from psycopg.rows import dict_row
-
 from idempotent_jobs.core.errors import InvalidInputError
-from idempotent_jobs.core.ledger import RunLedger, record_row
 from idempotent_jobs.core.records import ModelCallRecord
 
 _MAX_PRICE = Decimal("100000000")  # numeric(14, 6): below 10^8 per million tokens
@@ -39,7 +36,7 @@ class ModelPrice:
         return (spent + (output_tokens or 0) * self.output_per_million) / 1_000_000
 
 
-def _price(field: str, value: object) -> Decimal:
+def check_price(field: str, value: object) -> Decimal:
     try:
         price = Decimal(str(value))
     except InvalidOperation:
@@ -54,48 +51,11 @@ def _price(field: str, value: object) -> Decimal:
     return price
 
 
-def _currency(value: str) -> str:
+def check_currency(value: str) -> str:
     code = value.strip().upper()
     if not (len(code) == 3 and code.isascii() and code.isalpha()):
         raise InvalidInputError("currency", f"must be a 3-letter code such as USD, got {value!r}")
     return code
-
-
-def set_price(
-    ledger: RunLedger,
-    model_name: str,
-    input_per_million: object,
-    output_per_million: object,
-    *,
-    currency: str = "USD",
-    set_by: str | None = None,
-) -> ModelPrice:
-    """Set ``model_name``'s price per million input and output tokens. Every price is in one
-    currency, so sums stay meaningful: another currency than the prices set so far is refused."""
-    name = model_name.strip()
-    if not name or len(name) > 200 or not name.isprintable():
-        raise InvalidInputError("model", f"must be a printable model name, got {model_name!r}")
-    code = _currency(currency)
-    others = {p.currency for p in prices(ledger).values() if p.model_name != name}
-    if others and code not in others:
-        raise InvalidInputError(
-            "currency", f"prices are kept in {', '.join(sorted(others))}; got {code}"
-        )
-    params = {
-        "model_name": name,
-        "input_per_million": _price("input_per_million", input_per_million),
-        "output_per_million": _price("output_per_million", output_per_million),
-        "currency": code,
-        "set_by": set_by,
-    }
-    [price] = ledger.executor.fetch("set_price", params, record_row(ModelPrice))
-    return price
-
-
-def prices(ledger: RunLedger) -> dict[str, ModelPrice]:
-    """Every model's price, by model name."""
-    rows = ledger.executor.fetch("list_prices", {}, record_row(ModelPrice))
-    return {p.model_name: p for p in rows}
 
 
 def call_cost(call: ModelCallRecord, known: dict[str, ModelPrice]) -> Decimal | None:
@@ -133,11 +93,6 @@ class JobSpend:
         return max(self.tokens_per_day - self.tokens, 0)
 
 
-def spend_by_job(ledger: RunLedger, day: datetime | None = None) -> list[JobSpend]:
-    """Each job's spend in the UTC day holding ``day`` (today, by the database clock)."""
-    return ledger.executor.fetch("spend_by_job", {"day": day}, record_row(JobSpend))
-
-
 @dataclass(frozen=True, kw_only=True)
 class JobHistory:
     """What a job's runs cost so far: per accepted run (the latest ``sampled_runs`` of
@@ -153,17 +108,3 @@ class JobHistory:
     failed_calls: int
     failed_tokens: int
     failed_cost: Decimal | None
-
-
-def job_history(ledger: RunLedger, job_name: str, *, sample: int = 1000) -> JobHistory:
-    """:class:`JobHistory` of identity job ``job_name``."""
-    [row] = ledger.executor.fetch("job_history", {"job_name": job_name, "sample": sample}, dict_row)
-    return JobHistory(**row)
-
-
-def run_statuses(ledger: RunLedger, run_ids: list[str]) -> dict[str, str]:
-    """The status of each of ``run_ids`` the ledger holds (unregistered ids are left out)."""
-    return {
-        run_id: status
-        for run_id, status in ledger.executor.rows("run_statuses", {"run_ids": run_ids})
-    }

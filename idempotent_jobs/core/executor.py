@@ -1,9 +1,10 @@
 """How the ledger talks to PostgreSQL: a pool, its statements, retries and typed errors.
 
-Every runtime statement is one of ``sql/ledger.sql``'s, rendered once per executor with the quoted
-schema name. Each runs on an autocommit connection, so one call is one round trip and one
-transaction, and safe to retry when the connection breaks: every statement is written so that one
-which landed before the break is recognised on the retry instead of being applied twice.
+Every runtime statement is one of its face's (``sql/worker.sql`` or ``sql/admin.sql``), rendered
+once per executor with the quoted schema name. Each runs on an autocommit connection, so one call
+is one round trip and one transaction, and safe to retry when the connection breaks: every
+statement is written so that one which landed before the break is recognised on the retry instead
+of being applied twice.
 """
 
 import random
@@ -19,11 +20,9 @@ from psycopg.rows import RowFactory, tuple_row
 from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from idempotent_jobs.core.constants import DEFAULT_SCHEMA
 from idempotent_jobs.core.database import ledger_conninfo, redact
 from idempotent_jobs.core.errors import (
     IdentityConflictError,
-    InvalidInputError,
     LedgerConnectionError,
     LedgerError,
     LedgerPermissionError,
@@ -32,7 +31,8 @@ from idempotent_jobs.core.errors import (
 from idempotent_jobs.core.grants import missing_privileges, reader_role, worker_role
 from idempotent_jobs.core.json_values import read_json
 from idempotent_jobs.core.schema import check_schema_name, verify_migrations
-from idempotent_jobs.core.sql import statement
+from idempotent_jobs.core.settings import LedgerSettings
+from idempotent_jobs.core.sql import Face, statement
 from idempotent_jobs.core.upgrade import MigrationReport, upgrade
 
 Row = TypeVar("Row")
@@ -78,12 +78,8 @@ def behind_pooler(conn: psycopg.Connection) -> bool:
     return row is None or int(row[0]) != conn.info.backend_pid
 
 
-#: What to do about server-side prepared statements: ``None`` detects a pooler at open.
-PreparedStatements = bool | None
-
-
 class Executor:
-    """Runs named statements against one ledger schema through a connection pool.
+    """Runs one face's named statements against one ledger schema through a connection pool.
 
     The pool is opened on first use (or by :meth:`open`, which first verifies the schema with a
     direct connection, so a wrong password or a missing database fails at once with the server's
@@ -98,28 +94,17 @@ class Executor:
     """
 
     def __init__(
-        self,
-        conninfo: str,
-        *,
-        schema: str = DEFAULT_SCHEMA,
-        pool: ConnectionPool | None = None,
-        pool_min_size: int = 1,
-        pool_max_size: int = 4,
-        connect_timeout_seconds: float = 10.0,
-        connection_retries: int = 3,
-        prepared_statements: PreparedStatements = None,
+        self, settings: LedgerSettings, face: Face, *, pool: ConnectionPool | None = None
     ) -> None:
-        if prepared_statements is not None and not isinstance(prepared_statements, bool):
-            raise InvalidInputError(
-                "prepared_statements", f"must be true, false or unset, got {prepared_statements!r}"
-            )
-        self._url = conninfo
-        self.prepared_statements = prepared_statements
-        self.schema = schema
-        self.pool_min_size = pool_min_size
-        self.pool_max_size = pool_max_size
-        self.connect_timeout_seconds = connect_timeout_seconds
-        self.connection_retries = connection_retries
+        self.settings = settings
+        self.face: Face = face
+        self._url = settings.conninfo
+        self.prepared_statements = settings.prepared_statements
+        self.schema = settings.schema
+        self.pool_min_size = settings.pool_min_size
+        self.pool_max_size = settings.pool_max_size
+        self.connect_timeout_seconds = settings.connect_timeout_seconds
+        self.connection_retries = settings.connection_retries
         self._pool = pool
         self._own_pool = pool is None
         self._verified = False
@@ -270,7 +255,8 @@ class Executor:
         """
         query = self._rendered.get(name)
         if query is None:
-            rendered = sql.SQL(statement(name)).format(schema=sql.Identifier(self.schema))
+            text = statement(self.face, name)
+            rendered = sql.SQL(text).format(schema=sql.Identifier(self.schema))
             # A package constant plus a validated, quoted identifier: a literal in all but type.
             query = rendered.as_string(None)
             assert query is not None

@@ -4,9 +4,8 @@ alone (no Dagster, so ``doctor`` starts as fast as the other ledger commands).""
 from dataclasses import dataclass, field
 from typing import Literal
 
-from idempotent_jobs.core.costs import JobSpend, spend_by_job
-from idempotent_jobs.core.ledger import RunLedger
-from idempotent_jobs.core.operator_reads import LedgerReads
+from idempotent_jobs.core.admin import LedgerAdmin
+from idempotent_jobs.core.costs import JobSpend
 
 Severity = Literal["info", "problem"]
 
@@ -64,7 +63,7 @@ def budget_findings(spend: list[JobSpend]) -> list[Finding]:
 
 
 def ledger_findings(
-    ledger: RunLedger, *, outbox_older_than_seconds: float, max_attempts: int
+    admin: LedgerAdmin, *, outbox_older_than_seconds: float, max_attempts: int
 ) -> list[Finding]:
     """Budgets spent, expired leases, notifications undelivered too long, runs failed past
     their retries:
@@ -79,7 +78,7 @@ def ledger_findings(
             f"lease expired at {r.lease_expires_at}",
             r.run_id,
         )
-        for r in LedgerReads(ledger).expired_leases(limit)
+        for r in admin.expired_leases(limit)
     ]
     undelivered = [
         Finding(
@@ -89,7 +88,7 @@ def ledger_findings(
             + (f", last error: {row.last_error}" if row.last_error else ""),
             row.run_id,
         )
-        for row in LedgerReads(ledger).stale_outbox(outbox_older_than_seconds, limit)
+        for row in admin.stale_outbox(outbox_older_than_seconds, limit)
     ]
     failed = [
         Finding(
@@ -99,7 +98,7 @@ def ledger_findings(
             f"{r.attempts} attempts: {r.last_error}",
             r.run_id,
         )
-        for r in LedgerReads(ledger).failed_past_retries(max_attempts, limit)
+        for r in admin.failed_past_retries(max_attempts, limit)
     ]
     drills = [
         Finding(
@@ -109,11 +108,11 @@ def ledger_findings(
             f"next {d.remaining} model call(s) fail, until {d.expires_at} "
             "(`idempotent-jobs drill off` ends it)",
         )
-        for d in LedgerReads(ledger).drills()
+        for d in admin.drills()
     ]
     return [
         *drills,
-        *budget_findings(spend_by_job(ledger)),
+        *budget_findings(admin.spend_by_job()),
         *_bounded("expired_lease", expired, "`runs list --status running`"),
         *_bounded("undelivered_outbox", undelivered, "`outbox list --pending`"),
         *_bounded("failed_past_retries", failed, "`runs list --status failed`"),

@@ -1,7 +1,7 @@
 """What the ledger hands back: plain frozen records, one per table row or claim."""
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
@@ -10,6 +10,9 @@ from idempotent_jobs.core.json_values import json_fingerprint
 
 RunStatus = Literal["pending", "running", "completed", "failed"]
 AttemptOutcome = Literal["completed", "failed", "lease_lost", "superseded", "drill", "budget"]
+#: How a failing attempt ends: ``failed``, or ``drill`` (failed on purpose by a failure drill),
+#: or ``budget`` (the job's token budget refused its model call).
+FailedOutcome = Literal["failed", "drill", "budget"]
 
 
 class FenceOutcome(StrEnum):
@@ -331,6 +334,15 @@ class PruneBatch:
     attempt_bytes: int = 0
     payload_rows: int = 0
     payload_bytes: int = 0
+
+    @classmethod
+    def of_row(cls, row: tuple[Any, ...]) -> "PruneBatch":
+        """The batch a ``prune_batch`` row describes: the last run's identity, the counts, and
+        a trailing column the record does not keep."""
+        subject, scheduled_at, version, *counts, _ = row
+        last = None if subject is None else (subject, scheduled_at, version)
+        names = [f.name for f in fields(cls) if f.name != "last_key"]
+        return cls(last_key=last, **dict(zip(names, counts, strict=True)))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,11 +14,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from idempotent_jobs.core.errors import InvalidInputError
-from idempotent_jobs.core.identity import normalize_text
-from idempotent_jobs.core.ledger import RunLedger
-from idempotent_jobs.core.records import PruneBatch
+
+if TYPE_CHECKING:
+    from idempotent_jobs.core.admin import LedgerAdmin
 
 DEFAULT_BATCH_SIZE = 5000
 MAX_BATCH_SIZE = 100_000
@@ -114,7 +115,7 @@ class PruneReport:
 
 
 def prune(
-    ledger: RunLedger,
+    admin: "LedgerAdmin",
     job_name: str,
     policy: RetentionPolicy,
     *,
@@ -136,7 +137,7 @@ def prune(
     if not 1 <= batch_size <= MAX_BATCH_SIZE:
         raise InvalidInputError("batch_size", f"must be 1 to {MAX_BATCH_SIZE}, got {batch_size}")
     started = time.perf_counter()
-    now = now or database_now(ledger)
+    now = now or admin.database_now()
     report = PruneReport(job_name, policy, apply)
 
     def cutoff(kept: timedelta | None) -> datetime | None:
@@ -151,7 +152,7 @@ def prune(
     after: tuple[str, datetime, str] | None = ("", datetime(1970, 1, 1, tzinfo=UTC), "")
     while after is not None and policy.prunes_anything:
         began = time.perf_counter()
-        found = prune_batch(ledger, job_name, after, batch_size, apply=apply, **cutoffs)
+        found = admin.prune_batch(job_name, after, batch_size, apply=apply, **cutoffs)
         report.batches += 1
         report.longest_batch_seconds = max(
             report.longest_batch_seconds, time.perf_counter() - began
@@ -164,13 +165,13 @@ def prune(
             on_batch(report)
         after = found.last_key
     if cutoffs["attempts_before"] is not None:
-        _prune_step_outputs(ledger, job_name, cutoffs["attempts_before"], batch_size, apply, report)
+        _prune_step_outputs(admin, job_name, cutoffs["attempts_before"], batch_size, apply, report)
     report.seconds = time.perf_counter() - started
     return report
 
 
 def _prune_step_outputs(
-    ledger: RunLedger,
+    admin: "LedgerAdmin",
     job_name: str,
     before: datetime,
     batch_size: int,
@@ -178,17 +179,11 @@ def _prune_step_outputs(
     report: "PruneReport",
 ) -> None:
     """What the ledger IO manager kept between the steps of the job's completed runs, by the
-    attempts' cutoff (counted with them): batch by batch with ``apply``, else one count of all
-    (``LIMIT NULL``)."""
-    params = {
-        "job_name": normalize_text(job_name),
-        "before": before,
-        "batch_size": batch_size if apply else None,
-        "apply": apply,
-    }
+    attempts' cutoff (counted with them): batch by batch with ``apply``, else one count of all."""
     while True:
-        [(rows, size)] = ledger.executor.rows("prune_step_outputs", params)
-        _add(report.parts["attempts"], int(rows), int(size))
+        limit = batch_size if apply else None
+        rows, size = admin.prune_step_outputs(job_name, before, limit, apply)
+        _add(report.parts["attempts"], rows, size)
         if not apply or rows < batch_size:
             return
 
@@ -196,43 +191,3 @@ def _prune_step_outputs(
 def _add(count: PartCount, rows: int, size: int) -> None:
     count.rows += rows
     count.bytes += size
-
-
-def database_now(ledger: RunLedger) -> datetime:
-    """The database server's clock."""
-    [(now,)] = ledger.executor.rows("database_now", {})
-    assert isinstance(now, datetime)
-    return now
-
-
-def prune_batch(
-    ledger: RunLedger,
-    job_name: str,
-    after: tuple[str, datetime, str],
-    batch_size: int,
-    *,
-    raw_input_before: datetime | None,
-    output_before: datetime | None,
-    attempts_before: datetime | None,
-    payloads_before: datetime | None,
-    apply: bool,
-) -> PruneBatch:
-    """One retention batch of a job's runs after the identity ``after`` (see
-    :func:`idempotent_jobs.core.retention.prune`)."""
-    params = {
-        "job_name": normalize_text(job_name),
-        "after_subject": after[0],
-        "after_scheduled_at": after[1],
-        "after_version": after[2],
-        "batch_size": batch_size,
-        "raw_input_before": raw_input_before,
-        "output_before": output_before,
-        "attempts_before": attempts_before,
-        "payloads_before": payloads_before,
-        "apply": apply,
-    }
-    [row] = ledger.executor.rows("prune_batch", params)
-    subject, scheduled_at, version, *counts, _ = row
-    last = None if subject is None else (subject, scheduled_at, version)
-    names = [f.name for f in fields(PruneBatch) if f.name != "last_key"]
-    return PruneBatch(last_key=last, **dict(zip(names, counts, strict=True)))

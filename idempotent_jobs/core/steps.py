@@ -17,11 +17,12 @@ state, because it goes through the same :func:`end_attempt`:
 """
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from idempotent_jobs.core import telemetry
 from idempotent_jobs.core.budgets import TokenBudget
+from idempotent_jobs.core.checks import JsonPayload
 from idempotent_jobs.core.drills import take_drill
 from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.errors import (
@@ -40,6 +41,7 @@ from idempotent_jobs.core.records import (
     CallOrigin,
     CallOutcome,
     Completion,
+    FailedOutcome,
     FenceOutcome,
     JobConfig,
     Lease,
@@ -70,6 +72,15 @@ class BoundAnswer:
     basis: Basis
     config: JobConfig
     origin: CallOrigin
+    #: ``output`` as checked and serialised by :func:`call_model`, committed as it is (no
+    #: second serialisation); ``None`` for an answer read back from storage (a ticket, the
+    #: ledger), which the commit serialises.
+    payload: JsonPayload | None = field(default=None, compare=False, repr=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the payload (Dagster's default IO manager pickles the answer between
+        steps): a step of another release unpickles it, and the commit serialises again."""
+        return {k: v for k, v in self.__dict__.items() if k != "payload"}
 
 
 def end_attempt(
@@ -88,7 +99,7 @@ def end_attempt(
     never hides the first error."""
     if isinstance(exc, UsageRejectedError):
         usage = exc.recorded
-    outcome = (
+    outcome: FailedOutcome = (
         "budget"
         if isinstance(exc, BudgetExceededError)
         else "drill"
@@ -106,8 +117,7 @@ def end_attempt(
             usage,
             call=call,
             origin=origin,
-            drilled=outcome == "drill",
-            refused_by_budget=outcome == "budget",
+            ends=outcome,
         )
     except Exception:  # LeaseLostError, an outage: the caller re-raises `exc` either way
         return None
@@ -232,9 +242,8 @@ def call_model(
             answered = True
             usage = check_usage(reported)
             _record_usage(ledger, span, usage)
-            ledger.check_storable_output(output)
-            assert isinstance(output, dict)
-            check_output(output, validate)
+            payload = ledger.output_payload(output)
+            check_output(payload.value, validate)
         except BaseException as exc:
             outcome = call_outcome(called, answered)
             end_attempt(ledger, lease, exc, usage, call=outcome, origin=origin)
@@ -246,12 +255,23 @@ def call_model(
             telemetry.count_tokens_not_accepted(_tokens(usage), usage.model_name, "lease_lost")
     heartbeat.raise_if_lost()
     answer = BoundAnswer(
-        output=output, usage=usage, basis=lease.basis, config=config, origin=origin
+        output=payload.value,
+        usage=usage,
+        basis=lease.basis,
+        config=config,
+        origin=origin,
+        payload=payload,
     )
     if record_answer:
         try:
             ledger.record_answer(
-                lease, output, usage, basis=answer.basis, config=config, origin=origin
+                lease,
+                payload.value,
+                usage,
+                basis=answer.basis,
+                config=config,
+                origin=origin,
+                payload=payload,
             )
         except LeaseLostError:
             telemetry.count_run("lease_lost")
@@ -303,6 +323,7 @@ def commit(
                 basis=answer.basis,
                 config=answer.config,
                 origin=answer.origin,
+                payload=answer.payload,
             )
         except (LeaseLostError, StaleCandidateError) as exc:
             lost = isinstance(exc, LeaseLostError)

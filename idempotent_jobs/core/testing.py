@@ -5,6 +5,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.protocol import RunOutcome
 
@@ -84,9 +85,14 @@ def assert_run_twice_is_idempotent(
 
 
 def _snapshot(ledger: RunLedger, run_id: str) -> tuple[Any, ...]:
-    record = ledger.get(run_id)
+    with LedgerAdmin.beside(ledger) as admin:  # the operator's reads of the same ledger
+        return _state(admin, run_id)
+
+
+def _state(admin: LedgerAdmin, run_id: str) -> tuple[Any, ...]:
+    record = admin.get(run_id)
     if record is None:
         raise AssertionError(f"run {run_id} is not in the ledger")
     kept = (record.status, record.output, record.raw_input, record.completed_at, record.lease_epoch)
-    outbox = [(row.channel, row.payload) for row in ledger.outbox(run_id)]
-    return kept, ledger.attempts(run_id), outbox
+    outbox = [(row.channel, row.payload) for row in admin.outbox(run_id)]
+    return kept, admin.attempts(run_id), outbox

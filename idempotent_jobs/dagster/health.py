@@ -7,10 +7,9 @@ from collections.abc import Mapping, Sequence
 
 import dagster as dg
 
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.core.health import Finding, Severity, ledger_findings
-from idempotent_jobs.core.ledger import RunLedger
-from idempotent_jobs.core.operator_reads import LedgerReads
 from idempotent_jobs.core.records import JobConfig
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 
@@ -20,7 +19,7 @@ MAX_DRIFT_FINDINGS = 50
 
 
 def drift_findings(
-    ledger: RunLedger, specs: Sequence[IdempotentJobSpec], configs: Mapping[str, JobConfig]
+    admin: LedgerAdmin, specs: Sequence[IdempotentJobSpec], configs: Mapping[str, JobConfig]
 ) -> list[Finding]:
     """Completed runs whose result was computed under another prompt, model or validator than
     the job has now (``configs``: each spec's current configuration, by spec name) (info):
@@ -32,7 +31,7 @@ def drift_findings(
         if config is None:
             continue
         # One more than are listed, to know whether there are more; rows carry their payloads.
-        drifted = LedgerReads(ledger).drifted(
+        drifted = admin.drifted(
             spec.identity_job_name, spec.version, config, limit=MAX_DRIFT_FINDINGS + 1
         )
         for record in drifted[:MAX_DRIFT_FINDINGS]:
@@ -71,7 +70,7 @@ def _partition_runs(instance: dg.DagsterInstance, job_name: str) -> dict[str, li
 
 
 def dagster_findings(
-    ledger: RunLedger, instance: dg.DagsterInstance, specs: Sequence[IdempotentJobSpec]
+    admin: LedgerAdmin, instance: dg.DagsterInstance, specs: Sequence[IdempotentJobSpec]
 ) -> list[Finding]:
     """Partitions run by several Dagster runs (info), and Dagster runs that succeeded while the
     ledger holds no accepted result for their partition (problem)."""
@@ -79,8 +78,7 @@ def dagster_findings(
     for spec in specs:
         # One read of the job's ledger runs, not one per partition.
         records = {
-            r.run_id: r
-            for r in LedgerReads(ledger).list_runs(job_name=spec.identity_job_name, limit=None)
+            r.run_id: r for r in admin.list_runs(job_name=spec.identity_job_name, limit=None)
         }
         for partition, runs in sorted(_partition_runs(instance, spec.name).items()):
             try:

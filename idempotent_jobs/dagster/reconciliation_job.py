@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 import dagster as dg
 
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.constants import DEFAULT_MAX_ATTEMPTS, DEFAULT_OUTBOX_AGE_SECONDS
-from idempotent_jobs.core.costs import spend_by_job
-from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.face import LedgerFace
 from idempotent_jobs.dagster.health import dagster_findings, drift_findings, ledger_findings
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 
@@ -21,14 +21,14 @@ class ReconcileConfig(dg.Config):
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
 
 
-def spend_table(ledger: RunLedger) -> str:
+def spend_table(admin: LedgerAdmin) -> str:
     """Each job's spend today (UTC) against its token budget, as a Markdown table."""
     lines = [
         "| job | calls | tokens | not accepted | cost | budget/day | top subject "
         "| budget/subject |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for s in spend_by_job(ledger):
+    for s in admin.spend_by_job():
         cost = "-" if s.cost is None else f"{s.cost:.6f}{'' if s.priced else '+'}"
         lines.append(
             f"| {s.job_name} | {s.calls:,} | {s.tokens:,} | {s.wasted_tokens:,} | {cost} "
@@ -43,17 +43,19 @@ def build_reconciliation_job(
 ) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
     @dg.op(name="reconcile_ledger", required_resource_keys={"ledger", *(s.model for s in specs)})
     def reconcile_ledger(context: dg.OpExecutionContext, config: ReconcileConfig) -> None:
-        ledger: RunLedger = context.resources.ledger
+        ledger: LedgerFace = context.resources.ledger  # the run's worker face
         configs = {s.name: s.config_of(getattr(context.resources, s.model)) for s in specs}
-        findings = (
-            dagster_findings(ledger, context.instance, specs)
-            + ledger_findings(
-                ledger,
-                outbox_older_than_seconds=config.outbox_age_seconds,
-                max_attempts=config.max_attempts,
+        with LedgerAdmin.beside(ledger) as admin:  # the operator face of the run's ledger
+            findings = (
+                dagster_findings(admin, context.instance, specs)
+                + ledger_findings(
+                    admin,
+                    outbox_older_than_seconds=config.outbox_age_seconds,
+                    max_attempts=config.max_attempts,
+                )
+                + drift_findings(admin, specs, configs)
             )
-            + drift_findings(ledger, specs, configs)
-        )
+            spend = spend_table(admin)
         problems = [f for f in findings if f.severity == "problem"]
         lines = ["| severity | kind | ledger run | detail |", "| --- | --- | --- | --- |"]
         lines += [
@@ -63,7 +65,7 @@ def build_reconciliation_job(
             "problems": dg.MetadataValue.int(len(problems)),
             "informational": dg.MetadataValue.int(len(findings) - len(problems)),
             "findings": dg.MetadataValue.md("\n".join(lines)),
-            "spend_today": dg.MetadataValue.md(spend_table(ledger)),
+            "spend_today": dg.MetadataValue.md(spend),
         }
         for finding in findings:
             log = context.log.warning if finding.severity == "problem" else context.log.info

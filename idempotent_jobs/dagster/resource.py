@@ -3,7 +3,9 @@
 ``RunLedgerResource`` holds the settings (``database_url`` from a ``dg.EnvVar``: it may hold a
 password) and, for each run, creates the core's :class:`RunLedger`, opens it and closes it after
 the run. Ops reach it as ``context.resources.ledger`` (``persist`` takes it as a parameter,
-``ledger: dg.ResourceParam[RunLedger]``, which works in any op of your own).
+``ledger: dg.ResourceParam[RunLedger]``, which works in any op of your own). It is the ledger's
+worker face; the reconciliation and retention jobs open the operator face beside it
+(``LedgerAdmin.beside``).
 """
 
 from collections.abc import Iterator
@@ -14,7 +16,8 @@ import dagster as dg
 from pydantic import Field
 
 from idempotent_jobs.core.constants import DEFAULT_SCHEMA
-from idempotent_jobs.core.ledger import DEFAULT_MAX_PAYLOAD_BYTES, RunLedger
+from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.settings import DEFAULT_MAX_PAYLOAD_BYTES, LedgerSettings
 
 
 class RunLedgerResource(dg.ConfigurableResource[RunLedger]):
@@ -68,9 +71,10 @@ class RunLedgerResource(dg.ConfigurableResource[RunLedger]):
     def create_resource(self, context: dg.InitResourceContext) -> RunLedger:
         return self.ledger()
 
-    def ledger(self) -> RunLedger:
-        """A new, unopened ledger with these settings (outside Dagster: close it yourself)."""
-        return self.ledger_class(
+    def settings(self) -> LedgerSettings:
+        """These settings as the core's :class:`LedgerSettings` (both faces of the ledger take
+        them: ``LedgerAdmin(resource.settings())`` is the operator's face)."""
+        return LedgerSettings(
             self.database_url,
             schema=self.schema_name,
             pool_min_size=self.pool_min_size,
@@ -82,6 +86,10 @@ class RunLedgerResource(dg.ConfigurableResource[RunLedger]):
             max_output_bytes=self.max_output_bytes,
             prepared_statements=self.prepared_statements,
         )
+
+    def ledger(self) -> RunLedger:
+        """A new, unopened ledger with these settings (outside Dagster: close it yourself)."""
+        return self.ledger_class(self.settings())
 
     @contextmanager
     def yield_for_execution(self, context: dg.InitResourceContext) -> Iterator[RunLedger]:

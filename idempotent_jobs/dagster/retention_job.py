@@ -10,7 +10,8 @@ from collections.abc import Sequence
 
 import dagster as dg
 
-from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.admin import LedgerAdmin
+from idempotent_jobs.core.face import LedgerFace
 from idempotent_jobs.core.retention import (
     DEFAULT_BATCH_SIZE,
     PART_TABLES,
@@ -30,34 +31,9 @@ def build_retention_job(
 ) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
     @dg.op(name="prune_ledger", required_resource_keys={"ledger"})
     def prune_ledger(context: dg.OpExecutionContext, config: RetentionConfig) -> None:
-        ledger: RunLedger = context.resources.ledger
-        lines = ["| job | part | rows | bytes | kept |", "| --- | --- | --- | ---: | --- |"]
-        total_rows = total_bytes = 0
-        for spec in specs:
-            if not spec.retention.prunes_anything:
-                continue
-            report = prune(
-                ledger,
-                spec.identity_job_name,
-                spec.retention,
-                apply=True,
-                batch_size=config.batch_size,
-            )
-            for part in PARTS:
-                kept = getattr(spec.retention, part)
-                if kept is None:
-                    continue
-                count = report.parts[part]
-                lines.append(
-                    f"| {spec.name} | {PART_TABLES[part]} | {count.rows} | {count.bytes} "
-                    f"| {describe_kept(kept)} |"
-                )
-            total_rows += report.rows
-            total_bytes += report.bytes
-            context.log.info(
-                f"{spec.name}: pruned {report.rows} rows, {report.bytes} bytes "
-                f"in {report.batches} batches ({spec.retention.describe()})"
-            )
+        ledger: LedgerFace = context.resources.ledger  # the run's worker face
+        with LedgerAdmin.beside(ledger) as admin:  # the operator face of the run's ledger
+            lines, total_rows, total_bytes = _prune_every_job(context, admin, specs, config)
         context.add_output_metadata(
             {
                 "rows_pruned": dg.MetadataValue.int(total_rows),
@@ -74,3 +50,40 @@ def build_retention_job(
         name="ledger_retention_schedule", job=ledger_retention, cron_schedule="30 3 * * *"
     )
     return ledger_retention, schedule
+
+
+def _prune_every_job(
+    context: dg.OpExecutionContext,
+    admin: LedgerAdmin,
+    specs: Sequence[IdempotentJobSpec],
+    config: RetentionConfig,
+) -> tuple[list[str], int, int]:
+    """Prune each job by its spec's policy: the report's table lines, rows and bytes."""
+    lines = ["| job | part | rows | bytes | kept |", "| --- | --- | --- | ---: | --- |"]
+    total_rows = total_bytes = 0
+    for spec in specs:
+        if not spec.retention.prunes_anything:
+            continue
+        report = prune(
+            admin,
+            spec.identity_job_name,
+            spec.retention,
+            apply=True,
+            batch_size=config.batch_size,
+        )
+        for part in PARTS:
+            kept = getattr(spec.retention, part)
+            if kept is None:
+                continue
+            count = report.parts[part]
+            lines.append(
+                f"| {spec.name} | {PART_TABLES[part]} | {count.rows} | {count.bytes} "
+                f"| {describe_kept(kept)} |"
+            )
+        total_rows += report.rows
+        total_bytes += report.bytes
+        context.log.info(
+            f"{spec.name}: pruned {report.rows} rows, {report.bytes} bytes "
+            f"in {report.batches} batches ({spec.retention.describe()})"
+        )
+    return lines, total_rows, total_bytes

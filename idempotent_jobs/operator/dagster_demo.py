@@ -3,7 +3,7 @@
 from collections.abc import Callable
 from typing import Any
 
-from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.dagster.resources import JsonLinesChannel
 from idempotent_jobs.dagster.results import output_metadata
 from idempotent_jobs.operator.code_location import Target, load_location
@@ -17,7 +17,7 @@ DEMO_DAYS = ("2026-08-05", "2026-08-06")
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
-def run_dagster_demo(ledger: RunLedger, print_line: Callable[[str], Any] = print) -> None:
+def run_dagster_demo(admin: LedgerAdmin, print_line: Callable[[str], Any] = print) -> None:
     """Execute each demo partition twice in process; print what the ledger holds for each."""
     location = load_location(Target(module=SAMPLE_LOCATION, found_in="the sample"))
     spec = next(s for s in location.specs if s.name == DEMO_JOB)
@@ -36,10 +36,10 @@ def run_dagster_demo(ledger: RunLedger, print_line: Callable[[str], Any] = print
             for _ in range(2)
         ]
         run_id = spec.identity_for(key).run_id
-        record = ledger.get(run_id)
+        record = admin.get(run_id)
         assert record is not None
-        attempts = ledger.attempts(run_id)
-        outbox = ledger.outbox(run_id)
+        attempts = admin.attempts(run_id)
+        outbox = admin.outbox(run_id)
         delivered = sum(1 for row in outbox if row.delivered_at is not None)
         summary = (record.output or {}).get("summary", "")
         print_line(

@@ -8,6 +8,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.protocol import RunOutcome, run_idempotent
@@ -40,8 +41,9 @@ def _say(call: int, outcome: RunOutcome) -> str:
     return f"call {call}: {did}; status={outcome.status}; output={json.dumps(outcome.output)}"
 
 
-def run_demo(ledger: RunLedger, print_line: Any = print) -> None:
-    """Run the demo against ``ledger`` (migrated) and print what the ledger holds."""
+def run_demo(ledger: RunLedger, admin: LedgerAdmin, print_line: Any = print) -> None:
+    """Run the demo as a worker of ``ledger`` (migrated) and print what its operator face,
+    ``admin``, reads there."""
     identity = DEMO_IDENTITY
     model = ScriptedModel(
         [
@@ -61,7 +63,7 @@ def run_demo(ledger: RunLedger, print_line: Any = print) -> None:
         print_line(_say(call, outcome))
     print_line(f"model calls in this demo: {model.calls}")
 
-    record = ledger.get(identity.run_id)
+    record = admin.get(identity.run_id)
     assert record is not None
     print_line("")
     print_line("stored run (one row):")
@@ -71,13 +73,13 @@ def run_demo(ledger: RunLedger, print_line: Any = print) -> None:
     )
     print_line(f"  output={json.dumps(record.output)}")
     print_line("attempts:")
-    for attempt in ledger.attempts(identity.run_id):
+    for attempt in admin.attempts(identity.run_id):
         print_line(
             f"  epoch={attempt.lease_epoch} worker={attempt.worker_id} outcome={attempt.outcome}"
         )
     delivered = ledger.deliver_outbox(lambda row: None, run_id=identity.run_id)
     print_line(f"outbox (delivered now: {len(delivered.delivered)}):")
-    for row in ledger.outbox(identity.run_id):
+    for row in admin.outbox(identity.run_id):
         print_line(
             f"  key={row.idempotency_key} delivered_at={row.delivered_at} "
             f"payload={json.dumps(row.payload)}"

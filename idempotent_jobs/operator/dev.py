@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from types import FrameType
 
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.database import DATABASE_URL_ENV
-from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.dagster.project import project_home
 from idempotent_jobs.operator.code_location import find_targets
 from idempotent_jobs.operator.dagster_home import prepare_dagster_home
@@ -68,7 +68,7 @@ def run_dev(
     url = ensure_database_url()
     try:
         home = prepare_dagster_home()
-        applied = RunLedger(url).migrate()
+        applied = LedgerAdmin(url).migrate()
     except BaseException:
         if uses_embedded and not embedded_was_running:
             stop_embedded_postgres(pgdata)

@@ -2,8 +2,8 @@
 
 Each partition's run id is computed as the job computes it; the ledger says which are completed
 (a backfill makes no model call for them) and which would be computed. The expected tokens and
-money come from the job's own history (:func:`~idempotent_jobs.core.costs.job_history`): the
-median and p90 per accepted run, and what the calls that were not accepted cost so far, spread
+money come from the job's own history (``LedgerAdmin.job_history``): the median and p90 per
+accepted run, and what the calls that were not accepted cost so far, spread
 over the runs they were made for.
 """
 
@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from idempotent_jobs.core.costs import JobHistory, job_history, prices, run_statuses
+from idempotent_jobs.core.admin import LedgerAdmin
+from idempotent_jobs.core.costs import JobHistory
 from idempotent_jobs.core.errors import InvalidInputError
-from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 
 
@@ -80,18 +80,18 @@ def _times(per_run: float | None, runs: int) -> float | None:
     return None if per_run is None else float(per_run) * runs
 
 
-def estimate(ledger: RunLedger, spec: IdempotentJobSpec, keys: Sequence[str]) -> Estimate:
+def estimate(admin: LedgerAdmin, spec: IdempotentJobSpec, keys: Sequence[str]) -> Estimate:
     """What a backfill of ``keys`` (partition keys of ``spec``'s job) would do and cost."""
     run_ids = {key: spec.identity_for(key).run_id for key in keys}
-    statuses = run_statuses(ledger, list(run_ids.values()))
+    statuses = admin.run_statuses(list(run_ids.values()))
     done = [k for k, r in run_ids.items() if statuses.get(r) == "completed"]
     held = [k for k, r in run_ids.items() if statuses.get(r) == "running"]
     to_compute = [k for k in keys if k not in done]
-    history = job_history(ledger, spec.identity_job_name)
+    history = admin.job_history(spec.identity_job_name)
     n = len(to_compute)
     accepted = history.accepted_runs
     failed_per_run = history.failed_calls / accepted if accepted else None
-    currency = next(iter({p.currency for p in prices(ledger).values()}), None)
+    currency = next(iter({p.currency for p in admin.prices().values()}), None)
     failure_cost = (
         float(history.failed_cost) / accepted * n
         if accepted and history.failed_cost is not None

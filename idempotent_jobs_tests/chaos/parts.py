@@ -112,8 +112,9 @@ def run_worker(spec: dict[str, Any]) -> None:
     it claims the run again and commits the answer it already paid for, bound to the revision
     and checkpoint that answer was computed on.
     """
-    from idempotent_jobs import ModelAnswer, ModelUsage, RunLedger, TokenBudget, run_idempotent
+    from idempotent_jobs import ModelAnswer, ModelUsage, TokenBudget, run_idempotent
     from idempotent_jobs.dagster.resources import WebhookChannel
+    from idempotent_jobs_tests.ledgers import BothFaces
 
     # A session of its own: when a process of the runner's group exits and leaves that group
     # orphaned, the kernel sends SIGHUP and SIGCONT to every member if one is stopped, which
@@ -125,7 +126,7 @@ def run_worker(spec: dict[str, Any]) -> None:
     # outcome instead.
     logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
 
-    class ChaosLedger(RunLedger):
+    class ChaosLedger(BothFaces):
         def begin(self, *args: Any, **kwargs: Any) -> Any:
             record, lease = super().begin(*args, **kwargs)  # register + claim, one statement
             if crash == "after_claim" and lease is not None:

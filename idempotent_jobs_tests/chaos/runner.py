@@ -39,7 +39,6 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from idempotent_jobs import RunLedger
 from idempotent_jobs.core.retention import RetentionPolicy, prune
 from idempotent_jobs.dagster.resources import WebhookChannel
 from idempotent_jobs.operator.embedded import start_embedded_postgres, stop_embedded_postgres
@@ -57,6 +56,7 @@ from idempotent_jobs_tests.chaos.parts import (
     run_worker,
     trial_identity,
 )
+from idempotent_jobs_tests.ledgers import BothFaces
 from idempotent_jobs_tests.pgbouncer import PgBouncer
 
 KINDS = (
@@ -114,7 +114,7 @@ class Chaos:
         self.killed_in_commit: set[int] = set()  # workers SIGKILLed as their commit went out
         self.pgdata = workdir / "pgdata"
         self.url = start_embedded_postgres(self.pgdata)
-        RunLedger(self.url).migrate()
+        BothFaces(self.url).migrate()
         params = psycopg.conninfo.conninfo_to_dict(self.url)
         self.socket_path = f"{params['host']}/.s.PGSQL.{params.get('port') or 5432}"
         # Workers (and the fault proxy) reach the ledger through PgBouncer in transaction mode
@@ -375,7 +375,7 @@ class Chaos:
         process, marker = self.pause_in_model_call(trial, fallback=True)
         self.recover(trial)
         recollect = self.rng.random() < 0.5
-        with RunLedger(self.url) as ledger:
+        with BothFaces(self.url) as ledger:
             ledger.revise(run_id, "chaos: recompute", channels=["hook"], recollect=recollect)
         # Without recollect the checkpoint is kept: the new revision never calls collect.
         points = [p for p in CRASH_POINTS if recollect or p != "during_collect"]
@@ -415,7 +415,7 @@ class Chaos:
             authorization=CHAOS_AUTHORIZATION,
             timeout_seconds=WEBHOOK_TIMEOUT,
         )
-        with RunLedger(self.url) as ledger:
+        with BothFaces(self.url) as ledger:
             for _ in range(len(faults) + 2):  # the CLI's `outbox deliver`, or the op's retries
                 if not ledger.outbox(run_id, pending_only=True):
                     break
@@ -448,17 +448,17 @@ class Chaos:
         reports: list[Any] = []
 
         def prune_now() -> None:
-            with RunLedger(self.url) as pruner:
+            with BothFaces(self.url) as pruner:
                 policy = RetentionPolicy.of_days(
                     raw_input=30, output=30, attempts=30, delivered_payloads=30
                 )
-                reports.append(prune(pruner, "chaos", policy, apply=True, batch_size=50))
+                reports.append(prune(pruner.admin, "chaos", policy, apply=True, batch_size=50))
 
         pruning = threading.Thread(target=prune_now)
         pruning.start()
         problems: list[str] = []
         if revise:
-            with RunLedger(self.url) as ledger:
+            with BothFaces(self.url) as ledger:
                 ledger.revise(run_id, "chaos: recompute", channels=["hook"], recollect=True)
             if point != "none":
                 problems = self.killed_worker(trial, point)

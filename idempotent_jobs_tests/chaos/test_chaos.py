@@ -7,10 +7,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from idempotent_jobs import RunLedger
 from idempotent_jobs_tests.chaos import runner as chaos
 from idempotent_jobs_tests.chaos.parts import Receiver, check_invariants, trial_identity
 from idempotent_jobs_tests.helpers import claimed
+from idempotent_jobs_tests.ledgers import BothFaces
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 
@@ -35,7 +35,7 @@ def test_chaos_trials_through_pgbouncer_in_transaction_mode_keep_the_promise() -
 
 
 def test_the_invariant_checker_catches_violations(
-    ledger: RunLedger, db: psycopg.Connection, tmp_path: Path
+    ledger: BothFaces, db: psycopg.Connection, tmp_path: Path
 ) -> None:
     receiver = Receiver()
     results = tmp_path / "results.jsonl"

@@ -15,11 +15,11 @@ from idempotent_jobs import (
     ModelAnswer,
     ModelUsage,
     RunIdentity,
-    RunLedger,
     TokenBudget,
     run_idempotent,
 )
 from idempotent_jobs_tests import workers
+from idempotent_jobs_tests.ledgers import BothFaces
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -29,7 +29,7 @@ def _ident(subject: str, hour: int = 9, job: str = "budgeted-job") -> RunIdentit
 
 
 def _run(
-    ledger: RunLedger, ident: RunIdentity, tokens: int, budget: TokenBudget | None
+    ledger: BothFaces, ident: RunIdentity, tokens: int, budget: TokenBudget | None
 ) -> list[str]:
     """Run ``ident`` with a model reporting ``tokens``; return what the model saw called."""
     called: list[str] = []
@@ -54,7 +54,7 @@ def _spent_today(db: psycopg.Connection, job: str = "budgeted-job") -> int:
 
 
 def test_a_call_is_refused_once_the_days_budget_is_spent(
-    ledger: RunLedger, db: psycopg.Connection
+    ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     budget = TokenBudget(tokens_per_day=250)
     assert _run(ledger, _ident("a"), 100, budget) == ["a"]
@@ -89,7 +89,7 @@ def test_a_call_is_refused_once_the_days_budget_is_spent(
     assert row == (250, None)
 
 
-def test_the_per_subject_budget_refuses_that_subject_only(ledger: RunLedger) -> None:
+def test_the_per_subject_budget_refuses_that_subject_only(ledger: BothFaces) -> None:
     budget = TokenBudget(tokens_per_subject_per_day=150)
     assert _run(ledger, _ident("acme", 9), 100, budget) == ["acme"]
     assert _run(ledger, _ident("acme", 10), 100, budget) == ["acme"]
@@ -104,7 +104,7 @@ def test_the_per_subject_budget_refuses_that_subject_only(ledger: RunLedger) -> 
 
 
 def test_only_todays_calls_count_and_a_refused_run_runs_once_the_day_turns(
-    ledger: RunLedger, db: psycopg.Connection
+    ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     budget = TokenBudget(tokens_per_day=100)
     _run(ledger, _ident("a"), 100, budget)
@@ -117,7 +117,7 @@ def test_only_todays_calls_count_and_a_refused_run_runs_once_the_day_turns(
     assert [a.outcome for a in ledger.attempts(_ident("b").run_id)] == ["budget", "completed"]
 
 
-def test_a_completed_run_is_reused_even_when_the_budget_is_spent(ledger: RunLedger) -> None:
+def test_a_completed_run_is_reused_even_when_the_budget_is_spent(ledger: BothFaces) -> None:
     budget = TokenBudget(tokens_per_day=100)
     _run(ledger, _ident("a"), 100, budget)
     assert _run(ledger, _ident("a"), 100, budget) == []  # reused: no check, no call
@@ -181,7 +181,7 @@ def test_n_processes_overshoot_the_budget_by_at_most_one_call_each(
 
 @pytest.mark.slow
 def test_the_bound_is_reached_when_every_worker_is_in_flight_at_once(
-    ledger: RunLedger, database: str, db: psycopg.Connection
+    ledger: BothFaces, database: str, db: psycopg.Connection
 ) -> None:
     n, budget, call = 6, 1_000, 100
     _run(ledger, _ident("warm-up"), budget - 1, None)  # 1 token left

@@ -13,15 +13,15 @@ from idempotent_jobs import (
     JobConfig,
     Lease,
     LeaseLostError,
-    RunLedger,
     StaleCandidateError,
     run_idempotent,
 )
 from idempotent_jobs.core.json_values import json_fingerprint
 from idempotent_jobs_tests.helpers import Collector, claimed, count, email, expire_lease, identity
+from idempotent_jobs_tests.ledgers import BothFaces
 
 
-def stalled_then_overtaken(ledger: RunLedger, db: psycopg.Connection) -> Lease:
+def stalled_then_overtaken(ledger: BothFaces, db: psycopg.Connection) -> Lease:
     """Worker 1 read the checkpoint and stalled; worker 2 completed the run. Returns worker 1's
     lease, whose basis is what its answer was computed on."""
     ident = identity()
@@ -34,7 +34,7 @@ def stalled_then_overtaken(ledger: RunLedger, db: psycopg.Connection) -> Lease:
 
 @pytest.mark.parametrize("recollect", [True, False])
 def test_a_stale_answer_never_becomes_a_revisions_result(
-    ledger: RunLedger, db: psycopg.Connection, recollect: bool
+    ledger: BothFaces, db: psycopg.Connection, recollect: bool
 ) -> None:
     ident = identity()
     stale_basis = stalled_then_overtaken(ledger, db).basis
@@ -81,7 +81,7 @@ def test_a_stale_answer_never_becomes_a_revisions_result(
 
 
 def test_the_fallback_keeps_its_saving_when_nothing_moved(
-    ledger: RunLedger, db: psycopg.Connection
+    ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     """A lost lease with no revise in between: the answer already paid for is committed."""
     ident = identity()
@@ -93,7 +93,7 @@ def test_the_fallback_keeps_its_saving_when_nothing_moved(
 
 
 def test_a_lost_answer_of_a_refused_commit_is_still_refused(
-    ledger: RunLedger, db: psycopg.Connection
+    ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     """The retry of a COMPLETE whose answer was lost finds the refusal, not a lost lease."""
     ident = identity()
@@ -108,7 +108,7 @@ def test_a_lost_answer_of_a_refused_commit_is_still_refused(
 
 
 def test_the_stalled_workers_own_lease_writes_nothing_after_a_revise(
-    ledger: RunLedger, db: psycopg.Connection
+    ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     ident = identity()
     stalled = stalled_then_overtaken(ledger, db)
@@ -121,7 +121,7 @@ def test_the_stalled_workers_own_lease_writes_nothing_after_a_revise(
 
 
 def test_the_checkpoint_fingerprint_is_stored_and_shown(
-    ledger: RunLedger, db: psycopg.Connection
+    ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     ident = identity()
     lease = ledger.checkpoint(claimed(ledger, ident), {"b": 1, "a": [1, "é"]})
@@ -133,7 +133,7 @@ def test_the_checkpoint_fingerprint_is_stored_and_shown(
     assert record is not None and record.input_fingerprint == expected
 
 
-def test_each_accepted_result_records_its_configuration(ledger: RunLedger) -> None:
+def test_each_accepted_result_records_its_configuration(ledger: BothFaces) -> None:
     ident = identity()
     config = JobConfig.of(prompt="Summarise.", model="m-1", validator="mod.check")
     outcome = run_idempotent(

@@ -12,16 +12,16 @@ from typing import Any
 import psycopg
 import pytest
 
-from idempotent_jobs import RunLedger
 from idempotent_jobs_tests import workers
 from idempotent_jobs_tests.helpers import count, identity
+from idempotent_jobs_tests.ledgers import BothFaces
 
 pytestmark = [pytest.mark.slow]
 
 SPAWN = multiprocessing.get_context("spawn")
 
 
-def test_many_processes_claim_at_once_and_one_wins(ledger: RunLedger, racer_url: str) -> None:
+def test_many_processes_claim_at_once_and_one_wins(ledger: BothFaces, racer_url: str) -> None:
     ident = identity()
     ledger.register(ident)
     racers = 16
@@ -42,7 +42,7 @@ def test_many_processes_claim_at_once_and_one_wins(ledger: RunLedger, racer_url:
 
 
 def test_eight_workers_run_the_same_run_and_one_does_the_model_work(
-    ledger: RunLedger, racer_url: str, db: psycopg.Connection
+    ledger: BothFaces, racer_url: str, db: psycopg.Connection
 ) -> None:
     racers = 8
     barrier = SPAWN.Barrier(racers)
@@ -82,7 +82,7 @@ def test_eight_workers_run_the_same_run_and_one_does_the_model_work(
 
 
 def test_a_worker_killed_holding_a_lease_blocks_others_until_expiry(
-    ledger: RunLedger, racer_url: str, db: psycopg.Connection
+    ledger: BothFaces, racer_url: str, db: psycopg.Connection
 ) -> None:
     ident = identity()
     ledger.register(ident)
@@ -117,12 +117,12 @@ def test_first_registrations_racing_on_one_identity_all_succeed(
 ) -> None:
     """Racing first INSERTs can trip the identity constraint instead of ON CONFLICT (run_id)."""
     racers, rounds = 8, 15
-    ledgers = [RunLedger(racer_url, pool_max_size=1) for _ in range(racers)]
+    ledgers = [BothFaces(racer_url, pool_max_size=1) for _ in range(racers)]
     barrier = threading.Barrier(racers)
     errors: list[BaseException] = []
     leases: list[tuple[int, int]] = []
 
-    def race(ledger: RunLedger) -> None:
+    def race(ledger: BothFaces) -> None:
         for hour in range(rounds):
             barrier.wait()
             try:

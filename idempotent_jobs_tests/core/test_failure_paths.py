@@ -7,7 +7,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from idempotent_jobs import RunLedger
 from idempotent_jobs.core.error_text import MAX_ERROR_CHARS, describe_error, safe_text
 from idempotent_jobs.core.errors import LeaseLostError, StaleCandidateError
 from idempotent_jobs.core.records import (
@@ -21,6 +20,7 @@ from idempotent_jobs.core.records import (
 )
 from idempotent_jobs.core.steps import BoundAnswer, commit, end_attempt
 from idempotent_jobs_tests.helpers import claimed, email, identity
+from idempotent_jobs_tests.ledgers import BothFaces
 
 _HOURS = itertools.count()
 ANY_TEXT = st.text(st.characters(exclude_categories=()), max_size=5000)
@@ -30,7 +30,7 @@ ANY_TEXT = st.text(st.characters(exclude_categories=()), max_size=5000)
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(text=ANY_TEXT)
-def test_any_error_text_is_recorded_safely_and_frees_the_run(ledger: RunLedger, text: str) -> None:
+def test_any_error_text_is_recorded_safely_and_frees_the_run(ledger: BothFaces, text: str) -> None:
     ident = identity(subject=f"hostile-{next(_HOURS)}")
     lease = claimed(ledger, ident)
     assert end_attempt(ledger, lease, RuntimeError(text)) == FenceOutcome.APPLIED
@@ -50,7 +50,7 @@ def test_safe_text_keeps_printable_text_and_escapes_the_rest(text: str) -> None:
         assert shown == text
 
 
-def test_an_exception_whose_str_raises_is_still_recorded(ledger: RunLedger) -> None:
+def test_an_exception_whose_str_raises_is_still_recorded(ledger: BothFaces) -> None:
     class Hostile(Exception):
         def __str__(self) -> str:
             raise RuntimeError("no")
@@ -61,7 +61,7 @@ def test_an_exception_whose_str_raises_is_still_recorded(ledger: RunLedger) -> N
     assert record is not None and record.last_error == "Hostile: <message could not be read>"
 
 
-def test_fenced_statements_say_what_happened(ledger: RunLedger) -> None:
+def test_fenced_statements_say_what_happened(ledger: BothFaces) -> None:
     ident = identity()
     lease = claimed(ledger, ident)
     assert ledger.fail(lease, "boom") == FenceOutcome.APPLIED
@@ -79,7 +79,7 @@ def test_fenced_statements_say_what_happened(ledger: RunLedger) -> None:
     assert info.value.run_id == ident.run_id
 
 
-def test_one_hostile_receiver_never_blocks_the_outbox(ledger: RunLedger) -> None:
+def test_one_hostile_receiver_never_blocks_the_outbox(ledger: BothFaces) -> None:
     runs = [identity(hour=h) for h in range(3)]
     for ident in runs:
         ledger.complete(claimed(ledger, ident), {"summary": "s"}, {"hook": {"n": 1}})
@@ -108,7 +108,7 @@ def test_one_hostile_receiver_never_blocks_the_outbox(ledger: RunLedger) -> None
 
 
 def test_a_delivery_whose_record_fails_is_reported_and_the_pass_goes_on(
-    ledger: RunLedger, monkeypatch: pytest.MonkeyPatch
+    ledger: BothFaces, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runs = [identity(hour=h) for h in range(2)]
     for ident in runs:
@@ -130,7 +130,7 @@ def test_a_delivery_whose_record_fails_is_reported_and_the_pass_goes_on(
 
 
 def test_an_answer_committed_again_after_a_failed_commit_is_still_one_model_call(
-    ledger: RunLedger,
+    ledger: BothFaces,
 ) -> None:
     """What a re-execution of `persist` does: an earlier Dagster run paid for the answer and its
     commit failed (recorded, `rejected`); the re-execution claims and commits the same answer.

@@ -12,13 +12,13 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from idempotent_jobs import ModelAnswer, ModelUsage, RunLedger, run_idempotent
+from idempotent_jobs import ModelAnswer, ModelUsage, run_idempotent
 from idempotent_jobs.core.errors import LedgerPermissionError
 from idempotent_jobs.core.grants import WORKER_PRIVILEGES, reader_role, worker_role
-from idempotent_jobs.core.operator_reads import LedgerReads
 from idempotent_jobs.core.retention import RetentionPolicy, prune
 from idempotent_jobs.operator.cli import main
 from idempotent_jobs_tests.helpers import backdate, deliver_all, email, identity
+from idempotent_jobs_tests.ledgers import BothFaces
 
 SCHEMA = "idempotent_jobs"
 MakeRole = Callable[..., str]
@@ -71,7 +71,7 @@ def test_a_worker_role_runs_every_step_and_cannot_touch_the_history(
     login_role: MakeRole, db: psycopg.Connection
 ) -> None:
     as_worker = login_role(worker_role(SCHEMA))
-    with RunLedger(as_worker) as ledger:
+    with BothFaces(as_worker) as ledger:
         outcome = run_idempotent(
             ledger, identity(), collect=lambda i: {"x": 1}, transform=answer, notifications=email
         )
@@ -84,7 +84,7 @@ def test_a_worker_role_runs_every_step_and_cannot_touch_the_history(
         assert again.executed
         backdate(db, outcome.run_id, 400)
         pruned = prune(
-            ledger,
+            ledger.admin,
             identity().job_name,
             RetentionPolicy.of_days(attempts=1, raw_input=1),
             apply=True,
@@ -105,11 +105,11 @@ def test_a_worker_role_runs_every_step_and_cannot_touch_the_history(
                 conn.execute(statement)
 
 
-def test_a_reader_role_reads_and_writes_nothing(login_role: MakeRole, ledger: RunLedger) -> None:
+def test_a_reader_role_reads_and_writes_nothing(login_role: MakeRole, ledger: BothFaces) -> None:
     done = run_idempotent(ledger, identity(), collect=lambda i: {"x": 1}, transform=answer)
     as_reader = login_role(reader_role(SCHEMA))
-    with RunLedger(as_reader) as reading:
-        assert [r.run_id for r in LedgerReads(reading).list_runs()] == [done.run_id]
+    with BothFaces(as_reader) as reading:
+        assert [r.run_id for r in reading.list_runs()] == [done.run_id]
         assert reading.model_calls(done.run_id)
         with pytest.raises(LedgerPermissionError, match="GRANT idempotent_jobs_worker TO"):
             run_idempotent(reading, identity("other"), collect=lambda i: {"x": 1}, transform=answer)
@@ -148,10 +148,10 @@ def test_migrate_grants_again_what_a_table_lost(
     as_worker = login_role(worker_role(SCHEMA))
     db.execute("REVOKE ALL ON idempotent_jobs.model_calls FROM idempotent_jobs_worker")
     db.execute("GRANT DELETE ON idempotent_jobs.runs TO idempotent_jobs_worker")
-    with RunLedger(as_worker) as ledger:
+    with BothFaces(as_worker) as ledger:
         assert "INSERT on idempotent_jobs.model_calls" in ledger.missing_privileges()[1]
-    RunLedger(database).migrate()
-    with RunLedger(as_worker) as ledger:
+    BothFaces(database).migrate()
+    with BothFaces(as_worker) as ledger:
         assert ledger.missing_privileges()[1] == []
         run_idempotent(ledger, identity(), collect=lambda i: {"x": 1}, transform=answer)
     with psycopg.connect(as_worker, autocommit=True) as conn:
@@ -175,7 +175,7 @@ def test_migrate_without_createrole_says_what_a_superuser_must_do(
             )
         )
     try:
-        report = RunLedger(make_conninfo(owner_url, dbname=database), schema=schema).upgrade()
+        report = BothFaces(make_conninfo(owner_url, dbname=database), schema=schema).upgrade()
         assert report.applied
         assert any(f"`CREATE ROLE {schema}_worker NOLOGIN`" in line for line in report.found), (
             report.found

@@ -6,13 +6,14 @@ import threading
 import psycopg
 import pytest
 
-from idempotent_jobs import LeaseLostError, RunLedger
+from idempotent_jobs import LeaseLostError
 from idempotent_jobs.core.heartbeat import LeaseHeartbeat, renewer_for
 from idempotent_jobs.core.records import Lease
 from idempotent_jobs_tests.helpers import claimed, expire_lease, identity
+from idempotent_jobs_tests.ledgers import BothFaces
 
 
-class CountingLedger(RunLedger):
+class CountingLedger(BothFaces):
     """A real ledger that counts its renewals and signals once ``wanted`` have been made."""
 
     def __init__(self, conninfo: str, wanted: int) -> None:
@@ -36,7 +37,7 @@ class CountingLedger(RunLedger):
         return renewed
 
 
-def renewer_threads(ledger: RunLedger) -> int:
+def renewer_threads(ledger: BothFaces) -> int:
     name = renewer_for(ledger).thread_name
     return sum(t.name == name for t in threading.enumerate())
 
@@ -87,7 +88,7 @@ def test_a_lease_taken_over_is_reported_lost(database: str, db: psycopg.Connecti
 
 
 def _child_renews(
-    database: str, parent_ledger: RunLedger, out: "multiprocessing.Queue[str]"
+    database: str, parent_ledger: BothFaces, out: "multiprocessing.Queue[str]"
 ) -> None:
     # The parent's renewer (its thread and its lock) did not survive the fork: a fresh one.
     if renewer_for(parent_ledger).held != 0:

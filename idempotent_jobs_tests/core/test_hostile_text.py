@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from idempotent_jobs import InvalidInputError, ModelUsage, RunIdentity, RunLedger
+from idempotent_jobs import InvalidInputError, ModelUsage, RunIdentity
 from idempotent_jobs.core.json_values import MAX_JSON_DEPTH, json_fingerprint
-from idempotent_jobs.core.operator_reads import LedgerReads
 from idempotent_jobs_tests.helpers import Collector, claimed, identity
+from idempotent_jobs_tests.ledgers import BothFaces
 
 
 def nested(levels: int) -> dict[str, Any]:
@@ -25,7 +25,7 @@ def nested(levels: int) -> dict[str, Any]:
 # -- nesting, surrogates, colliding keys --------------------------------------------------------
 
 
-def test_nesting_is_limited_by_a_constant_not_by_the_stack(ledger: RunLedger) -> None:
+def test_nesting_is_limited_by_a_constant_not_by_the_stack(ledger: BothFaces) -> None:
     ident = identity()
     lease = claimed(ledger, ident)
     with pytest.raises(InvalidInputError, match=f"more than {MAX_JSON_DEPTH} levels") as info:
@@ -43,7 +43,7 @@ def test_nesting_is_limited_by_a_constant_not_by_the_stack(ledger: RunLedger) ->
     record = ledger.get(ident.run_id)
     assert record is not None and record.status == "completed"
     assert record.output == nested(MAX_JSON_DEPTH), "what was stored reads back"
-    assert LedgerReads(ledger).list_runs()[0].output == nested(MAX_JSON_DEPTH)
+    assert ledger.list_runs()[0].output == nested(MAX_JSON_DEPTH)
 
 
 @pytest.mark.parametrize(
@@ -59,7 +59,7 @@ def test_nesting_is_limited_by_a_constant_not_by_the_stack(ledger: RunLedger) ->
     ],
 )
 def test_unreadable_text_and_colliding_keys_are_refused_before_any_write(
-    ledger: RunLedger, value: dict[Any, Any], reason: str
+    ledger: BothFaces, value: dict[Any, Any], reason: str
 ) -> None:
     ident = identity()
     lease = claimed(ledger, ident)
@@ -76,7 +76,7 @@ def test_unreadable_text_and_colliding_keys_are_refused_before_any_write(
 
 
 def test_scalar_keys_that_do_not_collide_are_stored_as_json_writes_them(
-    ledger: RunLedger,
+    ledger: BothFaces,
 ) -> None:
     lease = claimed(ledger, identity())
     keys_json_turns_into_text: dict[Any, Any] = {1: "a", 2.5: "b", False: "c", "x": {None: 1}}
@@ -108,7 +108,7 @@ def test_the_fingerprint_is_canonical() -> None:
         ),
     ],
 )
-def test_every_free_text_column_has_a_limit(ledger: RunLedger, field: str, call: Any) -> None:
+def test_every_free_text_column_has_a_limit(ledger: BothFaces, field: str, call: Any) -> None:
     ident = identity()
     lease = claimed(ledger, ident)
     ledger.complete(lease, {"summary": "s"})
@@ -119,7 +119,7 @@ def test_every_free_text_column_has_a_limit(ledger: RunLedger, field: str, call:
     assert record is not None and (record.status, record.revision) == ("completed", 0)
 
 
-def test_a_model_name_from_the_provider_is_trimmed_not_refused(ledger: RunLedger) -> None:
+def test_a_model_name_from_the_provider_is_trimmed_not_refused(ledger: BothFaces) -> None:
     """It comes with an answer already paid for: refusing it would throw the answer away."""
     ident = identity()
     lease = claimed(ledger, ident)
@@ -134,7 +134,7 @@ def test_a_model_name_from_the_provider_is_trimmed_not_refused(ledger: RunLedger
 NINE = datetime(2026, 8, 7, 9, tzinfo=UTC)
 
 
-def test_nfc_and_nfd_are_one_run_with_one_model_call(ledger: RunLedger) -> None:
+def test_nfc_and_nfd_are_one_run_with_one_model_call(ledger: BothFaces) -> None:
     from idempotent_jobs import run_idempotent
 
     nfc, nfd = "caf\u00e9", "cafe\u0301"
@@ -153,7 +153,7 @@ def test_nfc_and_nfd_are_one_run_with_one_model_call(ledger: RunLedger) -> None:
 
     for ident in (first, second):
         run_idempotent(ledger, ident, collect=Collector(), transform=transform)
-    assert len(calls) == 1 and len(LedgerReads(ledger).list_runs()) == 1
+    assert len(calls) == 1 and len(ledger.list_runs()) == 1
 
 
 def test_ascii_ids_are_unchanged_by_normalisation() -> None:

@@ -17,6 +17,7 @@ from idempotent_jobs import (
     RunLedger,
 )
 from idempotent_jobs_tests.helpers import claimed, count, expire_lease, identity
+from idempotent_jobs_tests.ledgers import BothFaces
 
 
 def db_now(db: psycopg.Connection):  # type: ignore[no-untyped-def]
@@ -25,7 +26,7 @@ def db_now(db: psycopg.Connection):  # type: ignore[no-untyped-def]
     return row[0]
 
 
-def test_register_is_idempotent(ledger: RunLedger, db: psycopg.Connection) -> None:
+def test_register_is_idempotent(ledger: BothFaces, db: psycopg.Connection) -> None:
     ident = identity()
     first = ledger.register(ident)
     second = ledger.register(ident)
@@ -36,7 +37,7 @@ def test_register_is_idempotent(ledger: RunLedger, db: psycopg.Connection) -> No
     assert count(db, "runs", ident.run_id) == 1
 
 
-def test_register_never_moves_a_completed_run_back(ledger: RunLedger) -> None:
+def test_register_never_moves_a_completed_run_back(ledger: BothFaces) -> None:
     ident = identity()
     lease = claimed(ledger, ident, "w1", 30)
     ledger.complete(lease, {"summary": "kept"})
@@ -45,7 +46,7 @@ def test_register_never_moves_a_completed_run_back(ledger: RunLedger) -> None:
 
 
 def test_same_identity_under_another_id_is_a_conflict(
-    ledger: RunLedger, db: psycopg.Connection
+    ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     ident = identity()
     db.execute(
@@ -57,7 +58,7 @@ def test_same_identity_under_another_id_is_a_conflict(
         ledger.register(ident)
 
 
-def test_same_id_with_other_fields_is_a_conflict(ledger: RunLedger, db: psycopg.Connection) -> None:
+def test_same_id_with_other_fields_is_a_conflict(ledger: BothFaces, db: psycopg.Connection) -> None:
     ident = identity()
     db.execute(
         "INSERT INTO idempotent_jobs.runs (run_id, job_name, subject_id, scheduled_at, version)"
@@ -68,7 +69,7 @@ def test_same_id_with_other_fields_is_a_conflict(ledger: RunLedger, db: psycopg.
         ledger.register(ident)
 
 
-def test_a_held_lease_cannot_be_claimed(ledger: RunLedger, db: psycopg.Connection) -> None:
+def test_a_held_lease_cannot_be_claimed(ledger: BothFaces, db: psycopg.Connection) -> None:
     ident = identity()
     ledger.register(ident)
     lease = ledger.claim(ident.run_id, "w1", 30, caller_run_id="dr-1", caller_step="collect")
@@ -88,7 +89,7 @@ def test_a_held_lease_cannot_be_claimed(ledger: RunLedger, db: psycopg.Connectio
 
 
 def test_an_expired_lease_is_reclaimed_with_the_next_epoch(
-    ledger: RunLedger, db: psycopg.Connection
+    ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     ident = identity()
     old = claimed(ledger, ident, "w1", 30)
@@ -101,7 +102,7 @@ def test_an_expired_lease_is_reclaimed_with_the_next_epoch(
     assert (second.lease_epoch, second.worker_id, second.outcome) == (2, "w2", None)
 
 
-def test_the_owner_reclaiming_supersedes_its_own_attempt(ledger: RunLedger) -> None:
+def test_the_owner_reclaiming_supersedes_its_own_attempt(ledger: BothFaces) -> None:
     ident = identity()
     ledger.register(ident)
     first = ledger.claim(ident.run_id, "w1", 30)
@@ -113,7 +114,7 @@ def test_the_owner_reclaiming_supersedes_its_own_attempt(ledger: RunLedger) -> N
         ledger.save_raw_input(first, {"stale": True})
 
 
-def test_lease_expiry_follows_the_database_clock(ledger: RunLedger, db: psycopg.Connection) -> None:
+def test_lease_expiry_follows_the_database_clock(ledger: BothFaces, db: psycopg.Connection) -> None:
     ident = identity()
     held = claimed(ledger, ident, "w1", 0.5)
     attempts = 0
@@ -129,7 +130,7 @@ def test_lease_expiry_follows_the_database_clock(ledger: RunLedger, db: psycopg.
     assert taken.epoch == 2 and attempts > 0
 
 
-def test_renew_extends_by_the_database_clock(ledger: RunLedger, db: psycopg.Connection) -> None:
+def test_renew_extends_by_the_database_clock(ledger: BothFaces, db: psycopg.Connection) -> None:
     ident = identity()
     lease = claimed(ledger, ident, "w1", 5)
     renewed = ledger.renew(lease)
@@ -141,7 +142,7 @@ def test_renew_extends_by_the_database_clock(ledger: RunLedger, db: psycopg.Conn
     assert ledger.renew(lease).expires_at > db_now(db)
 
 
-def test_raw_input_checkpoint_keeps_the_first_value(ledger: RunLedger) -> None:
+def test_raw_input_checkpoint_keeps_the_first_value(ledger: BothFaces) -> None:
     ident = identity()
     lease = claimed(ledger, ident, "w1", 30)
     assert ledger.save_raw_input(lease, {"docs": ["first"]}) == {"docs": ["first"]}
@@ -152,7 +153,7 @@ def test_raw_input_checkpoint_keeps_the_first_value(ledger: RunLedger) -> None:
 
 
 def test_complete_commits_output_attempt_and_outbox_together(
-    ledger: RunLedger, db: psycopg.Connection
+    ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     ident = identity()
     lease = claimed(ledger, ident, "w1", 30)
@@ -183,7 +184,7 @@ def test_complete_commits_output_attempt_and_outbox_together(
 
 
 def test_complete_retried_after_it_landed_resolves_to_the_same_outcome(
-    ledger: RunLedger, db: psycopg.Connection
+    ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     """The caller lost the answer of its commit and retries it with the same lease."""
     ident = identity()
@@ -195,7 +196,7 @@ def test_complete_retried_after_it_landed_resolves_to_the_same_outcome(
     assert ledger.outbox(ident.run_id)[0].payload == {"n": 1}
 
 
-def test_a_stale_worker_can_write_nothing(ledger: RunLedger, db: psycopg.Connection) -> None:
+def test_a_stale_worker_can_write_nothing(ledger: BothFaces, db: psycopg.Connection) -> None:
     ident = identity()
     stale = claimed(ledger, ident, "paused-worker", 30)
     expire_lease(db, ident.run_id)
@@ -226,7 +227,7 @@ def test_a_stale_worker_can_write_nothing(ledger: RunLedger, db: psycopg.Connect
 
 
 def test_a_failed_run_is_retried_without_duplicate_outbox_rows(
-    ledger: RunLedger, db: psycopg.Connection
+    ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     ident = identity()
     first = claimed(ledger, ident, "w1", 30)
@@ -251,7 +252,7 @@ def test_a_failed_run_is_retried_without_duplicate_outbox_rows(
     assert final is not None and final.last_error is None and final.attempts == 2
 
 
-def test_release_frees_the_run_for_another_worker(ledger: RunLedger) -> None:
+def test_release_frees_the_run_for_another_worker(ledger: BothFaces) -> None:
     ident = identity()
     lease = claimed(ledger, ident, "w1", 300)
     ledger.release(lease)
@@ -275,7 +276,7 @@ def test_release_frees_the_run_for_another_worker(ledger: RunLedger) -> None:
     ],
 )
 def test_unstorable_output_is_refused_and_nothing_changes(
-    ledger: RunLedger, output: object, field: str, reason: str
+    ledger: BothFaces, output: object, field: str, reason: str
 ) -> None:
     ident = identity()
     lease = claimed(ledger, ident, "w1", 30)
@@ -287,7 +288,7 @@ def test_unstorable_output_is_refused_and_nothing_changes(
     assert ledger.complete(lease, {"summary": "fine"}).accepted
 
 
-def test_deeply_nested_output_is_refused(ledger: RunLedger) -> None:
+def test_deeply_nested_output_is_refused(ledger: BothFaces) -> None:
     deep: dict[str, object] = {}
     node = deep
     for _ in range(100_000):
@@ -299,7 +300,7 @@ def test_deeply_nested_output_is_refused(ledger: RunLedger) -> None:
         ledger.complete(lease, deep)
 
 
-def test_bad_arguments_are_refused_naming_the_field(ledger: RunLedger) -> None:
+def test_bad_arguments_are_refused_naming_the_field(ledger: BothFaces) -> None:
     ident = identity()
     ledger.register(ident)
     for kwargs, field in (
@@ -328,7 +329,7 @@ def test_bad_arguments_are_refused_naming_the_field(ledger: RunLedger) -> None:
 
 
 def test_a_connection_dropped_during_commit_resolves_to_one_outcome(
-    ledger: RunLedger, db: psycopg.Connection, database: str
+    ledger: BothFaces, db: psycopg.Connection, database: str
 ) -> None:
     """The backend running the commit is terminated; the ledger's retry gives one result."""
     ident = identity()
@@ -369,7 +370,7 @@ def test_a_connection_dropped_during_commit_resolves_to_one_outcome(
     assert record is not None and record.status == "completed"
 
 
-def test_outbox_delivery_sends_each_row_once(ledger: RunLedger) -> None:
+def test_outbox_delivery_sends_each_row_once(ledger: BothFaces) -> None:
     runs = [identity(hour=h) for h in range(4)]
     for ident in runs:
         lease = claimed(ledger, ident, "w", 30)
@@ -397,7 +398,7 @@ def test_outbox_delivery_sends_each_row_once(ledger: RunLedger) -> None:
     assert all(r.delivery_attempts == 1 and r.delivered_at for r in ledger.outbox())
 
 
-def test_a_failed_delivery_is_recorded_and_retried(ledger: RunLedger) -> None:
+def test_a_failed_delivery_is_recorded_and_retried(ledger: BothFaces) -> None:
     ident = identity()
     lease = claimed(ledger, ident, "w", 30)
     ledger.complete(lease, {"summary": "s"}, {"hook": {"n": 1}})
@@ -422,7 +423,7 @@ def test_a_failed_delivery_is_recorded_and_retried(ledger: RunLedger) -> None:
 
 def test_secrets_stay_out_of_errors_and_repr() -> None:
     url = "postgresql://ledger:s3cr3t-pw@127.0.0.1:9/ledger"
-    ledger = RunLedger(url, connect_timeout_seconds=1)
+    ledger = BothFaces(url, connect_timeout_seconds=1)
     assert "s3cr3t" not in repr(ledger)
     with pytest.raises(LedgerConnectionError) as info:
         ledger.open()
@@ -431,7 +432,7 @@ def test_secrets_stay_out_of_errors_and_repr() -> None:
 
 
 def test_begin_registers_and_claims_in_one_statement(
-    ledger: RunLedger, db: psycopg.Connection
+    ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     ident = identity()
     record, lease = ledger.begin(ident, "w1", 30, caller_run_id="dr", caller_step="collect")
@@ -469,7 +470,7 @@ def test_begin_registers_and_claims_in_one_statement(
     )
 
 
-def test_begin_refuses_a_mismatched_identity(ledger: RunLedger, db: psycopg.Connection) -> None:
+def test_begin_refuses_a_mismatched_identity(ledger: BothFaces, db: psycopg.Connection) -> None:
     ident = identity()
     db.execute(
         "INSERT INTO idempotent_jobs.runs (run_id, job_name, subject_id, scheduled_at, version)"
@@ -494,7 +495,7 @@ def _xmax(db: psycopg.Connection, run_id: str) -> str:
 
 
 def test_a_claim_writes_one_row_and_the_attempt_when_it_ends(
-    ledger: RunLedger, db: psycopg.Connection
+    ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     ident = identity()
     ledger.register(ident)
@@ -521,7 +522,7 @@ def test_a_claim_writes_one_row_and_the_attempt_when_it_ends(
 
 
 def test_the_claim_that_supersedes_a_vanished_holder_records_its_attempt(
-    ledger: RunLedger, db: psycopg.Connection
+    ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     ident = identity()
     ledger.register(ident)
@@ -540,7 +541,7 @@ def test_the_claim_that_supersedes_a_vanished_holder_records_its_attempt(
     assert (current.worker_id, current.caller_run_id, current.outcome) == ("w2", "d-2", None)
 
 
-def test_polling_a_held_run_writes_nothing(ledger: RunLedger, db: psycopg.Connection) -> None:
+def test_polling_a_held_run_writes_nothing(ledger: BothFaces, db: psycopg.Connection) -> None:
     ident = identity()
     claimed(ledger, ident, "holder", 30)
     before = _xmax(db, ident.run_id)
@@ -554,7 +555,7 @@ def test_polling_a_held_run_writes_nothing(ledger: RunLedger, db: psycopg.Connec
 def test_lease_commit_mode_stays_inside_its_statement(database: str, durable: bool) -> None:
     """Lease writes may commit without waiting for the flush; the setting never leaks into the
     pooled connection's session, where the final commit must wait."""
-    with RunLedger(
+    with BothFaces(
         database, pool_min_size=1, pool_max_size=1, durable_lease_commits=durable
     ) as ledger:
         pool = ledger._db._pool_or_open()
@@ -572,11 +573,11 @@ def test_lease_commit_mode_stays_inside_its_statement(database: str, durable: bo
         assert stored is not None and stored.raw_input == {"documents": ["d"]}
 
 
-def test_the_ledger_is_the_workers_path_and_operator_reads_live_apart(ledger: RunLedger) -> None:
-    """Listings, health checks, storage and retention run over the ledger's pool from classes
-    and functions of their own; RunLedger keeps what a worker does."""
-    from idempotent_jobs.core import retention
-    from idempotent_jobs.core.operator_reads import LedgerReads
+def test_the_ledger_has_two_faces_the_worker_and_the_operator(ledger: BothFaces) -> None:
+    """Listings, health checks, storage, revisions, drills, prices and retention are the
+    operator face's (LedgerAdmin); RunLedger keeps what a worker does, and its executor is
+    private."""
+    from idempotent_jobs.core.admin import LedgerAdmin
 
     operator_reads = (
         "list_runs",
@@ -589,8 +590,10 @@ def test_the_ledger_is_the_workers_path_and_operator_reads_live_apart(ledger: Ru
         "drifted",
         "drills",
     )
-    for name in operator_reads:
-        assert not hasattr(RunLedger, name) and callable(getattr(LedgerReads, name)), name
-    assert not hasattr(RunLedger, "prune_batch") and callable(retention.prune_batch)
-    reads = LedgerReads(ledger)
-    assert reads.list_runs() == [] and reads.job_names() == [] and reads.drills() == []
+    operator_work = ("revise", "arm_drill", "migrate", "set_price", "prune_batch", "attempts")
+    for name in operator_reads + operator_work:
+        assert not hasattr(RunLedger, name) and callable(getattr(LedgerAdmin, name)), name
+    for name in ("register", "release", "save_raw_input", "executor", "outbox"):
+        assert not hasattr(RunLedger, name), name
+    with LedgerAdmin.beside(ledger) as admin:
+        assert admin.list_runs() == [] and admin.job_names() == [] and admin.drills() == []

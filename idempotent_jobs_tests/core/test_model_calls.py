@@ -12,7 +12,6 @@ from idempotent_jobs import (
     CallOrigin,
     ModelAnswer,
     ModelUsage,
-    RunLedger,
     StaleCandidateError,
     run_idempotent,
 )
@@ -21,6 +20,7 @@ from idempotent_jobs.operator.cli import main
 from idempotent_jobs_tests.dagster_defs import SUMMARY_SPEC, defs
 from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
 from idempotent_jobs_tests.helpers import Collector, claimed, expire_lease, identity
+from idempotent_jobs_tests.ledgers import BothFaces
 
 
 def answers(*scripted: Any) -> Any:
@@ -37,7 +37,7 @@ def answers(*scripted: Any) -> Any:
     return transform
 
 
-def test_failed_rejected_and_accepted_calls_are_all_recorded(ledger: RunLedger) -> None:
+def test_failed_rejected_and_accepted_calls_are_all_recorded(ledger: BothFaces) -> None:
     ident = identity()
     model = answers(
         TimeoutError("provider timed out"),
@@ -80,7 +80,7 @@ def test_failed_rejected_and_accepted_calls_are_all_recorded(ledger: RunLedger) 
 
 
 def test_a_stale_answer_is_recorded_as_a_wasted_call(
-    ledger: RunLedger, db: psycopg.Connection
+    ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     ident = identity()
     first = ledger.checkpoint(claimed(ledger, ident, "w1"), {"documents": ["d"]})
@@ -114,7 +114,7 @@ def test_a_stale_answer_is_recorded_as_a_wasted_call(
 
 def test_the_call_is_recorded_with_the_step_that_made_it_and_persist_reports_totals(
     dagster_env: DagsterTestEnv,
-    ledger: RunLedger,
+    ledger: BothFaces,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     database: str,
@@ -154,7 +154,7 @@ def test_the_call_is_recorded_with_the_step_that_made_it_and_persist_reports_tot
 
 
 def test_a_recorded_answer_lost_again_at_its_commit_is_still_one_call(
-    ledger: RunLedger, db: psycopg.Connection
+    ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     """``transform`` recorded its paid answer; a later step (re-execution, the lost-lease
     fallback) claims again, and loses that lease too before its commit lands. The call it

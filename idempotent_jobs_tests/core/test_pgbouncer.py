@@ -15,9 +15,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from idempotent_jobs import LedgerConnectionError, LedgerError, RunLedger, run_idempotent
+from idempotent_jobs import LedgerConnectionError, LedgerError, run_idempotent
 from idempotent_jobs_tests.conftest import through_pgbouncer
 from idempotent_jobs_tests.helpers import identity
+from idempotent_jobs_tests.ledgers import BothFaces
 from idempotent_jobs_tests.pgbouncer import PgBouncer
 
 pytestmark = [pytest.mark.slow]
@@ -34,7 +35,7 @@ def test_the_ledger_finds_pgbouncer_and_runs_the_protocol_without_prepared_state
 
     def worker(number: int) -> None:
         try:
-            with RunLedger(url, pool_max_size=2) as ledger:
+            with BothFaces(url, pool_max_size=2) as ledger:
                 assert ledger.executor.pooled
                 for hour in range(10):
                     outcome = run_idempotent(
@@ -56,7 +57,7 @@ def test_the_ledger_finds_pgbouncer_and_runs_the_protocol_without_prepared_state
         thread.join()
     assert errors == []
     assert sum(outcomes) == 30 and len(outcomes) == 60, "3 subjects x 10 hours, each run once"
-    with RunLedger(database) as direct:
+    with BothFaces(database) as direct:
         assert not direct.executor.pooled
 
 
@@ -68,7 +69,7 @@ def test_prepared_statements_forced_through_pgbouncer_1_18_break_and_the_default
     with PgBouncer(server_url, pool_size=1) as bouncer:
         url = through_pgbouncer(bouncer, database)
         forced = [
-            RunLedger(url, pool_max_size=1, prepared_statements=True, connect_timeout_seconds=2)
+            BothFaces(url, pool_max_size=1, prepared_statements=True, connect_timeout_seconds=2)
             for _ in range(2)
         ]
         with pytest.raises((LedgerError, psycopg.Error)) as failed:
@@ -80,7 +81,7 @@ def test_prepared_statements_forced_through_pgbouncer_1_18_break_and_the_default
         assert "prepared statement" in str(failed.value) + caplog.text
         for ledger in forced:
             ledger.close()
-        detected = [RunLedger(url, pool_max_size=1) for _ in range(2)]
+        detected = [BothFaces(url, pool_max_size=1) for _ in range(2)]
         for hour in range(3):
             for ledger in detected:
                 ledger.register(identity(subject="detected", hour=hour))
@@ -90,7 +91,7 @@ def test_prepared_statements_forced_through_pgbouncer_1_18_break_and_the_default
 
 def test_migrate_refuses_a_pooler_and_names_the_reason(database: str, pgbouncer: PgBouncer) -> None:
     with pytest.raises(LedgerError, match="migrate needs a direct connection"):
-        RunLedger(through_pgbouncer(pgbouncer, database)).migrate()
+        BothFaces(through_pgbouncer(pgbouncer, database)).migrate()
 
 
 @pytest.fixture
@@ -118,13 +119,13 @@ def test_timezone_advice_of_the_deployment_docs(
     # Without `options` in ignore_startup_parameters, 1.18 refuses the ledger's connection.
     with PgBouncer(server_url, users=(zoned_role,), ignore_options=False) as strict:
         with pytest.raises(LedgerConnectionError, match="unsupported startup parameter: options"):
-            RunLedger(strict.url(dbname, user=zoned_role)).open()
+            BothFaces(strict.url(dbname, user=zoned_role)).open()
     with PgBouncer(server_url, users=(zoned_role,)) as bouncer:
         url = bouncer.url(dbname, user=zoned_role)
         # The role's zone is what a client gets through the pooler: the startup option is gone.
         with psycopg.connect(url, autocommit=True, prepare_threshold=None) as plain:
             assert plain.execute("SHOW TimeZone").fetchone() == (ZONE,)
-        with RunLedger(url, pool_max_size=2) as ledger:
+        with BothFaces(url, pool_max_size=2) as ledger:
             assert ledger.executor.pooled
             record, lease = ledger.begin(identity(subject="zoned"), "w", 30)
             assert lease is not None

@@ -16,8 +16,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from idempotent_jobs import RunLedger
 from idempotent_jobs_tests.helpers import identity
+from idempotent_jobs_tests.ledgers import BothFaces
 from idempotent_jobs_tests.pgbouncer import PgBouncer, free_port
 
 
@@ -101,7 +101,7 @@ def test_a_failover_to_pgbouncer_prepares_nothing_and_holds_no_lease(
         user=user,
     )
     errors: list[str] = []
-    with RunLedger(url, pool_min_size=2, pool_max_size=4, connection_retries=3) as ledger:
+    with BothFaces(url, pool_min_size=2, pool_max_size=4, connection_retries=3) as ledger:
         assert not ledger.executor.pooled  # opened on the direct host: statements prepared
         for hour in range(4):
             _, lease = ledger.begin(identity("before", hour), "w", 30)

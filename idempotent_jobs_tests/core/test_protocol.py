@@ -20,9 +20,10 @@ from idempotent_jobs import (
 from idempotent_jobs.core.records import Completion, Lease
 from idempotent_jobs.core.testing import ScriptedModel, assert_run_twice_is_idempotent
 from idempotent_jobs_tests.helpers import Collector, count, email, expire_lease, identity
+from idempotent_jobs_tests.ledgers import BothFaces
 
 
-def test_run_it_twice(ledger: RunLedger, db: psycopg.Connection) -> None:
+def test_run_it_twice(ledger: BothFaces, db: psycopg.Connection) -> None:
     """The published test: the model's second answer would differ, yet nothing changes."""
     model = ScriptedModel([{"summary": "first answer"}, {"summary": "a visibly different one"}])
     collector = Collector()
@@ -42,7 +43,7 @@ def test_run_it_twice(ledger: RunLedger, db: psycopg.Connection) -> None:
     assert record is not None and record.status == "completed"
 
 
-def test_the_kit_catches_an_identity_built_from_the_wall_clock(ledger: RunLedger) -> None:
+def test_the_kit_catches_an_identity_built_from_the_wall_clock(ledger: BothFaces) -> None:
     model = ScriptedModel()
     wall_clock = iter(
         [datetime(2026, 8, 7, 9, 0, 1, tzinfo=UTC), datetime(2026, 8, 7, 9, 0, 2, tzinfo=UTC)]
@@ -57,7 +58,7 @@ def test_the_kit_catches_an_identity_built_from_the_wall_clock(ledger: RunLedger
     assert model.calls == 2
 
 
-def test_a_timeout_after_collection_reuses_the_stored_input(ledger: RunLedger) -> None:
+def test_a_timeout_after_collection_reuses_the_stored_input(ledger: BothFaces) -> None:
     model = ScriptedModel(fail_on=[1])
     collector = Collector()
     with pytest.raises(TimeoutError):
@@ -90,7 +91,7 @@ class CommitThenLoseTheAnswer(RunLedger):
 
 
 def test_a_timeout_after_the_final_commit_returns_the_stored_result(
-    ledger: RunLedger, database: str, db: psycopg.Connection
+    ledger: BothFaces, database: str, db: psycopg.Connection
 ) -> None:
     model = ScriptedModel()
     collector = Collector()
@@ -115,7 +116,7 @@ def test_a_timeout_after_the_final_commit_returns_the_stored_result(
     assert attempt.outcome == "completed"
 
 
-def test_a_completed_run_invoked_again_does_nothing(ledger: RunLedger) -> None:
+def test_a_completed_run_invoked_again_does_nothing(ledger: BothFaces) -> None:
     model = ScriptedModel()
     collector = Collector()
     first = run_idempotent(ledger, identity(), collect=collector, transform=model)
@@ -151,7 +152,7 @@ class DedupQueue:
         self.keys.clear()
 
 
-def test_an_expired_queue_dedup_key_still_finds_the_durable_run(ledger: RunLedger) -> None:
+def test_an_expired_queue_dedup_key_still_finds_the_durable_run(ledger: BothFaces) -> None:
     queue = DedupQueue()
     model = ScriptedModel()
     assert queue.submit(identity())
@@ -167,7 +168,7 @@ def test_an_expired_queue_dedup_key_still_finds_the_durable_run(ledger: RunLedge
 
 
 def test_the_heartbeat_keeps_the_lease_through_a_long_model_call(
-    ledger: RunLedger, db: psycopg.Connection
+    ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     in_model = threading.Event()
     finish = threading.Event()
@@ -208,7 +209,7 @@ def test_the_heartbeat_keeps_the_lease_through_a_long_model_call(
 
 
 def test_a_lease_lost_during_the_model_call_never_commits(
-    ledger: RunLedger, db: psycopg.Connection
+    ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     def model_paused_past_its_lease(raw: dict[str, Any]) -> dict[str, Any]:
         # While this worker is "paused", its lease expires and another worker claims the run.
@@ -236,7 +237,7 @@ def test_a_lease_lost_during_the_model_call_never_commits(
     assert [a.outcome for a in ledger.attempts(identity().run_id)] == ["lease_lost", None]
 
 
-def test_a_rejected_output_fails_the_attempt_and_a_retry_succeeds(ledger: RunLedger) -> None:
+def test_a_rejected_output_fails_the_attempt_and_a_retry_succeeds(ledger: BothFaces) -> None:
     model = ScriptedModel([{"summary": ""}, {"summary": "good"}])
     collector = Collector()
 
@@ -252,7 +253,7 @@ def test_a_rejected_output_fails_the_attempt_and_a_retry_succeeds(ledger: RunLed
     assert done.output == {"summary": "good"} and collector.calls == 1
 
 
-def test_a_collector_error_is_recorded_and_nothing_is_checkpointed(ledger: RunLedger) -> None:
+def test_a_collector_error_is_recorded_and_nothing_is_checkpointed(ledger: BothFaces) -> None:
     def broken_collector(ident: RunIdentity) -> dict[str, Any]:
         raise ConnectionError("source unavailable")
 
@@ -269,7 +270,7 @@ def test_a_collector_error_is_recorded_and_nothing_is_checkpointed(ledger: RunLe
     assert model.calls == 0
 
 
-def test_usage_is_recorded_on_the_attempt(ledger: RunLedger) -> None:
+def test_usage_is_recorded_on_the_attempt(ledger: BothFaces) -> None:
     def model(raw: dict[str, Any]) -> ModelAnswer:
         return ModelAnswer({"summary": "s"}, ModelUsage("local-extractive", 321, 12))
 
@@ -282,7 +283,7 @@ def test_usage_is_recorded_on_the_attempt(ledger: RunLedger) -> None:
     )
 
 
-def test_a_run_held_by_another_worker_is_left_alone(ledger: RunLedger) -> None:
+def test_a_run_held_by_another_worker_is_left_alone(ledger: BothFaces) -> None:
     ledger.register(identity())
     assert ledger.claim(identity().run_id, "someone-else", 60) is not None
     model = ScriptedModel()

@@ -12,6 +12,8 @@ import pytest
 from psycopg import sql
 
 from idempotent_jobs.core.executor import Executor
+from idempotent_jobs.core.settings import LedgerSettings
+from idempotent_jobs.core.sql import Face, face_statements
 from idempotent_jobs_tests.conftest import admin_execute, database_conninfo
 
 SEEDED_RUNS = 20_000
@@ -120,7 +122,9 @@ def _seed(db: psycopg.Connection) -> None:
 
 
 def _plan(conninfo: str, name: str, analyze: bool = False) -> list[dict[str, Any]]:
-    query = Executor(conninfo).query(name.split()[0])
+    name = name.split()[0]
+    face: Face = "admin" if name in face_statements("admin") else "worker"
+    query = Executor(LedgerSettings(conninfo), face).query(name)
     options = "ANALYZE, FORMAT JSON" if analyze else "FORMAT JSON"
     with psycopg.connect(conninfo, autocommit=True) as conn:
         [[plan]] = conn.execute(f"EXPLAIN ({options}) {query}", OPERATOR_QUERIES[name]).fetchall()

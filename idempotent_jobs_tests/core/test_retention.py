@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from idempotent_jobs import InvalidInputError, RunLedger, run_idempotent
+from idempotent_jobs import InvalidInputError, run_idempotent
 from idempotent_jobs.core.retention import PARTS, RetentionPolicy, prune
 from idempotent_jobs.core.testing import ScriptedModel
 from idempotent_jobs_tests.helpers import (
@@ -18,6 +18,7 @@ from idempotent_jobs_tests.helpers import (
     email,
     identity,
 )
+from idempotent_jobs_tests.ledgers import BothFaces
 from idempotent_jobs_tests.workers import live_runs_while_pruning
 
 MONTH = timedelta(days=30)
@@ -25,7 +26,7 @@ EVERYTHING_AFTER_A_MONTH = RetentionPolicy(MONTH, MONTH, MONTH, MONTH)
 JOB = "competitor-summary"
 
 
-def complete_one(ledger: RunLedger, subject: str, hour: int, model: ScriptedModel) -> str:
+def complete_one(ledger: BothFaces, subject: str, hour: int, model: ScriptedModel) -> str:
     outcome = run_idempotent(
         ledger,
         identity(subject, hour),
@@ -38,7 +39,7 @@ def complete_one(ledger: RunLedger, subject: str, hour: int, model: ScriptedMode
 
 
 def test_dry_run_and_apply_agree_and_only_old_payloads_of_finished_work_go(
-    ledger: RunLedger, db: psycopg.Connection
+    ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     model = ScriptedModel([{"summary": f"answer {n}"} for n in range(10)])
     old = complete_one(ledger, "old-co", 1, model)
@@ -50,8 +51,8 @@ def test_dry_run_and_apply_agree_and_only_old_payloads_of_finished_work_go(
     running = claimed(ledger, identity("running-co", 4))
     ledger.checkpoint(running, {"documents": ["being worked on"]})
 
-    dry = prune(ledger, JOB, EVERYTHING_AFTER_A_MONTH)
-    applied = prune(ledger, JOB, EVERYTHING_AFTER_A_MONTH, apply=True, batch_size=2)
+    dry = prune(ledger.admin, JOB, EVERYTHING_AFTER_A_MONTH)
+    applied = prune(ledger.admin, JOB, EVERYTHING_AFTER_A_MONTH, apply=True, batch_size=2)
     assert not dry.applied and applied.applied
     assert {p: (dry.parts[p].rows, dry.parts[p].bytes) for p in PARTS} == {
         p: (applied.parts[p].rows, applied.parts[p].bytes) for p in PARTS
@@ -82,20 +83,20 @@ def test_dry_run_and_apply_agree_and_only_old_payloads_of_finished_work_go(
     busy = ledger.get(running.run_id)
     assert busy is not None and busy.raw_input == {"documents": ["being worked on"]}
 
-    again = prune(ledger, JOB, EVERYTHING_AFTER_A_MONTH)
+    again = prune(ledger.admin, JOB, EVERYTHING_AFTER_A_MONTH)
     assert again.rows == 0, "a second prune finds nothing left"
-    other_job = prune(ledger, "another-job", EVERYTHING_AFTER_A_MONTH, apply=True)
+    other_job = prune(ledger.admin, "another-job", EVERYTHING_AFTER_A_MONTH, apply=True)
     assert other_job.rows == 0
 
 
 def test_a_pruned_run_invoked_again_calls_no_model_and_sends_nothing(
-    ledger: RunLedger, db: psycopg.Connection
+    ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     model = ScriptedModel([{"summary": "first"}, {"summary": "second"}])
     run_id = complete_one(ledger, "workspace-acme", 9, model)
     assert len(deliver_all(ledger)) == 1
     backdate(db, run_id, 400)
-    prune(ledger, JOB, EVERYTHING_AFTER_A_MONTH, apply=True)
+    prune(ledger.admin, JOB, EVERYTHING_AFTER_A_MONTH, apply=True)
 
     collector = Collector()
     outcome = run_idempotent(
@@ -109,12 +110,12 @@ def test_a_pruned_run_invoked_again_calls_no_model_and_sends_nothing(
 
 
 def test_revising_a_run_whose_input_was_pruned_needs_recollect(
-    ledger: RunLedger, db: psycopg.Connection
+    ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     model = ScriptedModel([{"summary": "first"}, {"summary": "recomputed"}])
     run_id = complete_one(ledger, "workspace-acme", 9, model)
     backdate(db, run_id, 400)
-    prune(ledger, JOB, RetentionPolicy(raw_input=MONTH), apply=True)
+    prune(ledger.admin, JOB, RetentionPolicy(raw_input=MONTH), apply=True)
     with pytest.raises(InvalidInputError, match=r"recollect.*raw input .* was pruned"):
         ledger.revise(run_id, "prompt fixed")
     reopened = ledger.revise(run_id, "prompt fixed", recollect=True)
@@ -132,7 +133,7 @@ def test_revising_a_run_whose_input_was_pruned_needs_recollect(
 
 
 def test_a_replaced_result_loses_its_output_by_the_output_policy(
-    ledger: RunLedger, db: psycopg.Connection
+    ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     model = ScriptedModel([{"summary": "first"}, {"summary": "recomputed"}])
     run_id = complete_one(ledger, "workspace-acme", 9, model)
@@ -142,7 +143,7 @@ def test_a_replaced_result_loses_its_output_by_the_output_policy(
         "UPDATE idempotent_jobs.run_revisions"
         " SET previous_completed_at = previous_completed_at - interval '400 days'"
     )
-    report = prune(ledger, JOB, RetentionPolicy(output=MONTH), apply=True)
+    report = prune(ledger.admin, JOB, RetentionPolicy(output=MONTH), apply=True)
     assert report.parts["output"].rows == 1  # the replaced one; the current result is new
     [history] = ledger.revisions(run_id)
     assert history.previous_output is None and history.reason == "prompt fixed"
@@ -160,7 +161,7 @@ def test_a_policy_must_keep_something_for_some_time() -> None:
 
 
 def test_payloads_over_the_size_limit_are_refused_before_any_write(
-    ledger: RunLedger, database: str
+    ledger: BothFaces, database: str
 ) -> None:
     lease = claimed(ledger, identity())
     big: dict[str, Any] = {"documents": ["x" * (1024 * 1024)]}
@@ -174,10 +175,10 @@ def test_payloads_over_the_size_limit_are_refused_before_any_write(
         None,
         None,
     )
-    with RunLedger(database, max_raw_input_bytes=4 * 1024 * 1024) as roomy:
+    with BothFaces(database, max_raw_input_bytes=4 * 1024 * 1024) as roomy:
         assert roomy.save_raw_input(lease, big) == big
     with pytest.raises(InvalidInputError, match="max_output_bytes: must be 1 to"):
-        RunLedger(database, max_output_bytes=0)
+        BothFaces(database, max_output_bytes=0)
 
 
 SEEDED_OLD_RUNS = 20_000
@@ -217,7 +218,7 @@ def seed_old_runs(db: psycopg.Connection, runs: int) -> None:
 
 @pytest.mark.slow
 def test_prune_runs_beside_live_claims_and_completions_in_other_processes(
-    ledger: RunLedger, database: str, db: psycopg.Connection
+    ledger: BothFaces, database: str, db: psycopg.Connection
 ) -> None:
     """Two processes claim and complete runs of the current windows of the same job while a
     prune of 20,000 old runs goes by in batches of 500: no claim waits on the prune (the longest
@@ -238,7 +239,7 @@ def test_prune_runs_beside_live_claims_and_completions_in_other_processes(
         worker.start()
     for event in started:
         assert event.wait(60), "a live worker did not start"
-    report = prune(ledger, JOB, EVERYTHING_AFTER_A_MONTH, apply=True, batch_size=500)
+    report = prune(ledger.admin, JOB, EVERYTHING_AFTER_A_MONTH, apply=True, batch_size=500)
     stop.set()
     results = [out.get(timeout=120) for _ in workers]
     for worker in workers:
@@ -269,7 +270,7 @@ def test_prune_runs_beside_live_claims_and_completions_in_other_processes(
 
 
 def test_prune_during_a_revise_skips_the_run_whole_and_reports_rows_changed(
-    ledger: RunLedger, db: psycopg.Connection, database: str
+    ledger: BothFaces, db: psycopg.Connection, database: str
 ) -> None:
     """A revise holds the run's row while prune runs: prune waits, rechecks, and leaves every
     part of the run, its attempt rows included, as they were; --apply counts what it changed."""
@@ -287,7 +288,9 @@ def test_prune_during_a_revise_skips_the_run_whole_and_reports_rows_changed(
             (run_id,),
         )
         worker = threading.Thread(
-            target=lambda: applied.append(prune(ledger, JOB, EVERYTHING_AFTER_A_MONTH, apply=True))
+            target=lambda: applied.append(
+                prune(ledger.admin, JOB, EVERYTHING_AFTER_A_MONTH, apply=True)
+            )
         )
         worker.start()
         for _ in range(3000):  # until prune waits on the row the revise holds

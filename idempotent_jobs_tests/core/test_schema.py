@@ -3,8 +3,9 @@ import multiprocessing
 import psycopg
 import pytest
 
-from idempotent_jobs import InvalidInputError, LedgerError, RunLedger, SchemaNotMigratedError
+from idempotent_jobs import InvalidInputError, LedgerError, SchemaNotMigratedError
 from idempotent_jobs.core.schema import shipped_migrations
+from idempotent_jobs_tests.ledgers import BothFaces
 
 EXPECTED_COLUMNS = {
     "runs": (
@@ -58,7 +59,7 @@ def constraints(conninfo: str, schema: str) -> set[str]:
 
 
 def test_migrations_create_the_designed_tables(fresh_database: str) -> None:
-    applied = RunLedger(fresh_database).migrate()
+    applied = BothFaces(fresh_database).migrate()
     assert applied == [f"{m.version:04d}_{m.name}" for m in shipped_migrations()]
     found = columns(fresh_database, "idempotent_jobs")
     assert {t: found[t] for t in EXPECTED_COLUMNS} == EXPECTED_COLUMNS
@@ -68,7 +69,7 @@ def test_migrations_create_the_designed_tables(fresh_database: str) -> None:
 
 
 def test_migrating_twice_is_a_no_op(fresh_database: str) -> None:
-    ledger = RunLedger(fresh_database)
+    ledger = BothFaces(fresh_database)
     assert ledger.migrate() != []
     before = columns(fresh_database, "idempotent_jobs")
     assert ledger.migrate() == []
@@ -82,7 +83,7 @@ def _migrate_in_child(
 ) -> None:
     barrier.wait()
     try:
-        out.put(RunLedger(conninfo).migrate())
+        out.put(BothFaces(conninfo).migrate())
     except Exception as exc:  # reported to the parent, which fails the test
         out.put(repr(exc))
 
@@ -109,7 +110,7 @@ def test_concurrent_migrations_apply_once(fresh_database: str) -> None:
 
 
 def test_an_unmigrated_database_is_refused_at_open(fresh_database: str) -> None:
-    ledger = RunLedger(fresh_database)
+    ledger = BothFaces(fresh_database)
     with pytest.raises(SchemaNotMigratedError, match="idempotent-jobs migrate"):
         ledger.open()
     ledger.migrate()
@@ -121,14 +122,14 @@ def test_a_missing_migration_is_refused_at_open(database: str) -> None:
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("DELETE FROM idempotent_jobs.schema_migrations")
     with pytest.raises(SchemaNotMigratedError, match="lacks migrations 0001_initial"):
-        RunLedger(database).open()
+        BothFaces(database).open()
 
 
 def test_an_edited_migration_is_detected(database: str) -> None:
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("UPDATE idempotent_jobs.schema_migrations SET checksum = 'edited'")
     with pytest.raises(LedgerError, match="changed after it was applied"):
-        RunLedger(database).migrate()
+        BothFaces(database).migrate()
 
 
 def test_a_newer_schema_than_the_code_is_refused(database: str) -> None:
@@ -138,11 +139,11 @@ def test_a_newer_schema_than_the_code_is_refused(database: str) -> None:
             " VALUES (9999, 'future', 'x')"
         )
     with pytest.raises(SchemaNotMigratedError, match="newer than the code"):
-        RunLedger(database).open()
+        BothFaces(database).open()
 
 
 def test_a_custom_schema_is_independent(database: str) -> None:
-    other = RunLedger(database, schema="tenant_b_ledger")
+    other = BothFaces(database, schema="tenant_b_ledger")
     assert other.migrate() == [f"{m.version:04d}_{m.name}" for m in shipped_migrations()]
     found = columns(database, "tenant_b_ledger")
     assert {t: found[t] for t in EXPECTED_COLUMNS} == EXPECTED_COLUMNS
@@ -151,7 +152,7 @@ def test_a_custom_schema_is_independent(database: str) -> None:
 @pytest.mark.parametrize("name", ["Ledger", "a-b", "x; DROP TABLE y", "", "9abc"])
 def test_bad_schema_names_are_refused(name: str) -> None:
     with pytest.raises(InvalidInputError) as info:
-        RunLedger("postgresql://unused", schema=name).migrate()
+        BothFaces("postgresql://unused", schema=name).migrate()
     assert info.value.field == "schema_name"
 
 
@@ -164,7 +165,7 @@ def test_the_lean_claims_migration_moves_open_attempts_onto_their_runs(
 
     shipped = shipped_migrations()
     monkeypatch.setattr(schema, "shipped_migrations", lambda: shipped[:2])
-    RunLedger(fresh_database).migrate()
+    BothFaces(fresh_database).migrate()
     run_id, abandoned = "a" * 64, "b" * 64
     with psycopg.connect(fresh_database, autocommit=True) as conn:
         for rid, status in ((run_id, "running"), (abandoned, "failed")):
@@ -187,8 +188,8 @@ def test_the_lean_claims_migration_moves_open_attempts_onto_their_runs(
                 (rid,),
             )
     monkeypatch.setattr(schema, "shipped_migrations", lambda: shipped)
-    assert RunLedger(fresh_database).migrate()[0] == "0003_lean_claims"
-    with RunLedger(fresh_database) as ledger:
+    assert BothFaces(fresh_database).migrate()[0] == "0003_lean_claims"
+    with BothFaces(fresh_database) as ledger:
         [open_attempt] = ledger.attempts(run_id)
         assert (open_attempt.worker_id, open_attempt.caller_run_id, open_attempt.caller_step) == (
             "old",

@@ -1,4 +1,5 @@
-"""The ledger's SQL file: every statement named, explained, used, fenced and cacheable."""
+"""The ledger's SQL files: every statement named, explained, used by its own face only, fenced and
+cacheable."""
 
 import re
 from pathlib import Path
@@ -8,9 +9,23 @@ from psycopg import _queries
 
 from idempotent_jobs.core import ledger as ledger_module
 from idempotent_jobs.core.executor import Executor
-from idempotent_jobs.core.sql import ledger_statements, parse_statements
+from idempotent_jobs.core.settings import LedgerSettings
+from idempotent_jobs.core.sql import FACES, Face, face_statements, parse_statements
+from idempotent_jobs_tests.ledgers import harness_statements
 
-STATEMENTS = ledger_statements()
+#: Every statement of both faces and of the tests' harness (a name both faces hold is the same
+#: read, written twice: each face's file is whole on its own).
+STATEMENTS = {
+    **face_statements("worker"),
+    **face_statements("admin"),
+    **harness_statements(),
+}
+#: The modules each face's statements are run from.
+FACE_MODULES: dict[Face, tuple[str, ...]] = {
+    "worker": ("ledger.py", "delivery.py", "step_outputs.py"),
+    "admin": ("admin.py",),
+}
+_USED = re.compile(r'(?:(?:_db|executor)\.(?:fetch|rows|query)|_fenced)\(\s*"([a-z_]+)"')
 
 # Writes that are not fenced by a lease, and why each may not be.
 UNFENCED_WRITES = {
@@ -71,16 +86,38 @@ def test_every_write_after_a_claim_carries_the_owner_and_epoch_fence() -> None:
                 assert part in fence, (name, part)
 
 
-def test_every_statement_has_a_purpose_and_every_one_is_used() -> None:
-    package = Path(ledger_module.__file__).resolve().parents[1]
-    source = "\n".join(p.read_text(encoding="utf-8") for p in sorted(package.rglob("*.py")))
-    used = set(
-        re.findall(r'(?:(?:_db|executor)\.(?:fetch|rows|query)|_fenced)\(\s*"([a-z_]+)"', source)
-    )
-    assert used == set(STATEMENTS)
-    for statement in STATEMENTS.values():
+@pytest.mark.parametrize("face", FACES)
+def test_each_face_runs_its_own_statements_and_uses_every_one(face: Face) -> None:
+    """A face's modules name only statements of its own file, and every statement there is
+    used; the other face's executor refuses it by name."""
+    core = Path(ledger_module.__file__).resolve().parent
+    source = "\n".join((core / name).read_text(encoding="utf-8") for name in FACE_MODULES[face])
+    assert set(_USED.findall(source)) == set(face_statements(face))
+    for statement in face_statements(face).values():
         assert statement.purpose.endswith("."), statement.name
         assert not statement.text.rstrip().endswith(";")
+    other: Face = "admin" if face == "worker" else "worker"
+    only_mine = sorted(set(face_statements(face)) - set(face_statements(other)))
+    with pytest.raises(KeyError, match=f"the {other} face has no statement"):
+        Executor(LedgerSettings("postgresql://unused"), other).query(only_mine[0])
+
+
+def test_no_other_module_runs_a_statement() -> None:
+    package = Path(ledger_module.__file__).resolve().parents[1]
+    faces = {name for names in FACE_MODULES.values() for name in names}
+    others = [
+        p for p in sorted(package.rglob("*.py")) if p.name not in faces or p.parent.name != "core"
+    ]
+    for path in others:
+        assert not _USED.findall(path.read_text(encoding="utf-8")), path
+
+
+def test_a_name_both_faces_hold_is_the_same_read() -> None:
+    shared = set(face_statements("worker")) & set(face_statements("admin"))
+    assert shared == {"get_run", "list_model_calls", "list_outbox", "list_prices"}
+    for name in shared:
+        assert face_statements("worker")[name] == face_statements("admin")[name], name
+        assert not _WRITE.search(face_statements("worker")[name].text), name
 
 
 def test_no_string_literal_spans_lines() -> None:
@@ -95,8 +132,12 @@ def test_no_string_literal_spans_lines() -> None:
 def test_every_statement_fits_psycopgs_query_cache() -> None:
     """psycopg reuses its conversion of a statement only up to a fixed length; longer ones are
     converted again on every execute. Rendered with the longest schema name, each must fit."""
-    executor = Executor("postgresql://unused@127.0.0.1:9/x", schema="s" * 63)
-    lengths = {name: len(executor.query(name)) for name in STATEMENTS}
+    settings = LedgerSettings("postgresql://unused@127.0.0.1:9/x", schema="s" * 63)
+    lengths = {
+        name: len(Executor(settings, face).query(name))
+        for face in FACES
+        for name in face_statements(face)
+    }
     too_long = {n: k for n, k in lengths.items() if k > _queries.MAX_CACHED_STATEMENT_LENGTH}
     # Retention's batch runs once per 5,000 runs, off every job's path: converting it again
     # costs nothing anyone waits for.

@@ -10,8 +10,8 @@ from opentelemetry.trace import StatusCode
 
 from idempotent_jobs import JobConfig, ModelAnswer, ModelUsage, RunLedger, run_idempotent
 from idempotent_jobs.core import telemetry
-from idempotent_jobs.core.costs import set_price
 from idempotent_jobs_tests.helpers import Collector, email, identity
+from idempotent_jobs_tests.ledgers import BothFaces
 from idempotent_jobs_tests.otel import installed, tree
 
 CONFIG = JobConfig.of(prompt="Summarise.", model="gpt-test", validator="any")
@@ -25,8 +25,8 @@ def _timeout(raw: dict[str, Any]) -> ModelAnswer:
     raise TimeoutError("the model did not answer in time")
 
 
-def test_a_failed_then_an_accepted_call_as_spans_and_metrics(ledger: RunLedger) -> None:
-    set_price(ledger, "gpt-test", "2.50", "10.00")
+def test_a_failed_then_an_accepted_call_as_spans_and_metrics(ledger: BothFaces) -> None:
+    ledger.set_price("gpt-test", "2.50", "10.00")
     ident = identity()
     collect = Collector()
     with installed() as otel:
@@ -93,7 +93,7 @@ def test_a_failed_then_an_accepted_call_as_spans_and_metrics(ledger: RunLedger) 
         assert otel.points("idempotent_jobs.tokens.not_accepted") == []  # a raised call: none
 
 
-def test_tokens_of_a_rejected_answer_are_counted_as_not_accepted(ledger: RunLedger) -> None:
+def test_tokens_of_a_rejected_answer_are_counted_as_not_accepted(ledger: BothFaces) -> None:
     with installed() as otel:
         with pytest.raises(Exception, match="rejected"):
             run_idempotent(
@@ -113,7 +113,7 @@ def test_tokens_of_a_rejected_answer_are_counted_as_not_accepted(ledger: RunLedg
         }
 
 
-def test_without_an_sdk_nothing_is_made(ledger: RunLedger) -> None:
+def test_without_an_sdk_nothing_is_made(ledger: BothFaces) -> None:
     assert not telemetry.tracing() and not telemetry.metering()
     assert telemetry.instruments() is None
     with telemetry.span("anything") as span:
@@ -123,7 +123,7 @@ def test_without_an_sdk_nothing_is_made(ledger: RunLedger) -> None:
 
 
 def test_the_switch_turns_it_off_even_with_an_sdk(
-    ledger: RunLedger, monkeypatch: pytest.MonkeyPatch
+    ledger: BothFaces, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(telemetry, "enabled", False)  # IDEMPOTENT_JOBS_TELEMETRY=off
     with installed() as otel:
@@ -150,7 +150,7 @@ def test_a_wait_for_another_workers_lease_is_measured(database: str) -> None:
         assert go.wait(timeout=60)
         return _answer(raw)
 
-    with installed() as otel, RunLedger(database) as holder, WatchedLedger(database) as waiter:
+    with installed() as otel, BothFaces(database) as holder, WatchedLedger(database) as waiter:
         first = threading.Thread(
             target=lambda: run_idempotent(holder, ident, collect=collect, transform=held)
         )

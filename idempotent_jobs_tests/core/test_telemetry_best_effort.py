@@ -21,12 +21,12 @@ from idempotent_jobs import (
     ModelAnswer,
     ModelUsage,
     RunIdentity,
-    RunLedger,
     run_idempotent,
 )
 from idempotent_jobs.core import telemetry
 from idempotent_jobs.core.telemetry import redact_secrets
 from idempotent_jobs_tests.helpers import Collector, email, identity
+from idempotent_jobs_tests.ledgers import BothFaces
 from idempotent_jobs_tests.otel import installed, reset_globals
 
 PROMPT = "PROMPT-SENTINEL-7731"
@@ -89,7 +89,7 @@ def _timeout(raw: dict[str, Any]) -> ModelAnswer:
     raise TimeoutError("the model did not answer in time")
 
 
-def outcome(ledger: RunLedger, run_id: str) -> tuple[Any, ...]:
+def outcome(ledger: BothFaces, run_id: str) -> tuple[Any, ...]:
     record = ledger.get(run_id)
     assert record is not None
     calls = [(c.outcome, c.input_tokens, c.output_tokens) for c in ledger.model_calls(run_id)]
@@ -97,7 +97,7 @@ def outcome(ledger: RunLedger, run_id: str) -> tuple[Any, ...]:
     return record.status, record.lease_owner, record.output, calls, attempts
 
 
-def scenario(ledger: RunLedger, subject: str) -> tuple[Any, ...]:
+def scenario(ledger: BothFaces, subject: str) -> tuple[Any, ...]:
     """A failed call then an accepted one, then a reuse: the ledger's state after each."""
     ident = identity(subject)
     states = []
@@ -115,7 +115,7 @@ def scenario(ledger: RunLedger, subject: str) -> tuple[Any, ...]:
 
 @pytest.mark.parametrize("kind", ["span processor", "meter"])
 def test_a_raising_sdk_part_leaves_every_outcome_as_without_telemetry(
-    ledger: RunLedger, kind: str
+    ledger: BothFaces, kind: str
 ) -> None:
     without = scenario(ledger, "plain")
     with hostile(kind):
@@ -125,7 +125,7 @@ def test_a_raising_sdk_part_leaves_every_outcome_as_without_telemetry(
     assert [c[0] for c in without[1][3]] == ["failed", "accepted"]
 
 
-def test_a_raising_sdk_is_reported_once_as_a_warning(ledger: RunLedger) -> None:
+def test_a_raising_sdk_is_reported_once_as_a_warning(ledger: BothFaces) -> None:
     reset_globals()
     telemetry._failures_reported.clear()  # as in a fresh process
     metrics.set_meter_provider(RaisingMeterProvider())
@@ -138,7 +138,7 @@ def test_a_raising_sdk_is_reported_once_as_a_warning(ledger: RunLedger) -> None:
     assert len({str(w.message) for w in caught}) == len(caught)  # once per place and kind
 
 
-def test_no_prompt_input_answer_or_secret_is_exported(ledger: RunLedger) -> None:
+def test_no_prompt_input_answer_or_secret_is_exported(ledger: BothFaces) -> None:
     ident = identity("sentinels")
 
     def collect(ident: RunIdentity) -> dict[str, Any]:

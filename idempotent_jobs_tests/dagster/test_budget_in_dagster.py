@@ -11,7 +11,6 @@ from idempotent_jobs import (
     ModelAnswer,
     ModelUsage,
     RunIdentity,
-    RunLedger,
     TokenBudget,
     run_idempotent,
 )
@@ -21,6 +20,7 @@ from idempotent_jobs.dagster.reconciliation_job import build_reconciliation_job
 from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel, ModelStep, StepContext
 from idempotent_jobs_tests.dagster.test_failure_parity import ledger_state
 from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
+from idempotent_jobs_tests.ledgers import BothFaces
 
 
 class OneDocument(Collector):
@@ -65,7 +65,7 @@ def _defs(env: DagsterTestEnv) -> dg.Definitions:
 
 
 def test_a_refused_step_fails_without_retry_with_spend_and_budget(
-    dagster_env: DagsterTestEnv, ledger: RunLedger, db: psycopg.Connection
+    dagster_env: DagsterTestEnv, ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     defs = _defs(dagster_env)
     job = defs.resolve_job_def(SPEC.name)

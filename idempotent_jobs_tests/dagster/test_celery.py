@@ -18,7 +18,6 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from idempotent_jobs import RunLedger
 from idempotent_jobs.dagster.project import dagster_storage_url
 from idempotent_jobs_tests.dagster_defs import CELERY_SPEC
 from idempotent_jobs_tests.dagster_harness import (
@@ -29,6 +28,7 @@ from idempotent_jobs_tests.dagster_harness import (
     run_retry_daemon,
     workspace,
 )
+from idempotent_jobs_tests.ledgers import BothFaces
 
 pytestmark = [pytest.mark.slow, pytest.mark.dagster_instance]
 
@@ -131,7 +131,7 @@ def wait_for_workers(tmp: Path, workers: list[subprocess.Popen[bytes]]) -> None:
 
 
 def test_celery_workers_run_the_steps_and_a_killed_worker_changes_nothing(
-    dagster_env: DagsterTestEnv, ledger: RunLedger, celery: tuple[str, str, str], tmp_path: Path
+    dagster_env: DagsterTestEnv, ledger: BothFaces, celery: tuple[str, str, str], tmp_path: Path
 ) -> None:
     kind, broker, backend = celery
     dagster_env.script("slow")

@@ -10,8 +10,6 @@ import dagster as dg
 import psycopg
 import pytest
 
-from idempotent_jobs import RunLedger
-from idempotent_jobs.core.operator_reads import LedgerReads
 from idempotent_jobs_tests.dagster_defs import (
     FLAKY_IO_SPEC,
     LEDGER_IO_SPEC,
@@ -31,6 +29,7 @@ from idempotent_jobs_tests.dagster_harness import (
     step_metadata,
     workspace,
 )
+from idempotent_jobs_tests.ledgers import BothFaces
 
 pytestmark = [pytest.mark.slow, pytest.mark.dagster_instance]
 
@@ -44,7 +43,7 @@ def status(instance: dg.DagsterInstance, run_id: str) -> dg.DagsterRunStatus:
 
 
 def test_a_backfill_submitted_twice_runs_each_partition_once(
-    dagster_env: DagsterTestEnv, ledger: RunLedger, db: psycopg.Connection
+    dagster_env: DagsterTestEnv, ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     partitions = [
         f"{subject}|{day}"
@@ -71,7 +70,7 @@ def test_a_backfill_submitted_twice_runs_each_partition_once(
 
 
 def test_reexecution_from_failure_reuses_the_checkpoint_and_then_changes_nothing(
-    dagster_env: DagsterTestEnv, ledger: RunLedger
+    dagster_env: DagsterTestEnv, ledger: BothFaces
 ) -> None:
     job = "summary_without_op_retries"
     dagster_env.script("fail_next")
@@ -96,7 +95,7 @@ def test_reexecution_from_failure_reuses_the_checkpoint_and_then_changes_nothing
 
 
 def test_a_run_retry_after_transform_crashes_completes_once(
-    dagster_env: DagsterTestEnv, ledger: RunLedger
+    dagster_env: DagsterTestEnv, ledger: BothFaces
 ) -> None:
     job = "summary_without_op_retries"
     dagster_env.script("fail_next")
@@ -118,7 +117,7 @@ def test_a_run_retry_after_transform_crashes_completes_once(
 
 
 def test_the_multiprocess_executor_hands_the_lease_over_between_processes(
-    dagster_env: DagsterTestEnv, ledger: RunLedger
+    dagster_env: DagsterTestEnv, ledger: BothFaces
 ) -> None:
     """Dagster's multiprocess executor runs each op in its own process: one claim, one epoch."""
     with dagster_instance(dagster_env) as instance, workspace(instance) as context:
@@ -146,7 +145,7 @@ def test_the_multiprocess_executor_hands_the_lease_over_between_processes(
 
 
 def test_ops_in_separate_processes_hand_tickets_over_through_the_ledger_alone(
-    dagster_env: DagsterTestEnv, ledger: RunLedger, db: psycopg.Connection
+    dagster_env: DagsterTestEnv, ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     """As in a pod per step: each op in a process of its own, and what one hands the next is
     kept in the ledger (``ledger_io_manager``), never in the instance's local storage."""
@@ -174,7 +173,7 @@ def test_ops_in_separate_processes_hand_tickets_over_through_the_ledger_alone(
 
 
 def test_reexecution_after_storage_failed_commits_the_recorded_answer(
-    dagster_env: DagsterTestEnv, ledger: RunLedger
+    dagster_env: DagsterTestEnv, ledger: BothFaces
 ) -> None:
     """``persist`` cannot load its ticket (the object store timed out): the attempt ends at
     once, the paid call is in the books, and the UI's re-execution from failure commits that
@@ -200,7 +199,7 @@ def test_reexecution_after_storage_failed_commits_the_recorded_answer(
 
 
 def test_reexecuting_an_old_runs_persist_after_a_revise_commits_nothing(
-    dagster_env: DagsterTestEnv, ledger: RunLedger
+    dagster_env: DagsterTestEnv, ledger: BothFaces
 ) -> None:
     """The old run's answer was computed on revision 0: after a revise it is stale. Its
     re-executed persist claims the reopened run and is refused; nothing is stored or sent."""
@@ -239,7 +238,7 @@ def test_reexecuting_an_old_runs_persist_after_a_revise_commits_nothing(
 
 def test_the_failure_drill_then_reexecution_from_failure(
     dagster_env: DagsterTestEnv,
-    ledger: RunLedger,
+    ledger: BothFaces,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -257,7 +256,7 @@ def test_the_failure_drill_then_reexecution_from_failure(
     with dagster_instance(dagster_env) as instance, workspace(instance) as context:
         failed = launch_partition(context, "summary_without_op_retries", PARTITION)
         assert status(instance, failed) == dg.DagsterRunStatus.FAILURE
-        assert LedgerReads(ledger).drills() == []  # used up
+        assert ledger.drills() == []  # used up
         retried = reexecute(context, failed, "FROM_FAILURE")
         assert status(instance, retried) == dg.DagsterRunStatus.SUCCESS
         assert step_metadata(instance, retried, "transform")["result"] == "model called"
@@ -269,4 +268,4 @@ def test_the_failure_drill_then_reexecution_from_failure(
     assert success.outcome == "completed" and len(dagster_env.delivered()) == 1
     assert ledger.model_calls(ident.run_id)[0].outcome == "accepted"  # the drill is no call
     assert len(ledger.model_calls(ident.run_id)) == 1
-    assert main(["drill", "off"]) == 0 and LedgerReads(ledger).drills() == []
+    assert main(["drill", "off"]) == 0 and ledger.drills() == []

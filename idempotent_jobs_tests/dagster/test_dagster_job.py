@@ -2,17 +2,17 @@
 
 import psycopg
 
-from idempotent_jobs import RunLedger
 from idempotent_jobs.dagster.results import output_metadata
 from idempotent_jobs_tests.dagster_defs import NO_RETRY_SPEC, SUMMARY_SPEC, defs
 from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
 from idempotent_jobs_tests.helpers import backdate, count
+from idempotent_jobs_tests.ledgers import BothFaces
 
 PARTITION = "workspace-acme|2026-08-07"
 
 
 def test_one_partition_executed_twice_does_the_work_once(
-    dagster_env: DagsterTestEnv, ledger: RunLedger, db: psycopg.Connection
+    dagster_env: DagsterTestEnv, ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     job = defs.resolve_job_def("competitor_summary")
     first = job.execute_in_process(partition_key=PARTITION)
@@ -39,7 +39,7 @@ def test_one_partition_executed_twice_does_the_work_once(
 
 
 def test_a_transient_model_error_is_retried_by_the_op_retry_policy(
-    dagster_env: DagsterTestEnv, ledger: RunLedger
+    dagster_env: DagsterTestEnv, ledger: BothFaces
 ) -> None:
     dagster_env.script("fail_next")
     result = defs.resolve_job_def("competitor_summary").execute_in_process(partition_key=PARTITION)
@@ -55,7 +55,7 @@ def test_a_transient_model_error_is_retried_by_the_op_retry_policy(
 
 
 def test_without_op_retries_the_failure_is_recorded_and_the_next_run_completes(
-    dagster_env: DagsterTestEnv, ledger: RunLedger
+    dagster_env: DagsterTestEnv, ledger: BothFaces
 ) -> None:
     dagster_env.script("fail_next")
     job = defs.resolve_job_def("summary_without_op_retries")
@@ -76,7 +76,7 @@ def test_without_op_retries_the_failure_is_recorded_and_the_next_run_completes(
 
 
 def test_the_retention_job_prunes_and_a_pruned_run_is_reused_not_redone(
-    dagster_env: DagsterTestEnv, ledger: RunLedger, db: psycopg.Connection
+    dagster_env: DagsterTestEnv, ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     """The location's ledger_retention job prunes by its specs' policies (competitor-summary:
     raw input 30 days, output 365, attempts 90, delivered payloads 30); the job run again

@@ -7,11 +7,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from idempotent_jobs import RunLedger
 from idempotent_jobs_tests import workers
 from idempotent_jobs_tests.dagster_defs import SUMMARY_SPEC
 from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
 from idempotent_jobs_tests.helpers import count
+from idempotent_jobs_tests.ledgers import BothFaces
 
 pytestmark = [pytest.mark.slow, pytest.mark.dagster_instance]
 
@@ -32,7 +32,7 @@ def wait_for(condition: Any, what: str, tries: int = 6000) -> None:
 
 
 def test_overlapping_runs_of_one_partition_call_the_model_once(
-    dagster_env: DagsterTestEnv, ledger: RunLedger, db: psycopg.Connection
+    dagster_env: DagsterTestEnv, ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     env = {k: v for k, v in os.environ.items() if k.startswith(("IDEMPOTENT_JOBS_", "IJ_TEST_"))}
     run_id = SUMMARY_SPEC.identity_for(PARTITION).run_id

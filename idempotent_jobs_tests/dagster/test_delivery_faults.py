@@ -6,11 +6,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from idempotent_jobs import InvalidInputError, RunLedger
+from idempotent_jobs import InvalidInputError
 from idempotent_jobs.dagster.resources import WebhookChannel
 from idempotent_jobs_tests.chaos.parts import CHAOS_AUTHORIZATION as SECRET
 from idempotent_jobs_tests.chaos.parts import FAULTS, Receiver
 from idempotent_jobs_tests.helpers import claimed, identity
+from idempotent_jobs_tests.ledgers import BothFaces
 
 
 @pytest.fixture
@@ -25,7 +26,7 @@ def endpoints() -> Iterator[tuple[Receiver, Receiver]]:
 
 @pytest.mark.parametrize("fault", FAULTS)
 def test_a_row_is_delivered_only_after_a_2xx_and_each_key_is_received_once(
-    ledger: RunLedger, endpoints: tuple[Receiver, Receiver], fault: str
+    ledger: BothFaces, endpoints: tuple[Receiver, Receiver], fault: str
 ) -> None:
     receiver, elsewhere = endpoints
     ident = identity()
@@ -59,7 +60,7 @@ def test_a_row_is_delivered_only_after_a_2xx_and_each_key_is_received_once(
 
 
 def test_a_redirect_error_names_the_target_and_no_credential_goes_there(
-    ledger: RunLedger, endpoints: tuple[Receiver, Receiver]
+    ledger: BothFaces, endpoints: tuple[Receiver, Receiver]
 ) -> None:
     receiver, elsewhere = endpoints
     lease = claimed(ledger, identity())
@@ -73,7 +74,7 @@ def test_a_redirect_error_names_the_target_and_no_credential_goes_there(
 
 @pytest.mark.parametrize("name", ["ops:r1", "email:ops@acme.example", "a:b"])
 def test_a_channel_name_that_could_forge_another_key_is_refused(
-    ledger: RunLedger, name: str
+    ledger: BothFaces, name: str
 ) -> None:
     """``ops:r1`` at revision 0 and ``ops`` at revision 1 would both be ``<id>:ops:r1``."""
     ident = identity()
@@ -89,7 +90,7 @@ def test_a_channel_name_that_could_forge_another_key_is_refused(
     assert record is not None and record.status == "completed" and record.revision == 0
 
 
-def test_keys_of_channels_and_revisions_are_all_distinct(ledger: RunLedger) -> None:
+def test_keys_of_channels_and_revisions_are_all_distinct(ledger: BothFaces) -> None:
     ident = identity()
     lease = claimed(ledger, ident)
     ledger.complete(lease, {"summary": "s"}, {"ops": {"n": 0}, "ops-r1": {"n": 0}})

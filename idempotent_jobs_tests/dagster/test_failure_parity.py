@@ -14,7 +14,7 @@ import dagster as dg
 import psycopg
 import pytest
 
-from idempotent_jobs import RunLedger, run_idempotent
+from idempotent_jobs import run_idempotent
 from idempotent_jobs.core.database import DATABASE_URL_ENV
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.records import ModelUsage
@@ -24,6 +24,7 @@ from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 from idempotent_jobs.dagster.resource import RunLedgerResource
 from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel, ModelStep, StepContext
 from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
+from idempotent_jobs_tests.ledgers import BothFaces
 
 Behaviour = Callable[[dict[str, Any], str, str], Any]  # (raw input, run id, conninfo) -> answer
 
@@ -62,7 +63,7 @@ def _lose_lease(raw: dict[str, Any], run_id: str, db: str) -> Any:
             " WHERE run_id = %s",
             (run_id,),
         )
-    with RunLedger(db) as other:
+    with BothFaces(db) as other:
         assert other.claim(run_id, "other-worker", 600) is not None
     return ModelAnswer({"summary": "late"}, ModelUsage("m", 10, 5))
 
@@ -177,7 +178,7 @@ PARTITION = "{subject}|2026-08-07"
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_a_failure_leaves_the_same_ledger_state_through_both_drivers(
-    name: str, dagster_env: DagsterTestEnv, ledger: RunLedger, db: psycopg.Connection
+    name: str, dagster_env: DagsterTestEnv, ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     case = CURRENT["case"] = CASES[name]
     via_dagster = SPEC.identity_for(PARTITION.format(subject="via-dagster"))
@@ -235,7 +236,7 @@ def test_a_failure_leaves_the_same_ledger_state_through_both_drivers(
 def test_every_paid_call_is_recorded_with_the_usage_that_can_be_believed(
     name: str,
     calls: list[tuple[Any, ...]],
-    ledger: RunLedger,
+    ledger: BothFaces,
     db: psycopg.Connection,
     database: str,
 ) -> None:
@@ -258,7 +259,7 @@ def test_every_paid_call_is_recorded_with_the_usage_that_can_be_believed(
 
 
 def test_relaunches_after_unbelievable_usage_claim_at_once_and_record_every_call(
-    dagster_env: DagsterTestEnv, ledger: RunLedger
+    dagster_env: DagsterTestEnv, ledger: BothFaces
 ) -> None:
     """Three launches, three provider calls, three recorded (none stuck behind a held lease)."""
     CURRENT["case"] = CASES["huge tokens"]
@@ -308,7 +309,7 @@ def _paid(raw: dict[str, Any], run_id: str, db: str) -> Any:
 
 @pytest.mark.parametrize("fail", ["load", "store"])
 def test_a_paid_answer_survives_storage_between_steps_failing(
-    fail: str, dagster_env: DagsterTestEnv, ledger: RunLedger, db: psycopg.Connection
+    fail: str, dagster_env: DagsterTestEnv, ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     """The IO manager fails between ``transform`` and ``persist``: the call is in the books
     (tokens, spend) at once, the attempt ends within the Dagster run (not at lease expiry,

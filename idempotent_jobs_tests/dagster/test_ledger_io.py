@@ -3,15 +3,15 @@ retention: what the steps of a completed run handed each other goes with its att
 
 import psycopg
 
-from idempotent_jobs import RunLedger
 from idempotent_jobs.core.records import Basis, CallOrigin, JobConfig, ModelUsage
 from idempotent_jobs.core.retention import RetentionPolicy, prune
 from idempotent_jobs.core.steps import BoundAnswer
 from idempotent_jobs.dagster.ticket import StepResult, Ticket, ticket_from_json, ticket_to_json
 from idempotent_jobs_tests.helpers import backdate, claimed, identity
+from idempotent_jobs_tests.ledgers import BothFaces
 
 
-def _ticket(ledger: RunLedger) -> Ticket:
+def _ticket(ledger: BothFaces) -> Ticket:
     ident = identity("io")
     lease = ledger.checkpoint(claimed(ledger, ident), {"documents": ["d"]})
     answer = BoundAnswer(
@@ -24,7 +24,7 @@ def _ticket(ledger: RunLedger) -> Ticket:
     return Ticket.under(lease, "dagster-run", StepResult.MODEL_CALLED, answer)
 
 
-def test_a_ticket_survives_the_round_trip_through_the_ledger(ledger: RunLedger) -> None:
+def test_a_ticket_survives_the_round_trip_through_the_ledger(ledger: BothFaces) -> None:
     ticket = _ticket(ledger)
     ledger.store_step_output("dagster-run", "transform", "result", ticket_to_json(ticket))
     stored = ledger.load_step_output("dagster-run", "transform", "result")
@@ -36,7 +36,7 @@ def test_a_ticket_survives_the_round_trip_through_the_ledger(ledger: RunLedger) 
 
 
 def test_retention_prunes_the_hand_overs_of_completed_runs_with_their_attempts(
-    ledger: RunLedger, db: psycopg.Connection
+    ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     ticket = _ticket(ledger)
     for step in ("collect", "transform"):
@@ -44,14 +44,14 @@ def test_retention_prunes_the_hand_overs_of_completed_runs_with_their_attempts(
     assert ticket.lease is not None and ticket.answer is not None
     ledger.complete(ticket.lease, ticket.answer.output)
     policy = RetentionPolicy.of_days(attempts=30)
-    assert prune(ledger, "competitor-summary", policy, apply=True).rows == 0
+    assert prune(ledger.admin, "competitor-summary", policy, apply=True).rows == 0
     db.execute("UPDATE idempotent_jobs.step_outputs SET created_at = now() - interval '40 days'")
     backdate(db, ticket.run_id, 40)
     # A dry run counts every one, however small the batches; the apply prunes them all.
-    dry = prune(ledger, "competitor-summary", policy, batch_size=1)
+    dry = prune(ledger.admin, "competitor-summary", policy, batch_size=1)
     assert dry.parts["attempts"].rows == 3  # the attempt row and the two hand-overs
     assert ledger.load_step_output("dagster-run", "transform", "result") is not None
-    applied = prune(ledger, "competitor-summary", policy, apply=True, batch_size=1)
+    applied = prune(ledger.admin, "competitor-summary", policy, apply=True, batch_size=1)
     assert applied.parts["attempts"].rows == 3
     for step in ("collect", "transform"):
         assert ledger.load_step_output("dagster-run", step, "result") is None

@@ -21,11 +21,10 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from idempotent_jobs import RunLedger
-from idempotent_jobs.core.operator_reads import LedgerReads
 from idempotent_jobs.dagster.project import dagster_storage_url
 from idempotent_jobs_tests.chaos.parts import Receiver
 from idempotent_jobs_tests.helpers import JsonApi
+from idempotent_jobs_tests.ledgers import BothFaces
 
 pytestmark = [pytest.mark.dagster_instance]
 
@@ -127,12 +126,8 @@ def test_the_quickstart_runs_as_written(
     run_id = ""
     for command in commands:
         if "<run-id>" in command:
-            with RunLedger(fresh_database) as ledger:
-                run_id = (
-                    LedgerReads(ledger)
-                    .list_runs(job_name="lead-scoring", subject_id="emea")[0]
-                    .run_id
-                )
+            with BothFaces(fresh_database) as ledger:
+                run_id = ledger.list_runs(job_name="lead-scoring", subject_id="emea")[0].run_id
             command = command.replace("<run-id>", run_id[:12])
         done = subprocess.run(
             shlex.split(command),
@@ -164,8 +159,8 @@ def test_the_quickstart_runs_as_written(
             assert doctor.returncode == 0, doctor.stdout + doctor.stderr
             assert "ok: role leads_worker has every privilege workers need" in doctor.stdout
 
-    with RunLedger(fresh_database) as ledger:
-        runs = LedgerReads(ledger).list_runs(job_name="lead-scoring")
+    with BothFaces(fresh_database) as ledger:
+        runs = ledger.list_runs(job_name="lead-scoring")
         assert sorted(r.subject_id for r in runs) == ["amer", "emea"]
         for run in runs:
             calls = [c.outcome for c in ledger.model_calls(run.run_id)]
@@ -205,7 +200,7 @@ def test_the_installed_cli_runs_from_any_folder_given_the_url_and_the_location(
         "IDEMPOTENT_JOBS_DATABASE_URL": database,
         TEAMS["a"]["variable"]: receiver.url,
     }
-    with RunLedger(database) as ledger:
+    with BothFaces(database) as ledger:
         keys = plant(ledger, TEAMS["a"]["identity"], days=1)
     commands = [
         ({}, ["runs", "list"]),

@@ -7,7 +7,6 @@ import dagster as dg
 import psycopg
 import pytest
 
-from idempotent_jobs import RunLedger
 from idempotent_jobs.dagster.health import dagster_findings, drift_findings, ledger_findings
 from idempotent_jobs.dagster.job_factory import build_idempotent_job
 from idempotent_jobs.dagster.reconciliation_job import build_reconciliation_job
@@ -21,21 +20,22 @@ from idempotent_jobs_tests.dagster_harness import (
     workspace,
 )
 from idempotent_jobs_tests.helpers import expire_lease, identity
+from idempotent_jobs_tests.ledgers import BothFaces
 
 TWICE = "workspace-acme|2026-08-05"
 REOPENED = "workspace-globex|2026-08-05"
 
 
-def findings(ledger: RunLedger, instance: dg.DagsterInstance) -> set[tuple[str, str | None]]:
-    found = dagster_findings(ledger, instance, [SUMMARY_SPEC]) + ledger_findings(
-        ledger, outbox_older_than_seconds=600, max_attempts=3
+def findings(ledger: BothFaces, instance: dg.DagsterInstance) -> set[tuple[str, str | None]]:
+    found = dagster_findings(ledger.admin, instance, [SUMMARY_SPEC]) + ledger_findings(
+        ledger.admin, outbox_older_than_seconds=600, max_attempts=3
     )
     return {(f.kind, f.run_id) for f in found}
 
 
 @pytest.mark.dagster_instance
 def test_reconcile_finds_each_planted_inconsistency(
-    dagster_env: DagsterTestEnv, ledger: RunLedger, db: psycopg.Connection
+    dagster_env: DagsterTestEnv, ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     with dagster_instance(dagster_env) as instance, workspace(instance) as context:
         launch_partition(context, "competitor_summary", TWICE)
@@ -61,7 +61,7 @@ def test_reconcile_finds_each_planted_inconsistency(
             " created_at = now() - interval '1 hour' WHERE run_id = %s",
             (SUMMARY_SPEC.identity_for(TWICE).run_id,),
         )
-        found = dagster_findings(ledger, instance, [SUMMARY_SPEC])
+        found = dagster_findings(ledger.admin, instance, [SUMMARY_SPEC])
         several = [f for f in found if f.kind == "several_dagster_runs"]
         assert len(several) == 1 and several[0].severity == "info"
         assert several[0].partition == TWICE and len(several[0].dagster_run_ids) == 2
@@ -84,7 +84,7 @@ def test_reconcile_finds_each_planted_inconsistency(
 
 
 def test_configuration_drift_is_reported_never_silent(
-    dagster_env: DagsterTestEnv, ledger: RunLedger
+    dagster_env: DagsterTestEnv, ledger: BothFaces
 ) -> None:
     """The prompt changes without a version bump: completed runs are reused (the identity is
     deliberately job, subject, window, version), but every report says so."""
@@ -109,22 +109,24 @@ def test_configuration_drift_is_reported_never_silent(
     }
 
     [drift] = drift_findings(
-        ledger, [reworded], {reworded.name: reworded.config("recording-model")}
+        ledger.admin, [reworded], {reworded.name: reworded.config("recording-model")}
     )
     assert (drift.kind, drift.severity, drift.run_id) == ("config_drift", "info", record.run_id)
     assert "another prompt" in drift.detail and "revise" in drift.detail
     assert "bump version 'v1'" in drift.detail
     assert (
         drift_findings(
-            ledger, [SUMMARY_SPEC], {SUMMARY_SPEC.name: SUMMARY_SPEC.config("recording-model")}
+            ledger.admin,
+            [SUMMARY_SPEC],
+            {SUMMARY_SPEC.name: SUMMARY_SPEC.config("recording-model")},
         )
         == []
     )
     [model_drift] = drift_findings(
-        ledger, [SUMMARY_SPEC], {SUMMARY_SPEC.name: SUMMARY_SPEC.config("other-model")}
+        ledger.admin, [SUMMARY_SPEC], {SUMMARY_SPEC.name: SUMMARY_SPEC.config("other-model")}
     )
     assert "another model" in model_drift.detail
-    assert drift_findings(ledger, [reworded], {}) == [], "no known model step: not compared"
+    assert drift_findings(ledger.admin, [reworded], {}) == [], "no known model step: not compared"
 
     with dagster_instance(dagster_env) as instance:
         check, _ = build_reconciliation_job([reworded])
@@ -140,7 +142,7 @@ def test_configuration_drift_is_reported_never_silent(
 
 @pytest.mark.dagster_instance
 def test_a_failed_reconciliation_is_not_retried(
-    dagster_env: DagsterTestEnv, ledger: RunLedger, db: psycopg.Connection
+    dagster_env: DagsterTestEnv, ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     """dagster.yaml retries failed runs twice; a standing problem must still give one red run
     per check, not three."""
@@ -158,7 +160,7 @@ def test_a_failed_reconciliation_is_not_retried(
         assert [r.run_id for r in instance.get_runs()] == [failed], "no retry was launched"
 
 
-def test_many_drifted_runs_are_listed_up_to_a_cap(ledger: RunLedger) -> None:
+def test_many_drifted_runs_are_listed_up_to_a_cap(ledger: BothFaces) -> None:
     from datetime import UTC, datetime
 
     from idempotent_jobs import RunIdentity
@@ -173,14 +175,16 @@ def test_many_drifted_runs_are_listed_up_to_a_cap(ledger: RunLedger) -> None:
         assert lease is not None
         ledger.complete(lease, {"summary": "s"}, config=config)
     found = drift_findings(
-        ledger, [SUMMARY_SPEC], {SUMMARY_SPEC.name: SUMMARY_SPEC.config("other-model")}
+        ledger.admin, [SUMMARY_SPEC], {SUMMARY_SPEC.name: SUMMARY_SPEC.config("other-model")}
     )
     assert len(found) == MAX_DRIFT_FINDINGS + 1
     assert all(f.run_id for f in found[:-1]) and found[-1].run_id is None
     assert f"more than {MAX_DRIFT_FINDINGS} runs" in found[-1].detail
     assert (
         drift_findings(
-            ledger, [SUMMARY_SPEC], {SUMMARY_SPEC.name: SUMMARY_SPEC.config("recording-model")}
+            ledger.admin,
+            [SUMMARY_SPEC],
+            {SUMMARY_SPEC.name: SUMMARY_SPEC.config("recording-model")},
         )
         == []
     )

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from idempotent_jobs import RunIdentity, RunLedger
+from idempotent_jobs import RunIdentity
 from idempotent_jobs.core.records import OutboxRecord
 from idempotent_jobs.dagster.resources import (
     FeedCollector,
@@ -22,6 +22,7 @@ from idempotent_jobs.dagster.resources import (
     WebhookChannel,
 )
 from idempotent_jobs_tests.helpers import claimed, identity
+from idempotent_jobs_tests.ledgers import BothFaces
 
 Handler = Callable[[BaseHTTPRequestHandler, bytes], tuple[int, dict[str, Any] | str]]
 
@@ -163,7 +164,7 @@ def test_webhook_sends_the_idempotency_key() -> None:
     assert json.loads(request["body"]) == {"summary": "s"}
 
 
-def test_webhook_errors_are_recorded_and_the_retry_reuses_the_key(ledger: RunLedger) -> None:
+def test_webhook_errors_are_recorded_and_the_retry_reuses_the_key(ledger: BothFaces) -> None:
     answers = iter([500, 200])
     lease = claimed(ledger, identity(), "w", 30)
     ledger.complete(lease, {"summary": "s"}, {"hook": {"summary": "s"}})

@@ -12,12 +12,12 @@ import pytest
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from prometheus_client import CollectorRegistry, start_http_server
 
-from idempotent_jobs import ModelAnswer, ModelUsage, RunIdentity, RunLedger
+from idempotent_jobs import ModelAnswer, ModelUsage, RunIdentity
 from idempotent_jobs.core.constants import DATABASE_URL_ENV
-from idempotent_jobs.core.costs import set_price
 from idempotent_jobs.dagster import IdempotentJobSpec, RunLedgerResource, build_idempotent_job
 from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel, ModelStep, StepContext
 from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
+from idempotent_jobs_tests.ledgers import BothFaces
 from idempotent_jobs_tests.otel import installed, tree
 
 
@@ -123,9 +123,9 @@ def test_only_a_reused_runs_steps_say_reused(dagster_env: DagsterTestEnv) -> Non
 
 @pytest.mark.slow
 def test_metrics_reach_prometheus_through_the_exporter(
-    dagster_env: DagsterTestEnv, ledger: RunLedger
+    dagster_env: DagsterTestEnv, ledger: BothFaces
 ) -> None:
-    set_price(ledger, "gpt-test", "2.50", "10.00")
+    ledger.set_price("gpt-test", "2.50", "10.00")
     registry = CollectorRegistry()
     reader = PrometheusMetricReader(registry=registry)
     server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)

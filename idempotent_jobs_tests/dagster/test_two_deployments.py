@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from psycopg import sql
 
-from idempotent_jobs import RunLedger
 from idempotent_jobs.dagster.project import dagster_storage_url
 from idempotent_jobs_tests import workers
 from idempotent_jobs_tests.conftest import admin_execute, database_conninfo
 from idempotent_jobs_tests.dagster_defs import SUMMARY_SPEC
 from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
+from idempotent_jobs_tests.ledgers import BothFaces
 
 pytestmark = [pytest.mark.slow, pytest.mark.dagster_instance]
 
@@ -39,7 +39,7 @@ def storage_databases(server_url: str) -> Iterator[list[str]]:
 
 def test_two_deployments_ticking_the_same_schedule(
     dagster_env: DagsterTestEnv,
-    ledger: RunLedger,
+    ledger: BothFaces,
     storage_databases: list[str],
     tmp_path: Path,
 ) -> None:

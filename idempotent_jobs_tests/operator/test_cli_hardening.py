@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from idempotent_jobs import RunLedger
 from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
 from idempotent_jobs_tests.helpers import claimed
+from idempotent_jobs_tests.ledgers import BothFaces
 from idempotent_jobs_tests.operator.test_operator_cli import cli_env, run  # noqa: F401 - fixture
 
 PASSWORDS = [
@@ -52,10 +52,10 @@ def test_no_part_of_a_password_appears_in_any_message(
 ) -> None:
     for url in _urls(password):
         with pytest.raises(Exception) as info:
-            RunLedger(url, connect_timeout_seconds=1).open()
+            BothFaces(url, connect_timeout_seconds=1).open()
         assert not _leaks(password, str(info.value)), (url, str(info.value))
         with pytest.raises(Exception) as info:
-            RunLedger(url, connect_timeout_seconds=1).migrate()
+            BothFaces(url, connect_timeout_seconds=1).migrate()
         assert not _leaks(password, str(info.value)), (url, str(info.value))
         monkeypatch.setenv("IDEMPOTENT_JOBS_DATABASE_URL", url)
         for argv in (["migrate"], ["doctor"], ["runs", "list"]):
@@ -95,7 +95,7 @@ def test_numbers_past_their_range_are_refused_saying_the_limit(
 
 def test_revise_now_whose_recompute_fails_says_the_revision_stands_in_one_line(
     cli_env: Path,  # noqa: F811
-    ledger: RunLedger,
+    ledger: BothFaces,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     ident = COMPETITOR_SUMMARY.identity_for("workspace-acme|2026-08-07")

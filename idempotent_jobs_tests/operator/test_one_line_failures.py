@@ -17,6 +17,7 @@ from idempotent_jobs.dagster.project import HOME_ENV
 from idempotent_jobs.operator.cli import main
 from idempotent_jobs.operator.code_location import CODE_LOCATION_ENV
 from idempotent_jobs_tests.dagster.test_your_own_job import EXAMPLE
+from idempotent_jobs_tests.ledgers import BothFaces
 from idempotent_jobs_tests.operator.test_outbox_ownership import DEFINITIONS, TEAMS
 
 GOOD = DEFINITIONS.format(**TEAMS["a"])
@@ -235,7 +236,6 @@ def contracts(
 ) -> tuple[list[str], str]:
     """A new user's own job whose model key and webhook come from variables, both unset;
     one completed run of it in the ledger."""
-    from idempotent_jobs import RunLedger
     from idempotent_jobs.core.identity import RunIdentity
 
     _file(tmp_path / "contract_defs.py", CONTRACTS)
@@ -249,7 +249,7 @@ def contracts(
     from datetime import UTC, datetime
 
     run = RunIdentity("contract-review", "acme", datetime(2026, 11, 2, tzinfo=UTC), "v1")
-    with RunLedger(database) as ledger:
+    with BothFaces(database) as ledger:
         _, lease = ledger.begin(run, "w", 60)
         assert lease is not None
         ledger.complete(ledger.checkpoint(lease, {"docs": []}), {"summary": "fine"})
@@ -259,13 +259,12 @@ def contracts(
 def test_revise_now_checks_the_environment_before_it_writes(
     contracts: tuple[list[str], str], database: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from idempotent_jobs import RunLedger
 
     location, run_id = contracts
     code = main([*location, "revise", run_id, "--reason", "new prompt", "--now"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "CONTRACT_API_KEY" in err[0], err
-    with RunLedger(database) as ledger:
+    with BothFaces(database) as ledger:
         record = ledger.get(run_id)
         assert record is not None and ledger.revisions(run_id) == []
         assert (record.status, record.revision, record.output) == (

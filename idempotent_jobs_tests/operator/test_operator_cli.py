@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from idempotent_jobs import RunIdentity, RunLedger, run_idempotent
+from idempotent_jobs import RunIdentity, run_idempotent
 from idempotent_jobs.core.health import MAX_FINDINGS_PER_CHECK
 from idempotent_jobs.core.testing import ScriptedModel
 from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
@@ -24,6 +24,7 @@ from idempotent_jobs_tests.helpers import (
     expire_lease,
     identity,
 )
+from idempotent_jobs_tests.ledgers import BothFaces
 
 
 @pytest.fixture
@@ -49,7 +50,7 @@ def as_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
 
 
 @pytest.fixture
-def planted(ledger: RunLedger, db: psycopg.Connection) -> dict[str, str]:
+def planted(ledger: BothFaces, db: psycopg.Connection) -> dict[str, str]:
     """One run per state; returns {state: run_id}."""
     runs = {
         "pending": identity("pending-co", 1),
@@ -112,7 +113,7 @@ def test_runs_list_as_table_and_json_with_filters(
 
 
 def test_runs_list_pages_by_keyset_through_ties(
-    cli_env: Path, ledger: RunLedger, capsys: pytest.CaptureFixture[str]
+    cli_env: Path, ledger: BothFaces, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Pages of --limit 3 chained by --after cover every run once, in order, even where two
     versions share a job, subject and window."""
@@ -143,7 +144,7 @@ def test_runs_list_pages_by_keyset_through_ties(
 
 
 def test_prune_counts_first_and_prunes_with_apply(
-    cli_env: Path, ledger: RunLedger, db: psycopg.Connection, capsys: pytest.CaptureFixture[str]
+    cli_env: Path, ledger: BothFaces, db: psycopg.Connection, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The location's policy for competitor-summary (raw input 30 days, output 365, attempts
     90, delivered payloads 30): a run completed 400 days ago loses all four."""
@@ -320,7 +321,7 @@ def test_doctor_reports_an_unreachable_database(
 
 
 def test_revise_keeps_history_and_notifies_only_named_channels(
-    cli_env: Path, ledger: RunLedger, capsys: pytest.CaptureFixture[str]
+    cli_env: Path, ledger: BothFaces, capsys: pytest.CaptureFixture[str]
 ) -> None:
     key = "workspace-acme|2026-08-07"
     ident = COMPETITOR_SUMMARY.identity_for(key)
@@ -397,13 +398,13 @@ def test_constants_are_defined_once() -> None:
     which the CLI, the core and the Dagster layer all import."""
     from typing import get_args
 
-    from idempotent_jobs.core import constants, database, executor, records
+    from idempotent_jobs.core import constants, database, records, settings
     from idempotent_jobs.dagster import project
 
     assert database.DATABASE_URL_ENV is constants.DATABASE_URL_ENV
     assert vars(project)["DATABASE_URL_ENV"] is constants.DATABASE_URL_ENV
     assert constants.RUN_STATUSES == get_args(records.RunStatus)
-    assert executor.Executor("").schema == constants.DEFAULT_SCHEMA
+    assert settings.LedgerSettings("").schema == constants.DEFAULT_SCHEMA
     sources = "\n".join(
         p.read_text()
         for p in Path(constants.__file__).parents[1].rglob("*.py")

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from idempotent_jobs import RunIdentity, RunLedger
+from idempotent_jobs import RunIdentity
 from idempotent_jobs.operator.cli import main
 from idempotent_jobs.operator.code_location import CODE_LOCATION_ENV
 from idempotent_jobs_tests.chaos.parts import Receiver
+from idempotent_jobs_tests.ledgers import BothFaces
 
 DEFINITIONS = """\
 import dagster as dg
@@ -62,7 +63,7 @@ def write_project(root: Path, team: str) -> Path:
     return folder
 
 
-def plant(ledger: RunLedger, identity_job: str, days: int, first: int = 1) -> list[str]:
+def plant(ledger: BothFaces, identity_job: str, days: int, first: int = 1) -> list[str]:
     """Completed runs of ``identity_job``, each with a pending ``report`` row: their keys."""
     keys = []
     for day in range(first, first + days):
@@ -101,7 +102,7 @@ def deliver(folder: Path, *argv: str) -> subprocess.Popen[str]:
 
 @pytest.mark.slow
 def test_two_teams_delivering_at_once_each_reach_only_their_own_receiver(
-    teams: dict[str, tuple[Path, Receiver]], ledger: RunLedger
+    teams: dict[str, tuple[Path, Receiver]], ledger: BothFaces
 ) -> None:
     keys = {team: plant(ledger, TEAMS[team]["identity"], days=6) for team in TEAMS}
     # Team A alone first: B's rows stay pending, and A is told so in one line.
@@ -125,7 +126,7 @@ def test_two_teams_delivering_at_once_each_reach_only_their_own_receiver(
 
 def test_a_workspace_of_two_locations_keeps_their_channels_apart(
     teams: dict[str, tuple[Path, Receiver]],
-    ledger: RunLedger,
+    ledger: BothFaces,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -153,7 +154,7 @@ def test_a_workspace_of_two_locations_keeps_their_channels_apart(
 
 def test_a_missing_channel_variable_is_one_line_naming_it(
     teams: dict[str, tuple[Path, Receiver]],
-    ledger: RunLedger,
+    ledger: BothFaces,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -1,4 +1,8 @@
-"""The ledger's SQL: the named statements of ``ledger.sql``, loaded once.
+"""The ledger's SQL: each face's named statements, loaded once per process.
+
+``worker.sql`` holds the worker face's (:class:`~idempotent_jobs.core.ledger.RunLedger`),
+``admin.sql`` the operator face's (:class:`~idempotent_jobs.core.admin.LedgerAdmin`); an executor
+renders only its own face's, so neither face can run the other's statements.
 
 Each statement in the file starts with ``-- name: <name>`` and a one-line purpose (more comment
 lines may follow); the statement runs to the next ``-- name:``. The text is a package file, never
@@ -10,7 +14,11 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import LiteralString, cast
+from typing import Literal, LiteralString, cast
+
+#: The two faces of the ledger, each with its own statement file.
+Face = Literal["worker", "admin"]
+FACES: tuple[Face, ...] = ("worker", "admin")
 
 _NAME = re.compile(r"--\s*name:\s*([a-z_]+)\s*")
 
@@ -61,12 +69,18 @@ def parse_statements(source: str) -> dict[str, Statement]:
 
 
 @cache
-def ledger_statements() -> dict[str, Statement]:
-    """The ledger's statements by name, read from the package once per process."""
-    source = resources.files(__name__).joinpath("ledger.sql").read_text(encoding="utf-8")
+def face_statements(face: Face) -> dict[str, Statement]:
+    """The statements of one face by name, read from the package once per process."""
+    if face not in FACES:
+        raise ValueError(f"no ledger face {face!r} (faces: {', '.join(FACES)})")
+    source = resources.files(__name__).joinpath(f"{face}.sql").read_text(encoding="utf-8")
     return parse_statements(source)
 
 
-def statement(name: str) -> LiteralString:
-    """The text of one named statement (``KeyError`` names a statement that does not exist)."""
-    return ledger_statements()[name].text
+def statement(face: Face, name: str) -> LiteralString:
+    """The text of one of ``face``'s statements; ``KeyError`` names one the face does not
+    have (another face's statement included)."""
+    try:
+        return face_statements(face)[name].text
+    except KeyError:
+        raise KeyError(f"the {face} face has no statement {name!r}") from None

@@ -14,8 +14,8 @@ from idempotent_jobs.core.constants import (
 from idempotent_jobs.operator.render import table, to_json
 
 if TYPE_CHECKING:
+    from idempotent_jobs.core.admin import LedgerAdmin
     from idempotent_jobs.core.ledger import RunLedger
-    from idempotent_jobs.core.operator_reads import LedgerReads
     from idempotent_jobs.operator.code_location import Workspace
 
 #: The largest value each kind of numeric option takes: a number past these is a typo, and
@@ -59,22 +59,24 @@ def ensure_database_url() -> str:
     return ensure()
 
 
-def open_ledger(args: argparse.Namespace) -> "RunLedger":
-    from idempotent_jobs.core.ledger import RunLedger
+def open_admin(args: argparse.Namespace) -> "LedgerAdmin":
+    """The ledger's operator face (listings, revise, drills, prices, migrate, retention), from
+    the global options; every command but ``outbox deliver`` needs only this one."""
+    from idempotent_jobs.core.admin import LedgerAdmin
 
-    return RunLedger(
-        ensure_database_url(),
-        schema=args.schema,
-        connect_timeout_seconds=args.connect_timeout,
+    return LedgerAdmin(
+        ensure_database_url(), schema=args.schema, connect_timeout_seconds=args.connect_timeout
     )
 
 
-def reads(ledger: "RunLedger") -> "LedgerReads":
-    """The operator reads over ``ledger``'s pool (imported when a command runs, so that the
-    parser imports no psycopg)."""
-    from idempotent_jobs.core.operator_reads import LedgerReads
+def open_worker(args: argparse.Namespace) -> "RunLedger":
+    """The ledger's worker face, for what a worker does from the command line: deliver the
+    outbox (``outbox deliver``), run the demo."""
+    from idempotent_jobs.core.ledger import RunLedger
 
-    return LedgerReads(ledger)
+    return RunLedger(
+        ensure_database_url(), schema=args.schema, connect_timeout_seconds=args.connect_timeout
+    )
 
 
 def code_location(args: argparse.Namespace) -> "Workspace":

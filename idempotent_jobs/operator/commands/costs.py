@@ -5,7 +5,7 @@ import argparse
 import os
 from typing import TYPE_CHECKING, Any
 
-from idempotent_jobs.operator.commands.common import Shared, code_location, emit, open_ledger
+from idempotent_jobs.operator.commands.common import Shared, code_location, emit, open_admin
 from idempotent_jobs.operator.render import escape_controls, money, table
 
 if TYPE_CHECKING:
@@ -13,12 +13,9 @@ if TYPE_CHECKING:
 
 
 def prices_command(args: argparse.Namespace) -> int:
-    from idempotent_jobs.core.costs import prices, set_price
-
-    with open_ledger(args) as ledger:
+    with open_admin(args) as admin:
         if args.prices_command == "set":
-            price = set_price(
-                ledger,
+            price = admin.set_price(
                 args.model,
                 args.input,
                 args.output,
@@ -31,7 +28,7 @@ def prices_command(args: argparse.Namespace) -> int:
             )
             emit(args, price, escape_controls(human))
             return 0
-        known = list(prices(ledger).values())
+        known = list(admin.prices().values())
     rows = [
         (
             p.model_name,
@@ -62,8 +59,8 @@ def estimate_command(args: argparse.Namespace) -> int:
 
     spec = code_location(args).find_job(args.job).spec
     keys = partition_keys(spec, args.first, args.last, args.subject or ())
-    with open_ledger(args) as ledger:
-        result = estimate(ledger, spec, keys)
+    with open_admin(args) as admin:
+        result = estimate(admin, spec, keys)
     h, cur = result.history, result.currency or ""
     lines = [
         f"job {result.job} (identity {result.identity_job}), windows {args.first} to "

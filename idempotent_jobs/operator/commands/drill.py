@@ -10,9 +10,8 @@ from idempotent_jobs.operator.commands.common import (
     Shared,
     code_location,
     emit,
-    open_ledger,
+    open_admin,
     positive,
-    reads,
 )
 from idempotent_jobs.operator.render import escape_controls, table
 
@@ -42,9 +41,9 @@ def drill(args: argparse.Namespace) -> int:
         except InvalidInputError:  # a code location without that job: a typo, unless meant
             if args.drill_command == "fail-model-calls" and not args.any_job:
                 raise
-    with open_ledger(args) as ledger:
+    with open_admin(args) as admin:
         if args.drill_command == "fail-model-calls":
-            drill = ledger.arm_drill(
+            drill = admin.arm_drill(
                 job, args.calls, args.expires_in, armed_by=os.environ.get("USER")
             )
             human = (
@@ -54,11 +53,11 @@ def drill(args: argparse.Namespace) -> int:
             emit(args, drill, escape_controls(human))
             return 0
         if args.drill_command == "off":
-            ended = ledger.disarm_drills(job if job_option else None)
+            ended = admin.disarm_drills(job if job_option else None)
             human = f"drill off for {said}" if ended else f"no drill was armed for {said}"
             emit(args, ended, escape_controls(human))
             return 0
-        drills = reads(ledger).drills()
+        drills = admin.drills()
     rows = [(d.job_name, d.remaining, d.expires_at, d.armed_by) for d in drills]
     emit(args, drills, table(["job", "calls left", "expires", "armed by"], rows))
     return 0

@@ -9,7 +9,7 @@ from idempotent_jobs.operator.commands.common import (
     code_location,
     emit,
     ensure_database_url,
-    open_ledger,
+    open_admin,
     print_findings,
 )
 from idempotent_jobs.operator.render import escape_controls
@@ -19,19 +19,19 @@ def doctor(args: argparse.Namespace) -> int:
     from idempotent_jobs.core.grants import worker_role
     from idempotent_jobs.core.health import Finding, ledger_findings
 
-    ledger = open_ledger(args)
+    admin = open_admin(args)
     checks = []
     try:  # first, so a role without USAGE on the schema hears what it lacks
-        role, missing = ledger.missing_privileges()
+        role, missing = admin.missing_privileges()
     except LedgerError:
         role, missing = "", []  # no connection or no schema: opening says which, below
     lacking = (
         f"problem: role {role} lacks {', '.join(missing)}: as the schema's owner, "
-        f"`GRANT {worker_role(ledger.schema)} TO {role}` (and migrate, which grants every "
+        f"`GRANT {worker_role(admin.schema)} TO {role}` (and migrate, which grants every "
         "table to that role)"
     )
     try:
-        ledger.open()
+        admin.open()
     except LedgerError as exc:
         checks.append(
             f"problem: ledger database: {type(exc).__name__}: {escape_controls(str(exc))}"
@@ -40,14 +40,14 @@ def doctor(args: argparse.Namespace) -> int:
         problems = len(checks)
         emit(args, {"checks": checks, "findings": [], "problems": problems}, "\n".join(checks))
         return 1
-    with ledger:
+    with admin:
         checks += ["ok: database reachable", "ok: migrations current"]
         findings = ledger_findings(
-            ledger, outbox_older_than_seconds=args.outbox_age, max_attempts=args.max_attempts
+            admin, outbox_older_than_seconds=args.outbox_age, max_attempts=args.max_attempts
         )
     if missing:  # the whole list as a check line (a table cell is cut at 80 characters)
         checks.append(escape_controls(lacking))
-        grant = f"GRANT {worker_role(ledger.schema)} TO {role}"
+        grant = f"GRANT {worker_role(admin.schema)} TO {role}"
         detail = f"role {role} lacks {len(missing)} privilege(s) workers need: {grant}"
         findings.insert(0, Finding("missing_privilege", "problem", escape_controls(detail)))
     else:
@@ -76,13 +76,13 @@ def reconcile(args: argparse.Namespace) -> int:
         )
     ensure_database_url()
     home = prepare_dagster_home()
-    with open_ledger(args) as ledger, dg.DagsterInstance.from_config(str(home)) as instance:
+    with open_admin(args) as admin, dg.DagsterInstance.from_config(str(home)) as instance:
         findings = (
-            dagster_findings(ledger, instance, specs)
+            dagster_findings(admin, instance, specs)
             + ledger_findings(
-                ledger, outbox_older_than_seconds=args.outbox_age, max_attempts=args.max_attempts
+                admin, outbox_older_than_seconds=args.outbox_age, max_attempts=args.max_attempts
             )
-            + drift_findings(ledger, specs, workspace.configs(specs))
+            + drift_findings(admin, specs, workspace.configs(specs))
         )
     return print_findings(args, findings, [escape_controls(said)])
 

@@ -8,17 +8,17 @@ from idempotent_jobs.operator.commands.common import (
     Shared,
     code_location,
     emit,
-    open_ledger,
+    open_admin,
+    open_worker,
     positive,
-    reads,
 )
 from idempotent_jobs.operator.render import escape_controls, table
 
 
 def outbox_list(args: argparse.Namespace) -> int:
-    with open_ledger(args) as ledger:
-        run_id = reads(ledger).resolve_run_id(args.run) if args.run else None
-        rows = ledger.outbox(run_id, pending_only=args.pending, limit=args.limit)
+    with open_admin(args) as admin:
+        run_id = admin.resolve_run_id(args.run) if args.run else None
+        rows = admin.outbox(run_id, pending_only=args.pending, limit=args.limit)
     human = table(
         ["key", "queued", "delivered", "tries", "last error", "payload"],
         [
@@ -42,8 +42,11 @@ def outbox_deliver(args: argparse.Namespace) -> int:
     each through its own job's channel; other jobs' rows stay pending, and are counted."""
     workspace = code_location(args)
     only = workspace.find_job(args.job).spec if args.job else None
-    with workspace.delivery(only) as router, open_ledger(args) as ledger:
-        run_id = reads(ledger).resolve_run_id(args.run) if args.run else None
+    run_id = None
+    if args.run:
+        with open_admin(args) as admin:
+            run_id = admin.resolve_run_id(args.run)
+    with workspace.delivery(only) as router, open_worker(args) as ledger:
         report = ledger.deliver_outbox(
             router.send, run_id=run_id, limit=args.limit, job_names=router.job_names
         )

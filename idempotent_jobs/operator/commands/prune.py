@@ -8,9 +8,8 @@ from idempotent_jobs.operator.commands.common import (
     Shared,
     code_location,
     emit,
-    open_ledger,
+    open_admin,
     positive,
-    reads,
 )
 from idempotent_jobs.operator.render import escape_controls, human_bytes, table
 
@@ -36,8 +35,8 @@ def retention_policies(
                 f"{exc.reason}; or give the parts to prune on the command line "
                 "(--raw-input-days, --output-days, --attempts-days, --outbox-days)"
             ) from None
-        with open_ledger(args) as ledger:
-            names = list(args.job or reads(ledger).job_names())
+        with open_admin(args) as admin:
+            names = list(args.job or admin.job_names())
         policy = RetentionPolicy().overridden(**overrides)
         return [(name, policy) for name in dict.fromkeys(names)], [
             "no code location: the command line's retention for identity jobs "
@@ -66,9 +65,9 @@ def prune(args: argparse.Namespace) -> int:
     }
     overrides = {part: timedelta(days=d) for part, d in days.items() if d is not None}
     policies, said = retention_policies(args, overrides)
-    with open_ledger(args) as ledger:
+    with open_admin(args) as admin:
         reports = [
-            prune(ledger, name, policy, apply=args.apply, batch_size=args.batch_size)
+            prune(admin, name, policy, apply=args.apply, batch_size=args.batch_size)
             for name, policy in policies
             if policy.prunes_anything
         ]

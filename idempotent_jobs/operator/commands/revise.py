@@ -10,17 +10,16 @@ from idempotent_jobs.operator.commands.common import (
     Shared,
     code_location,
     emit,
-    open_ledger,
-    reads,
+    open_admin,
 )
 from idempotent_jobs.operator.render import escape_controls
 
 
 def revise(args: argparse.Namespace) -> int:
     """Everything that can be checked is checked before the one write (the revise itself)."""
-    with open_ledger(args) as ledger:
-        run_id = reads(ledger).resolve_run_id(args.run_id)
-        record = ledger.get(run_id)
+    with open_admin(args) as admin:
+        run_id = admin.resolve_run_id(args.run_id)
+        record = admin.get(run_id)
         if record is None:
             raise RunNotFoundError(f"run {run_id} is not registered")
         if record.status != "completed":
@@ -43,7 +42,7 @@ def revise(args: argparse.Namespace) -> int:
             if args.now:  # everything the recompute needs, checked before the revise writes
                 partition = partition_for_run(workspace, record)
                 workspace.check_resources(spec)
-        record = ledger.revise(
+        record = admin.revise(
             run_id,
             args.reason,
             channels=args.channel,
@@ -61,7 +60,7 @@ def revise(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return 1
-            record = ledger.get(run_id) or record
+            record = admin.get(run_id) or record
     done = "recomputed" if args.now else "reopened"
     human = (
         f"run {record.run_id} {done} as revision {record.revision}: status={record.status}"

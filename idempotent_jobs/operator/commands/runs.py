@@ -12,19 +12,18 @@ from idempotent_jobs.operator.commands.common import (
     Shared,
     code_location,
     emit,
-    open_ledger,
+    open_admin,
     positive,
-    reads,
     when,
 )
 from idempotent_jobs.operator.render import escape_controls, human_bytes, money, table
 
 if TYPE_CHECKING:
+    from idempotent_jobs.core.admin import LedgerAdmin
     from idempotent_jobs.core.costs import JobSpend
-    from idempotent_jobs.core.ledger import RunLedger
 
 
-def identity_job(args: argparse.Namespace, ledger: "RunLedger") -> tuple[str | None, str]:
+def identity_job(args: argparse.Namespace, admin: "LedgerAdmin") -> tuple[str | None, str]:
     """``--job`` as the identity job name the ledger keys runs by. An identity name the ledger
     holds is used as it is (no code is loaded); another name is looked up in the code location
     (a Dagster job name); a name neither knows exits 2, listing the ledger's jobs."""
@@ -33,7 +32,7 @@ def identity_job(args: argparse.Namespace, ledger: "RunLedger") -> tuple[str | N
         return None, ""
     from idempotent_jobs.core.identity import normalize_text
 
-    held = reads(ledger).job_names()
+    held = admin.job_names()
     name = normalize_text(str(args.job))  # as identities store it: stripped, NFC
     if name in held:
         return name, f"identity job {name}"
@@ -49,9 +48,9 @@ def identity_job(args: argparse.Namespace, ledger: "RunLedger") -> tuple[str | N
 
 
 def runs_list(args: argparse.Namespace) -> int:
-    with open_ledger(args) as ledger:
-        job_name, matched = identity_job(args, ledger)
-        runs = reads(ledger).list_runs(
+    with open_admin(args) as admin:
+        job_name, matched = identity_job(args, admin)
+        runs = admin.list_runs(
             job_name=job_name,
             subject_id=args.subject,
             status=args.status,
@@ -132,12 +131,10 @@ SPEND_HEADERS = [
 
 
 def runs_stats(args: argparse.Namespace) -> int:
-    from idempotent_jobs.core.costs import prices, spend_by_job
-
-    with open_ledger(args) as ledger:
-        tables, parts = reads(ledger).storage()
-        spend = spend_by_job(ledger, args.day)
-        currency = next(iter({p.currency for p in prices(ledger).values()}), "")
+    with open_admin(args) as admin:
+        tables, parts = admin.storage()
+        spend = admin.spend_by_job(args.day)
+        currency = next(iter({p.currency for p in admin.prices().values()}), "")
     approx = any(p.estimated for p in parts)
     rows = [
         (
@@ -192,19 +189,19 @@ def _money_line(figures: dict[str, Any], currency: str) -> str:
 
 
 def runs_show(args: argparse.Namespace) -> int:
-    from idempotent_jobs.core.costs import call_cost, prices
+    from idempotent_jobs.core.costs import call_cost
 
-    with open_ledger(args) as ledger:
-        run_id = reads(ledger).resolve_run_id(args.run_id)
-        record = ledger.get(run_id)
+    with open_admin(args) as admin:
+        run_id = admin.resolve_run_id(args.run_id)
+        record = admin.get(run_id)
         if record is None:
             print(f"idempotent-jobs: no run {run_id}", file=sys.stderr)
             return 1
-        attempts = ledger.attempts(run_id)
-        calls = ledger.model_calls(run_id)
-        outbox = ledger.outbox(run_id)
-        revisions = ledger.revisions(run_id)
-        known = prices(ledger)
+        attempts = admin.attempts(run_id)
+        calls = admin.model_calls(run_id)
+        outbox = admin.outbox(run_id)
+        revisions = admin.revisions(run_id)
+        known = admin.prices()
     from idempotent_jobs.core.records import CallCosts
 
     costs = CallCosts.of(calls)

@@ -8,14 +8,15 @@ from idempotent_jobs.core.constants import DATABASE_URL_ENV
 from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.operator.commands.common import (
     Shared,
-    open_ledger,
+    open_admin,
+    open_worker,
     positive,
 )
 from idempotent_jobs.operator.render import escape_controls
 
 
 def migrate(args: argparse.Namespace) -> int:
-    report = open_ledger(args).upgrade()
+    report = open_admin(args).upgrade()
     print(f"applied: {', '.join(report.applied)}" if report.applied else "schema is up to date")
     for line in report.done:
         print(f"done: {escape_controls(line)}")
@@ -39,12 +40,12 @@ def demo(args: argparse.Namespace) -> int:
             "so that it never reuses or delivers another deployment's runs; unset it, or pass "
             "--any-database",
         )
-    ledger = open_ledger(args)
-    ledger.migrate()
-    with ledger:
-        run_demo(ledger, say)
+    admin = open_admin(args)
+    admin.migrate()
+    with open_worker(args) as ledger, admin:  # the demo plays a worker, then shows the ledger
+        run_demo(ledger, admin, say)
         print()
-        run_dagster_demo(ledger, say)
+        run_dagster_demo(admin, say)
     if embedded:
         from idempotent_jobs.operator.database_commands import data_directory
 

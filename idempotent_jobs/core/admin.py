@@ -1,0 +1,423 @@
+"""The ledger's operator face: what operators, ``doctor``, the CLI and the Dagster admin jobs
+(reconciliation, retention) do with a ledger.
+
+Listings and reads (which the reader role can run), revisions, failure drills armed and ended,
+migrate and upgrade, privileges, prices and spend, and retention's batches. Its statements are
+``sql/admin.sql``'s, and only those; the worker's path (claim, checkpoint, commit, fail, deliver)
+is the other face, :class:`~idempotent_jobs.core.ledger.RunLedger`.
+"""
+
+from collections.abc import Collection, Sequence
+from datetime import datetime
+
+from psycopg.rows import dict_row
+
+from idempotent_jobs.core.checks import (
+    MAX_REASON_CHARS,
+    check_channel,
+    check_job_names,
+    check_limit,
+    optional_name,
+)
+from idempotent_jobs.core.costs import JobHistory, JobSpend, ModelPrice, check_currency, check_price
+from idempotent_jobs.core.errors import InvalidInputError, RunNotFoundError
+from idempotent_jobs.core.face import LedgerFace
+from idempotent_jobs.core.identity import normalize_text
+from idempotent_jobs.core.records import (
+    AttemptRecord,
+    DrillRecord,
+    JobConfig,
+    ModelCallRecord,
+    OutboxRecord,
+    PruneBatch,
+    RevisionRecord,
+    RunRecord,
+    RunStatus,
+    StoredPart,
+    StoredTable,
+)
+from idempotent_jobs.core.rows import record_row
+from idempotent_jobs.core.upgrade import MigrationReport
+
+
+class LedgerAdmin(LedgerFace):
+    """The operator face of a ledger: ``LedgerAdmin(conninfo, **settings)`` or
+    ``LedgerAdmin(LedgerSettings(...))`` (see :class:`~idempotent_jobs.core.face.LedgerFace`).
+    ``LedgerAdmin.beside(ledger)`` is one with a worker face's settings (its own pool)."""
+
+    face = "admin"
+
+    @classmethod
+    def beside(cls, ledger: LedgerFace) -> "LedgerAdmin":
+        """The operator face of the ledger ``ledger`` reaches (the same settings, a pool of its
+        own, opened on first use: close it, or use a ``with`` block)."""
+        return cls(ledger.settings)
+
+    # -- schema and roles --------------------------------------------------------------------
+
+    def migrate(self) -> list[str]:
+        """Apply missing migrations and the upgrade steps (idempotent, serialised by an advisory
+        lock); return the migrations applied now. :meth:`upgrade` says what else it did."""
+        return self._db.migrate().applied
+
+    def upgrade(self) -> MigrationReport:
+        """:meth:`migrate`, returning its whole report: the migrations applied, what was done
+        besides (identities normalised, grants) and what an operator should look at."""
+        return self._db.migrate()
+
+    def missing_privileges(self) -> tuple[str, list[str]]:
+        """The connected role's name, and what it lacks of the privileges workers need
+        (``PRIVILEGE on schema.table``; empty when it has them all)."""
+        return self._db.privileges()
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def get(self, run_id: str) -> RunRecord | None:
+        """The stored record of a run, or ``None``."""
+        rows = self._db.fetch("get_run", {"run_id": run_id}, record_row(RunRecord))
+        return rows[0] if rows else None
+
+    def attempts(self, run_id: str) -> list[AttemptRecord]:
+        """Every successful claim of the run, oldest first."""
+        return self._db.fetch("list_attempts", {"run_id": run_id}, record_row(AttemptRecord))
+
+    def model_calls(self, run_id: str) -> list[ModelCallRecord]:
+        """Every recorded model call of the run, oldest first (see :class:`CallCosts`)."""
+        return self._db.fetch("list_model_calls", {"run_id": run_id}, record_row(ModelCallRecord))
+
+    def outbox(
+        self,
+        run_id: str | None = None,
+        *,
+        pending_only: bool = False,
+        limit: int = 1000,
+        job_names: Collection[str] | None = None,
+    ) -> list[OutboxRecord]:
+        """Outbox rows, optionally of one run, of the identity jobs ``job_names``, and/or only
+        those not delivered yet."""
+        params = {
+            "run_id": run_id,
+            "pending_only": pending_only,
+            "limit": check_limit(limit),
+            "job_names": check_job_names(job_names),
+        }
+        return self._db.fetch("list_outbox", params, record_row(OutboxRecord))
+
+    def revisions(self, run_id: str) -> list[RevisionRecord]:
+        """The accepted results a run had before each explicit revision, oldest first."""
+        return self._db.fetch("list_revisions", {"run_id": run_id}, record_row(RevisionRecord))
+
+    def drills(self) -> list[DrillRecord]:
+        """The drills still armed."""
+        return self._db.fetch("list_drills", {}, record_row(DrillRecord))
+
+    def job_names(self) -> list[str]:
+        """The identity job names of the runs in the ledger, in order."""
+        return [name for (name,) in self._db.rows("job_names", {})]
+
+    def list_runs(
+        self,
+        *,
+        job_name: str | None = None,
+        subject_id: str | None = None,
+        status: RunStatus | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int | None = 100,
+        after: str | None = None,
+    ) -> list[RunRecord]:
+        """Runs, newest window first (``limit=None``: all); ``since``/``until`` bound the
+        window start, ``until`` exclusive. ``job_name`` and ``subject_id`` are compared as the
+        identity stores them (stripped, Unicode NFC).
+
+        ``after`` (a run id or a unique prefix of one, usually the last run of the previous
+        page) continues the listing after that run: pages by keyset, as cheap on the
+        thousandth page as on the first."""
+        params = {
+            "after": None if after is None else self.resolve_run_id(after),
+            "job_name": None if job_name is None else normalize_text(job_name),
+            "subject_id": None if subject_id is None else normalize_text(subject_id),
+            "status": status,
+            "since": since,
+            "until": until,
+            "limit": None if limit is None else check_limit(limit),
+        }
+        return self._db.fetch("list_runs", params, record_row(RunRecord))
+
+    def resolve_run_id(self, prefix: str) -> str:
+        """The one run id starting with ``prefix`` (hex); raise if none or several match."""
+        prefix = prefix.strip().lower()
+        if not prefix or any(c not in "0123456789abcdef" for c in prefix) or len(prefix) > 64:
+            raise InvalidInputError("run_id", f"{prefix!r} is not a run id or a hex prefix of one")
+        matches = [r[0] for r in self._db.rows("run_ids_by_prefix", {"prefix": prefix})]
+        if len(matches) != 1:
+            many = "several runs" if matches else "no run"
+            raise RunNotFoundError(f"run id prefix {prefix!r} matches {many}")
+        return str(matches[0])
+
+    def drifted(
+        self, job_name: str, version: str, config: JobConfig, *, limit: int = 1000
+    ) -> list[RunRecord]:
+        """Completed runs of ``job_name``/``version`` whose result was computed under another
+        configuration than ``config`` (newest window first)."""
+        params = {
+            "job_name": normalize_text(job_name),
+            "version": normalize_text(version),
+            "config_fingerprint": config.fingerprint,
+            "limit": check_limit(limit),
+        }
+        return self._db.fetch("drifted_runs", params, record_row(RunRecord))
+
+    def expired_leases(self, limit: int | None = None) -> list[RunRecord]:
+        """Running runs whose lease expired (by the database clock) without completion, the
+        longest expired first (``limit``: at most that many)."""
+        params = {"limit": None if limit is None else check_limit(limit)}
+        return self._db.fetch("expired_leases", params, record_row(RunRecord))
+
+    def stale_outbox(
+        self, older_than_seconds: float, limit: int | None = None
+    ) -> list[OutboxRecord]:
+        """Undelivered notifications queued more than ``older_than_seconds`` ago, oldest
+        first."""
+        params = {
+            "older_than_seconds": float(older_than_seconds),
+            "limit": None if limit is None else check_limit(limit),
+        }
+        return self._db.fetch("stale_outbox", params, record_row(OutboxRecord))
+
+    def failed_past_retries(self, max_attempts: int, limit: int | None = None) -> list[RunRecord]:
+        """Failed runs that have used ``max_attempts`` claims or more, the longest failed
+        first."""
+        params = {
+            "max_attempts": max_attempts,
+            "limit": None if limit is None else check_limit(limit),
+        }
+        return self._db.fetch("failed_past_retries", params, record_row(RunRecord))
+
+    def storage(
+        self, exact_below_rows: int = 200_000
+    ) -> tuple[list[StoredTable], list[StoredPart]]:
+        """What the ledger holds: each table's estimated rows and bytes on disk, and per job
+        the rows and stored bytes of runs, raw inputs, outputs, attempts and outbox payloads.
+        Exact for tables under ``exact_below_rows`` rows (by the catalogue's estimate); over
+        that, estimated from a sample of about that many rows' pages."""
+        tables = self._db.fetch("storage_tables", {"schema": self.schema}, record_row(StoredTable))
+        estimated = {t.table_name: t.estimated_rows or 0 for t in tables}
+        parts: list[StoredPart] = []
+
+        def percent(table: str) -> float:
+            rows = estimated.get(table, 0)
+            return 100.0 if rows < exact_below_rows else 100.0 * exact_below_rows / rows
+
+        def add(part: str, job: str, rows: int, size: int, sampled_percent: float) -> None:
+            scale = 100.0 / sampled_percent
+            parts.append(
+                StoredPart(
+                    job_name=job,
+                    part=part,
+                    rows=round(rows * scale),
+                    bytes=round(size * scale),
+                    estimated=scale > 1,
+                )
+            )
+
+        runs_percent = percent("runs")
+        for job, rows, row_bytes, raw_bytes, output_bytes in self._db.rows(
+            "storage_runs", {"percent": runs_percent}
+        ):
+            add("runs", job, rows, row_bytes, runs_percent)
+            add("runs.raw_input", job, rows, raw_bytes, runs_percent)
+            add("runs.output", job, rows, output_bytes, runs_percent)
+        attempts_percent = percent("run_attempts")
+        for job, rows, size in self._db.rows("storage_attempts", {"percent": attempts_percent}):
+            add("run_attempts", job, rows, size, attempts_percent)
+        outbox_percent = percent("notification_outbox")
+        for job, rows, size in self._db.rows("storage_outbox", {"percent": outbox_percent}):
+            add("notification_outbox.payload", job, rows, size, outbox_percent)
+        order = ["runs", "runs.raw_input", "runs.output", "run_attempts"]
+        parts.sort(key=lambda p: (p.job_name, order.index(p.part) if p.part in order else 9))
+        return tables, parts
+
+    # -- revisions ---------------------------------------------------------------------------
+
+    def revise(
+        self,
+        run_id: str,
+        reason: str,
+        *,
+        channels: Sequence[str] = (),
+        recollect: bool = False,
+        requested_by: str | None = None,
+    ) -> RunRecord:
+        """Reopen a completed run for recomputation: the only way a result is ever replaced.
+
+        The accepted output moves to ``run_revisions`` with ``reason``; the run becomes pending
+        under the next revision, keeping its raw input unless ``recollect`` (required when
+        retention pruned the raw input). The next completion
+        queues notifications only for ``channels`` (none: the new result is stored silently).
+        """
+        if not isinstance(reason, str) or not reason.strip():
+            raise InvalidInputError("reason", "must say why the result is recomputed")
+        if len(reason.strip()) > MAX_REASON_CHARS:
+            raise InvalidInputError("reason", f"must be at most {MAX_REASON_CHARS} characters")
+        if isinstance(channels, str):
+            raise InvalidInputError("channels", "must be a list of channel names, not one string")
+        for channel in channels:
+            check_channel("channels", channel)
+        params = {
+            "run_id": run_id,
+            "reason": reason.strip(),
+            "channels": list(dict.fromkeys(channels)),
+            "recollect": bool(recollect),
+            "requested_by": optional_name("requested_by", requested_by),
+        }
+        rows = self._db.fetch("revise", params, record_row(RunRecord))
+        if rows:
+            return rows[0]
+        record = self.get(run_id)
+        if record is None:
+            raise RunNotFoundError(f"run {run_id} is not registered")
+        if record.status == "completed" and record.raw_input_pruned_at is not None:
+            raise InvalidInputError(
+                "recollect",
+                f"the raw input of run {run_id} was pruned "
+                f"{record.raw_input_pruned_at.isoformat(timespec='seconds')}: revise it with "
+                "recollect (--recollect) to collect the input again",
+            )
+        raise InvalidInputError(
+            "run_id", f"only a completed run can be revised; {run_id} is {record.status}"
+        )
+
+    # -- failure drills ------------------------------------------------------------------------
+
+    def arm_drill(
+        self, job_name: str, calls: int, seconds: float, *, armed_by: str | None = None
+    ) -> DrillRecord:
+        """Make the next ``calls`` model calls of ``job_name`` (identity job name; ``*``: every
+        job) fail on purpose, for at most ``seconds``; every worker sees it."""
+        if not isinstance(calls, int) or isinstance(calls, bool) or not 0 < calls <= 10**7:
+            raise InvalidInputError(
+                "calls", f"must be a whole number from 1 to 10^7, got {calls!r}"
+            )
+        if not (isinstance(seconds, int | float) and 0 < seconds <= 10 * 366 * 86400):
+            raise InvalidInputError("seconds", f"must be from 0 to ten years, got {seconds!r}")
+        params = {
+            "job_name": normalize_text(job_name) if job_name != "*" else "*",
+            "calls": calls,
+            "seconds": float(seconds),
+            "armed_by": optional_name("armed_by", armed_by),
+        }
+        [drill] = self._db.fetch("arm_drill", params, record_row(DrillRecord))
+        return drill
+
+    def disarm_drills(self, job_name: str | None = None) -> list[DrillRecord]:
+        """End the drill of ``job_name`` (every drill when ``None``); return those ended."""
+        params = {"job_name": job_name}
+        return self._db.fetch("disarm_drills", params, record_row(DrillRecord))
+
+    # -- prices and spend ----------------------------------------------------------------------
+
+    def set_price(
+        self,
+        model_name: str,
+        input_per_million: object,
+        output_per_million: object,
+        *,
+        currency: str = "USD",
+        set_by: str | None = None,
+    ) -> ModelPrice:
+        """Set ``model_name``'s price per million input and output tokens. Every price is in
+        one currency, so sums stay meaningful: another currency than the prices set so far is
+        refused."""
+        name = model_name.strip()
+        if not name or len(name) > 200 or not name.isprintable():
+            raise InvalidInputError("model", f"must be a printable model name, got {model_name!r}")
+        code = check_currency(currency)
+        others = {p.currency for p in self.prices().values() if p.model_name != name}
+        if others and code not in others:
+            raise InvalidInputError(
+                "currency", f"prices are kept in {', '.join(sorted(others))}; got {code}"
+            )
+        params = {
+            "model_name": name,
+            "input_per_million": check_price("input_per_million", input_per_million),
+            "output_per_million": check_price("output_per_million", output_per_million),
+            "currency": code,
+            "set_by": set_by,
+        }
+        [price] = self._db.fetch("set_price", params, record_row(ModelPrice))
+        return price
+
+    def prices(self) -> dict[str, ModelPrice]:
+        """Every model's price, by model name."""
+        rows = self._db.fetch("list_prices", {}, record_row(ModelPrice))
+        return {p.model_name: p for p in rows}
+
+    def spend_by_job(self, day: datetime | None = None) -> list[JobSpend]:
+        """Each job's spend in the UTC day holding ``day`` (today, by the database clock)."""
+        return self._db.fetch("spend_by_job", {"day": day}, record_row(JobSpend))
+
+    def job_history(self, job_name: str, *, sample: int = 1000) -> JobHistory:
+        """:class:`JobHistory` of identity job ``job_name``."""
+        params = {"job_name": job_name, "sample": sample}
+        [row] = self._db.fetch("job_history", params, dict_row)
+        return JobHistory(**row)
+
+    def run_statuses(self, run_ids: list[str]) -> dict[str, str]:
+        """The status of each of ``run_ids`` the ledger holds (unregistered ids are left out)."""
+        rows = self._db.rows("run_statuses", {"run_ids": run_ids})
+        return {run_id: status for run_id, status in rows}
+
+    # -- retention -----------------------------------------------------------------------------
+
+    def database_now(self) -> datetime:
+        """The database server's clock (retention's cutoffs are computed by it, as leases are)."""
+        [(now,)] = self._db.rows("database_now", {})
+        assert isinstance(now, datetime)
+        return now
+
+    def prune_batch(
+        self,
+        job_name: str,
+        after: tuple[str, datetime, str],
+        batch_size: int,
+        *,
+        raw_input_before: datetime | None,
+        output_before: datetime | None,
+        attempts_before: datetime | None,
+        payloads_before: datetime | None,
+        apply: bool,
+    ) -> PruneBatch:
+        """One retention batch of a job's runs after the identity ``after`` (see
+        :func:`idempotent_jobs.core.retention.prune`)."""
+        params = {
+            "job_name": normalize_text(job_name),
+            "after_subject": after[0],
+            "after_scheduled_at": after[1],
+            "after_version": after[2],
+            "batch_size": batch_size,
+            "raw_input_before": raw_input_before,
+            "output_before": output_before,
+            "attempts_before": attempts_before,
+            "payloads_before": payloads_before,
+            "apply": apply,
+        }
+        [row] = self._db.rows("prune_batch", params)
+        return PruneBatch.of_row(row)
+
+    def prune_step_outputs(
+        self, job_name: str, before: datetime, batch_size: int | None, apply: bool
+    ) -> tuple[int, int]:
+        """One batch of what the ledger IO manager kept between the steps of the job's runs
+        completed before ``before`` (``batch_size`` None: count them all): rows and bytes."""
+        params = {
+            "job_name": normalize_text(job_name),
+            "before": before,
+            "batch_size": batch_size,
+            "apply": apply,
+        }
+        [(rows, size)] = self._db.rows("prune_step_outputs", params)
+        return int(rows), int(size)
+
+
+__all__ = ["LedgerAdmin"]

@@ -1,0 +1,62 @@
+"""What both faces of the ledger share: their settings, their executor and its pool, and how they
+are opened and closed. A face runs only its own statements (``sql/<face>.sql``); its executor is
+private to it."""
+
+from typing import Any, ClassVar, Self
+
+from psycopg_pool import ConnectionPool
+
+from idempotent_jobs.core.executor import Executor
+from idempotent_jobs.core.settings import LedgerSettings
+from idempotent_jobs.core.sql import Face
+
+
+class LedgerFace:
+    """One face of a ledger: ``Face(settings)`` or ``Face(conninfo, **settings)`` (see
+    :class:`LedgerSettings`; the conninfo may hold a password: it is never shown).
+
+    The pool opens on first use (``close()`` or a ``with`` block closes it), or pass ``pool=`` a
+    psycopg ``ConnectionPool`` of autocommit connections that you open and close. Opening
+    verifies the schema and never runs DDL (``LedgerAdmin.migrate`` does, once per database).
+    """
+
+    face: ClassVar[Face]
+    executor_class: ClassVar[type[Executor]] = Executor  # how statements run (a benchmark counts)
+
+    def __init__(
+        self,
+        settings: LedgerSettings | str,
+        *,
+        pool: ConnectionPool | None = None,
+        **options: Any,
+    ) -> None:
+        self.settings = LedgerSettings.of(settings, **options)
+        self._db = self.executor_class(self.settings, self.face, pool=pool)
+
+    def __repr__(self) -> str:  # the conninfo may hold a password: never shown
+        return f"{type(self).__name__}(schema={self.schema!r})"
+
+    @property
+    def schema(self) -> str:
+        """The PostgreSQL schema holding the ledger's tables."""
+        return self.settings.schema
+
+    @property
+    def pooled(self) -> bool:
+        """Whether a connection pooler (PgBouncer) was found between this face and PostgreSQL."""
+        return self._db.pooled
+
+    def open(self) -> None:
+        """Verify the schema and open the connection pool; a no-op when already open."""
+        self._db.open()
+
+    def close(self) -> None:
+        """Close the pool this face opened (it can be opened again)."""
+        self._db.close()
+
+    def __enter__(self) -> Self:
+        self.open()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

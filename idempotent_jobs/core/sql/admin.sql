@@ -1,0 +1,425 @@
+-- The operator face's statements (core/admin.py: LedgerAdmin), and only those: listings and reads
+-- (which the reader role can run), revisions, drills armed and ended, prices and spend, and
+-- retention's batches. Each starts with `-- name: <name>` and a one-line purpose; more comment
+-- lines may follow before the statement. `{schema}` is replaced by the quoted schema name once per
+-- ledger; every value is a parameter. A write here never follows a claim: `revise` takes only a
+-- completed run, and retention only what no lease holds.
+
+-- name: arm_drill
+-- Arm a failure drill: the next `calls` model calls of the job fail, until it expires.
+-- One drill per job (identity job name, or '*' for every job); arming again replaces it.
+INSERT INTO {schema}.drills (job_name, remaining, expires_at, armed_by)
+VALUES (%(job_name)s, %(calls)s, now() + make_interval(secs => %(seconds)s), %(armed_by)s)
+ON CONFLICT (job_name) DO UPDATE SET remaining = EXCLUDED.remaining,
+  expires_at = EXCLUDED.expires_at, armed_by = EXCLUDED.armed_by, armed_at = now()
+RETURNING job_name, remaining, expires_at, armed_by, armed_at
+
+-- name: disarm_drills
+-- End the drill of one job, or every drill (`job_name` NULL).
+DELETE FROM {schema}.drills WHERE job_name = %(job_name)s OR %(job_name)s::text IS NULL
+RETURNING job_name, remaining, expires_at, armed_by, armed_at
+
+-- name: set_price
+-- Set a model's price per million input and output tokens (an operator's write; no run).
+INSERT INTO {schema}.model_prices AS p (model_name, input_per_million, output_per_million,
+  currency, set_by)
+VALUES (%(model_name)s, %(input_per_million)s, %(output_per_million)s, %(currency)s,
+  %(set_by)s)
+ON CONFLICT (model_name) DO UPDATE SET input_per_million = EXCLUDED.input_per_million,
+  output_per_million = EXCLUDED.output_per_million, currency = EXCLUDED.currency,
+  set_at = now(), set_by = EXCLUDED.set_by
+RETURNING p.*
+
+-- name: list_prices
+-- Every model's price, by model name.
+SELECT * FROM {schema}.model_prices ORDER BY model_name
+
+-- name: spend_by_job
+-- What each job's model calls spent in one UTC day, against its declared budget.
+-- By the database clock; today when `day` is NULL: calls, tokens, tokens not accepted, money at the models' prices, the most any one
+-- subject spent, and the budget the job's workers declared. A job with a budget and no call
+-- that day is listed with zeros.
+WITH day AS (
+  SELECT (date_trunc('day', COALESCE(%(day)s::timestamptz, now()) AT TIME ZONE 'UTC')
+    AT TIME ZONE 'UTC') AS start
+), calls AS (
+  SELECT r.job_name, r.subject_id, c.outcome,
+    COALESCE(c.input_tokens, 0) + COALESCE(c.output_tokens, 0) AS tokens,
+    (COALESCE(c.input_tokens, 0) * p.input_per_million
+      + COALESCE(c.output_tokens, 0) * p.output_per_million) / 1000000 AS cost,
+    c.model_name IS NULL OR p.model_name IS NOT NULL AS priced
+  FROM {schema}.model_calls AS c
+  -- Each call's run by its key (LIMIT keeps the planner from turning it into a join that
+  -- scans every run).
+  CROSS JOIN LATERAL (SELECT job_name, subject_id FROM {schema}.runs AS r
+    WHERE r.run_id = c.run_id LIMIT 1) AS r
+  LEFT JOIN {schema}.model_prices AS p ON p.model_name = c.model_name
+  -- Written out, not read from `day`, so the planner estimates the range (one day's calls).
+  WHERE c.called_at >= date_trunc('day', COALESCE(%(day)s::timestamptz, now())
+      AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
+    AND c.called_at < (date_trunc('day', COALESCE(%(day)s::timestamptz, now())
+      AT TIME ZONE 'UTC') + interval '1 day') AT TIME ZONE 'UTC'
+), by_subject AS (
+  SELECT job_name, subject_id, count(*) AS calls, sum(tokens) AS tokens,
+    sum(tokens) FILTER (WHERE outcome <> 'accepted') AS wasted, sum(cost) AS cost,
+    bool_and(priced) AS priced
+  FROM calls GROUP BY job_name, subject_id
+), by_job AS (
+  SELECT job_name, sum(calls)::bigint AS calls, sum(tokens)::bigint AS tokens,
+    COALESCE(sum(wasted), 0)::bigint AS wasted_tokens, sum(cost) AS cost,
+    bool_and(priced) AS priced, max(tokens)::bigint AS top_subject_tokens
+  FROM by_subject GROUP BY job_name
+)
+SELECT COALESCE(j.job_name, b.job_name) AS job_name, day.start AS day_start,
+  COALESCE(j.calls, 0) AS calls, COALESCE(j.tokens, 0) AS tokens,
+  COALESCE(j.wasted_tokens, 0) AS wasted_tokens, j.cost, COALESCE(j.priced, true) AS priced,
+  COALESCE(j.top_subject_tokens, 0) AS top_subject_tokens, b.tokens_per_day,
+  b.tokens_per_subject_per_day
+FROM day, by_job AS j
+FULL JOIN {schema}.budgets AS b ON b.job_name = j.job_name
+ORDER BY 1
+
+-- name: job_history
+-- What a job's runs cost so far, for an estimate.
+-- Per accepted run (its accepted call; the latest `sample` runs) the median and p90 of tokens and money, and every call not accepted
+-- (failed, rejected, stale, lease lost): how many and what they cost.
+WITH priced_calls AS (
+  SELECT c.run_id, c.outcome, c.called_at,
+    COALESCE(c.input_tokens, 0) + COALESCE(c.output_tokens, 0) AS tokens,
+    (COALESCE(c.input_tokens, 0) * p.input_per_million
+      + COALESCE(c.output_tokens, 0) * p.output_per_million) / 1000000 AS cost,
+    c.model_name IS NULL OR p.model_name IS NOT NULL AS priced
+  FROM {schema}.runs AS r
+  JOIN {schema}.model_calls AS c ON c.run_id = r.run_id
+  LEFT JOIN {schema}.model_prices AS p ON p.model_name = c.model_name
+  WHERE r.job_name = %(job_name)s
+), accepted AS (
+  SELECT run_id, sum(tokens) AS tokens, sum(cost) AS cost, bool_and(priced) AS priced
+  FROM priced_calls WHERE outcome = 'accepted'
+  GROUP BY run_id ORDER BY max(called_at) DESC LIMIT %(sample)s
+), not_accepted AS (
+  SELECT count(*) AS calls, COALESCE(sum(tokens), 0)::bigint AS tokens, sum(cost) AS cost,
+    COALESCE(bool_and(priced), true) AS priced
+  FROM priced_calls WHERE outcome <> 'accepted'
+), all_accepted AS (
+  SELECT count(DISTINCT run_id) AS runs FROM priced_calls WHERE outcome = 'accepted'
+)
+SELECT all_accepted.runs AS accepted_runs, count(accepted.run_id) AS sampled_runs,
+  percentile_cont(0.5) WITHIN GROUP (ORDER BY accepted.tokens) AS median_tokens,
+  percentile_cont(0.9) WITHIN GROUP (ORDER BY accepted.tokens) AS p90_tokens,
+  percentile_cont(0.5) WITHIN GROUP (ORDER BY accepted.cost) AS median_cost,
+  percentile_cont(0.9) WITHIN GROUP (ORDER BY accepted.cost) AS p90_cost,
+  COALESCE(bool_and(accepted.priced), true) AND not_accepted.priced AS priced,
+  not_accepted.calls AS failed_calls, not_accepted.tokens AS failed_tokens,
+  not_accepted.cost AS failed_cost
+FROM all_accepted, not_accepted LEFT JOIN accepted ON true
+GROUP BY all_accepted.runs, not_accepted.calls, not_accepted.tokens, not_accepted.cost,
+  not_accepted.priced
+
+-- name: run_statuses
+-- The stored status of each of these run ids (ids not registered are left out).
+SELECT run_id, status FROM {schema}.runs WHERE run_id = ANY(%(run_ids)s)
+
+-- name: list_drills
+-- The drills still armed (calls left, not expired).
+SELECT job_name, remaining, expires_at, armed_by, armed_at FROM {schema}.drills
+WHERE remaining > 0 AND expires_at > now()
+ORDER BY job_name
+
+-- name: job_names
+-- The identity job names the ledger holds runs of, in order.
+-- A skip scan of runs_identity_key (job_name leads it): one index probe per job, however many
+-- runs each has.
+WITH RECURSIVE job AS (
+  SELECT min(job_name) AS name FROM {schema}.runs
+  UNION ALL
+  SELECT (SELECT min(r.job_name) FROM {schema}.runs AS r WHERE r.job_name > job.name)
+  FROM job WHERE job.name IS NOT NULL
+)
+SELECT name FROM job WHERE name IS NOT NULL
+
+-- name: get_run
+-- One run's record.
+SELECT * FROM {schema}.runs WHERE run_id = %(run_id)s
+
+-- name: list_attempts
+-- A run's claims, oldest first: the ended ones and the open one (the `attempts` view).
+SELECT * FROM {schema}.attempts WHERE run_id = %(run_id)s ORDER BY lease_epoch
+
+-- name: list_model_calls
+-- A run's model calls, oldest first.
+SELECT * FROM {schema}.model_calls WHERE run_id = %(run_id)s ORDER BY call_id
+
+-- name: list_outbox
+-- Outbox rows with their run's job, of one run or all, of some jobs or all, maybe only undelivered.
+-- A row belongs to its run's job: a deliverer names the jobs it owns (`job_names`), and never
+-- sees another team's rows on a shared ledger.
+SELECT o.*, r.job_name FROM {schema}.notification_outbox AS o
+JOIN {schema}.runs AS r ON r.run_id = o.run_id
+WHERE (%(run_id)s::text IS NULL OR o.run_id = %(run_id)s)
+  AND (NOT %(pending_only)s OR o.delivered_at IS NULL)
+  AND (%(job_names)s::text[] IS NULL OR r.job_name = ANY(%(job_names)s::text[]))
+ORDER BY o.created_at, o.run_id, o.channel, o.revision
+LIMIT %(limit)s
+
+-- name: list_runs
+-- Runs by job, subject, status and window, newest window first; every filter is optional.
+-- A page starts after the run `after` (keyset: never an OFFSET). The order is total (run_id
+-- breaks ties) and is runs_newest_idx's, so `scheduled_at <= cursor` starts the index scan at
+-- the cursor; the rest of the comparison only skips the cursor's own window's earlier rows.
+WITH page_cursor AS (
+  SELECT scheduled_at, job_name, subject_id, run_id FROM {schema}.runs WHERE run_id = %(after)s
+)
+SELECT r.* FROM {schema}.runs AS r
+WHERE (%(job_name)s::text IS NULL OR r.job_name = %(job_name)s)
+  AND (%(subject_id)s::text IS NULL OR r.subject_id = %(subject_id)s)
+  AND (%(status)s::text IS NULL OR r.status = %(status)s)
+  AND (%(since)s::timestamptz IS NULL OR r.scheduled_at >= %(since)s)
+  AND (%(until)s::timestamptz IS NULL OR r.scheduled_at < %(until)s)
+  AND (%(after)s::text IS NULL OR (
+    r.scheduled_at <= (SELECT scheduled_at FROM page_cursor)
+    AND (r.scheduled_at < (SELECT scheduled_at FROM page_cursor)
+      OR (r.job_name, r.subject_id, r.run_id)
+        > (SELECT job_name, subject_id, run_id FROM page_cursor))))
+ORDER BY r.scheduled_at DESC, r.job_name, r.subject_id, r.run_id
+LIMIT %(limit)s
+
+-- name: list_revisions
+-- The results a run had before each explicit revision, oldest first.
+SELECT * FROM {schema}.run_revisions WHERE run_id = %(run_id)s ORDER BY revision
+
+-- name: revise
+-- Reopen a completed run for recomputation under the next revision.
+-- The only way a completed run is recomputed: its accepted result moves to run_revisions with the
+-- reason, and the run becomes claimable again under the next revision number. A run whose raw
+-- input retention pruned is reopened only with `recollect` (there is nothing to recompute on).
+WITH current AS (
+  SELECT run_id, revision, output, completed_at, lease_epoch FROM {schema}.runs
+  WHERE run_id = %(run_id)s AND status = 'completed'
+    AND (%(recollect)s OR raw_input_pruned_at IS NULL)
+  FOR UPDATE
+), kept AS (
+  INSERT INTO {schema}.run_revisions (run_id, revision, reason, channels, previous_output,
+    previous_completed_at, previous_epoch, recollect, requested_by)
+  SELECT run_id, revision + 1, %(reason)s, %(channels)s, output, completed_at, lease_epoch,
+    %(recollect)s, %(requested_by)s
+  FROM current
+  RETURNING run_id AS revised_run_id, revision AS new_revision
+)
+UPDATE {schema}.runs AS r
+SET status = 'pending', output = NULL, completed_at = NULL, last_error = NULL,
+  revision = new_revision, updated_at = now(), config_fingerprint = NULL, config_parts = NULL,
+  raw_input = CASE WHEN %(recollect)s THEN NULL ELSE r.raw_input END,
+  input_fingerprint = CASE WHEN %(recollect)s THEN NULL ELSE r.input_fingerprint END,
+  raw_input_pruned_at = CASE WHEN %(recollect)s THEN NULL ELSE r.raw_input_pruned_at END,
+  output_pruned_at = NULL
+FROM kept
+WHERE r.run_id = revised_run_id
+RETURNING r.*
+
+-- name: expired_leases
+-- Running runs whose lease expired (by the database clock) without an outcome.
+SELECT * FROM {schema}.runs
+WHERE status = 'running' AND lease_expires_at < now()
+ORDER BY lease_expires_at
+LIMIT %(limit)s
+
+-- name: stale_outbox
+-- Undelivered notifications queued longer ago than the given number of seconds.
+SELECT * FROM {schema}.notification_outbox
+WHERE delivered_at IS NULL AND created_at < now() - make_interval(secs => %(older_than_seconds)s)
+ORDER BY created_at
+LIMIT %(limit)s
+
+-- name: failed_past_retries
+-- Failed runs that have used the given number of claims or more.
+SELECT * FROM {schema}.runs
+WHERE status = 'failed' AND attempts >= %(max_attempts)s
+ORDER BY updated_at
+LIMIT %(limit)s
+
+-- name: drifted_runs
+-- Completed runs whose result was computed under another configuration.
+-- Completed runs of a job version whose result was computed under another configuration (runs
+-- completed before configurations were recorded have none and are not compared).
+SELECT * FROM {schema}.runs
+WHERE job_name = %(job_name)s AND version = %(version)s AND status = 'completed'
+  AND config_fingerprint IS NOT NULL AND config_fingerprint <> %(config_fingerprint)s
+ORDER BY scheduled_at DESC, subject_id
+LIMIT %(limit)s
+
+-- name: run_ids_by_prefix
+-- The run ids starting with a hex prefix; two rows back mean "ambiguous".
+-- A range on the primary key (ids are lowercase hex, and 'g' sorts after 'f' in every collation
+-- PostgreSQL offers), where LIKE would read the whole index in a non-C collation.
+SELECT run_id FROM {schema}.runs
+WHERE run_id >= %(prefix)s AND run_id < %(prefix)s || 'g'
+  AND left(run_id, length(%(prefix)s)) = %(prefix)s
+ORDER BY run_id
+LIMIT 2
+
+-- name: database_now
+-- The database's clock (retention cutoffs are computed by it, as leases are).
+SELECT now()
+
+-- name: prune_batch
+-- One retention batch of a job: count, and with `apply` prune, what its policy lets go.
+-- The job's next `batch_size` runs in identity order after the cursor (an index range of
+-- runs_identity_key: a job's batches read only its runs). Of those, completed runs lose their
+-- raw input (completed before `raw_input_before`), output (before `output_before`) and attempt
+-- rows (ended before `attempts_before`), and delivered notifications their payload (delivered
+-- before `payloads_before`), and results a revision replaced lose their output (by when they
+-- completed, as outputs); a NULL cutoff keeps that part. Only completed runs, delivered rows and
+-- replaced results: no lease is held on them, so no claim waits on this. With `apply`, each run
+-- is locked and rechecked first (still completed, at the same completion): a run revised (or
+-- revised and completed again) since the statement's snapshot is skipped whole, its attempt rows
+-- included, and every part pruned sets its pruned-at marker. The counts are what the dry run
+-- found, or with `apply` the rows changed. The run row, its counts and the outbox row stay.
+WITH batch AS (
+  SELECT run_id, subject_id, scheduled_at, version FROM {schema}.runs
+  WHERE job_name = %(job_name)s
+    AND (job_name, subject_id, scheduled_at, version)
+      > (%(job_name)s, %(after_subject)s, %(after_scheduled_at)s::timestamptz, %(after_version)s)
+  ORDER BY job_name, subject_id, scheduled_at, version
+  LIMIT %(batch_size)s
+), done AS (
+  SELECT r.run_id, r.completed_at,
+    COALESCE(r.raw_input IS NOT NULL AND r.completed_at < %(raw_input_before)s, false)
+      AS drop_raw,
+    COALESCE(r.output IS NOT NULL AND r.completed_at < %(output_before)s, false) AS drop_output,
+    EXISTS (SELECT FROM {schema}.run_attempts AS a
+      WHERE a.run_id = r.run_id AND a.ended_at < %(attempts_before)s) AS drop_attempts,
+    COALESCE(pg_column_size(r.raw_input), 0) AS raw_bytes,
+    COALESCE(pg_column_size(r.output), 0) AS output_bytes
+  FROM {schema}.runs AS r JOIN batch USING (run_id)
+  WHERE r.status = 'completed'
+), locked AS (
+  SELECT r.run_id, d.drop_raw, d.drop_output, d.drop_attempts, d.raw_bytes, d.output_bytes
+  FROM {schema}.runs AS r JOIN done AS d USING (run_id)
+  WHERE %(apply)s AND (d.drop_raw OR d.drop_output OR d.drop_attempts)
+    AND r.status = 'completed' AND r.completed_at = d.completed_at
+  FOR UPDATE OF r
+), deleted_attempts AS (
+  DELETE FROM {schema}.run_attempts AS a USING locked AS l
+  WHERE l.drop_attempts AND a.run_id = l.run_id AND a.ended_at < %(attempts_before)s
+  RETURNING a.run_id, pg_column_size(a.*) AS bytes
+), pruned_runs AS (
+  UPDATE {schema}.runs AS r
+  SET raw_input = CASE WHEN l.drop_raw THEN NULL ELSE r.raw_input END,
+    raw_input_pruned_at = CASE WHEN l.drop_raw THEN now() ELSE r.raw_input_pruned_at END,
+    output = CASE WHEN l.drop_output THEN NULL ELSE r.output END,
+    output_pruned_at = CASE WHEN l.drop_output THEN now() ELSE r.output_pruned_at END,
+    attempts_pruned_at = CASE WHEN l.run_id IN (SELECT run_id FROM deleted_attempts)
+      THEN now() ELSE r.attempts_pruned_at END
+  FROM locked AS l
+  WHERE r.run_id = l.run_id
+  RETURNING r.run_id, l.drop_raw, l.drop_output, l.raw_bytes, l.output_bytes
+), old_attempts AS (
+  SELECT a.run_id, a.lease_epoch, pg_column_size(a.*) AS bytes
+  FROM {schema}.run_attempts AS a JOIN done USING (run_id)
+  WHERE done.drop_attempts AND a.ended_at < %(attempts_before)s
+), old_payloads AS (
+  SELECT o.run_id, o.channel, o.revision, pg_column_size(o.payload) AS bytes
+  FROM {schema}.notification_outbox AS o JOIN batch USING (run_id)
+  WHERE o.payload IS NOT NULL AND o.delivered_at < %(payloads_before)s
+), cleared_payloads AS (
+  UPDATE {schema}.notification_outbox AS o SET payload = NULL, payload_pruned_at = now()
+  FROM old_payloads AS p
+  WHERE %(apply)s AND o.run_id = p.run_id AND o.channel = p.channel AND o.revision = p.revision
+    AND o.delivered_at IS NOT NULL AND o.payload IS NOT NULL
+  RETURNING o.run_id, p.bytes
+), old_revisions AS (
+  SELECT v.run_id, v.revision, pg_column_size(v.previous_output) AS bytes
+  FROM {schema}.run_revisions AS v JOIN batch USING (run_id)
+  WHERE v.previous_output IS NOT NULL AND v.previous_completed_at < %(output_before)s
+), cleared_revisions AS (
+  UPDATE {schema}.run_revisions AS v SET previous_output = NULL
+  FROM old_revisions AS o
+  WHERE %(apply)s AND v.run_id = o.run_id AND v.revision = o.revision
+    AND v.previous_output IS NOT NULL
+  RETURNING v.run_id, o.bytes
+), last AS (
+  SELECT subject_id, scheduled_at, version FROM batch
+  ORDER BY subject_id DESC, scheduled_at DESC, version DESC LIMIT 1
+)
+SELECT (SELECT subject_id FROM last) AS last_subject,
+  (SELECT scheduled_at FROM last) AS last_scheduled_at,
+  (SELECT version FROM last) AS last_version,
+  CASE WHEN %(apply)s THEN (SELECT count(*) FROM pruned_runs WHERE drop_raw)
+    ELSE (SELECT count(*) FROM done WHERE drop_raw) END AS raw_rows,
+  CASE WHEN %(apply)s THEN (SELECT COALESCE(sum(raw_bytes), 0) FROM pruned_runs WHERE drop_raw)
+    ELSE (SELECT COALESCE(sum(raw_bytes), 0) FROM done WHERE drop_raw) END::bigint AS raw_bytes,
+  CASE WHEN %(apply)s THEN (SELECT count(*) FROM pruned_runs WHERE drop_output)
+      + (SELECT count(*) FROM cleared_revisions)
+    ELSE (SELECT count(*) FROM done WHERE drop_output)
+      + (SELECT count(*) FROM old_revisions) END AS output_rows,
+  CASE WHEN %(apply)s
+    THEN (SELECT COALESCE(sum(output_bytes), 0) FROM pruned_runs WHERE drop_output)
+      + (SELECT COALESCE(sum(bytes), 0) FROM cleared_revisions)
+    ELSE (SELECT COALESCE(sum(output_bytes), 0) FROM done WHERE drop_output)
+      + (SELECT COALESCE(sum(bytes), 0) FROM old_revisions) END::bigint AS output_bytes,
+  CASE WHEN %(apply)s THEN (SELECT count(*) FROM deleted_attempts)
+    ELSE (SELECT count(*) FROM old_attempts) END AS attempt_rows,
+  CASE WHEN %(apply)s THEN (SELECT COALESCE(sum(bytes), 0) FROM deleted_attempts)
+    ELSE (SELECT COALESCE(sum(bytes), 0) FROM old_attempts) END::bigint AS attempt_bytes,
+  CASE WHEN %(apply)s THEN (SELECT count(*) FROM cleared_payloads)
+    ELSE (SELECT count(*) FROM old_payloads) END AS payload_rows,
+  CASE WHEN %(apply)s THEN (SELECT COALESCE(sum(bytes), 0) FROM cleared_payloads)
+    ELSE (SELECT COALESCE(sum(bytes), 0) FROM old_payloads) END::bigint AS payload_bytes,
+  (SELECT count(*) FROM pruned_runs) + (SELECT count(*) FROM deleted_attempts)
+    + (SELECT count(*) FROM cleared_payloads) + (SELECT count(*) FROM cleared_revisions)
+    AS changed
+
+-- name: storage_tables
+-- The ledger's tables: estimated rows (NULL: never analysed) and bytes on disk (all included).
+SELECT c.relname AS table_name,
+  CASE WHEN c.reltuples < 0 THEN NULL ELSE c.reltuples::bigint END AS estimated_rows,
+  pg_total_relation_size(c.oid) AS total_bytes
+FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE n.nspname = %(schema)s AND c.relkind = 'r'
+ORDER BY c.relname
+
+-- name: storage_runs
+-- Runs per job with the stored bytes of their rows, raw inputs and outputs (a page sample).
+-- Over `percent` % of the table's pages (100: all of them, exact); the caller scales it up.
+SELECT r.job_name, count(*) AS rows, COALESCE(sum(pg_column_size(r.*)), 0)::bigint AS row_bytes,
+  COALESCE(sum(pg_column_size(r.raw_input)), 0)::bigint AS raw_input_bytes,
+  COALESCE(sum(pg_column_size(r.output)), 0)::bigint AS output_bytes
+FROM {schema}.runs AS r TABLESAMPLE SYSTEM (%(percent)s)
+GROUP BY r.job_name
+ORDER BY r.job_name
+
+-- name: storage_attempts
+-- Attempt rows per job and their stored bytes (a page sample, as storage_runs).
+SELECT r.job_name, count(*) AS rows, COALESCE(sum(pg_column_size(a.*)), 0)::bigint AS bytes
+FROM {schema}.run_attempts AS a TABLESAMPLE SYSTEM (%(percent)s)
+JOIN {schema}.runs AS r USING (run_id)
+GROUP BY r.job_name
+ORDER BY r.job_name
+
+-- name: storage_outbox
+-- Outbox rows per job and the stored bytes of their payloads (a page sample, as storage_runs).
+SELECT r.job_name, count(*) AS rows, COALESCE(sum(pg_column_size(o.payload)), 0)::bigint AS bytes
+FROM {schema}.notification_outbox AS o TABLESAMPLE SYSTEM (%(percent)s)
+JOIN {schema}.runs AS r USING (run_id)
+GROUP BY r.job_name
+ORDER BY r.job_name
+
+-- name: prune_step_outputs
+-- Count, and with `apply` delete, up to `batch_size` step hand-overs of a job's runs completed before the cutoff.
+-- What the ledger IO manager kept between a Dagster run's steps is history once the run is
+-- completed (a re-execution of it finds the run done from the ledger): it goes with the attempt
+-- rows' retention. Only completed runs: a run in progress keeps what its next step loads.
+WITH old AS (
+  SELECT s.dagster_run_id, s.step_key, s.output_name, pg_column_size(s.*) AS bytes
+  FROM {schema}.step_outputs AS s JOIN {schema}.runs AS r ON r.run_id = s.run_id
+  WHERE r.job_name = %(job_name)s AND r.status = 'completed'
+    AND r.completed_at < %(before)s AND s.created_at < %(before)s
+  LIMIT %(batch_size)s::bigint
+), gone AS (
+  DELETE FROM {schema}.step_outputs AS s USING old
+  WHERE %(apply)s AND (s.dagster_run_id, s.step_key, s.output_name)
+    = (old.dagster_run_id, old.step_key, old.output_name)
+  RETURNING s.dagster_run_id
+)
+SELECT count(*)::bigint, COALESCE(sum(bytes), 0)::bigint FROM old

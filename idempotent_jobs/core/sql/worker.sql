@@ -1,0 +1,520 @@
+-- The worker face's statements (core/ledger.py: RunLedger), and only those. Each starts with `-- name: <name>` and a one-line
+-- purpose; more comment lines may follow before the statement. `{schema}` is replaced by the quoted
+-- schema name once per ledger; every value is a parameter. Every write that follows a claim is
+-- fenced by lease owner AND lease epoch AND status 'running': a worker whose lease was reclaimed
+-- (the epoch moved on) writes nothing. All times are the database's now(): workers pass durations.
+--
+-- Lease-only writes (begin, claim, checkpoint, renew, release) commit without waiting for the WAL
+-- flush unless the ledger asks for durable lease commits: `%(lease_commit)s` NULL keeps the
+-- session's synchronous_commit. Such a commit is visible to every session at once; only a server
+-- crash in the next few hundred milliseconds can lose it, and then the fence refuses the lost
+-- lease's later writes. The accepted result, its outbox rows and failures always wait for the
+-- flush, and their flush makes every earlier lease write durable too (WAL is written in order).
+
+-- name: run_id_by_identity
+-- The run id stored under these identity fields, if it may stand for them.
+-- After the identity key refused a registration: a racing first registration's id (the same),
+-- or the id an earlier release gave this identity in another Unicode form (migrate put its
+-- fields in NFC, kept its id and recorded it, core/upgrade.py). Any other id is a conflict.
+SELECT r.run_id FROM {schema}.runs AS r
+WHERE (r.job_name, r.subject_id, r.scheduled_at, r.version)
+  = (%(job_name)s, %(subject_id)s, %(scheduled_at)s::timestamptz, %(version)s)
+  AND (r.run_id = %(run_id)s OR EXISTS (SELECT 1 FROM {schema}.identity_upgrades AS u
+    WHERE u.run_id = r.run_id AND u.outcome = 'normalised'))
+
+-- name: begin
+-- Register the run and claim its lease in one round trip.
+-- Register and claim in one statement: a new run is inserted claimed (epoch 1); an existing one is
+-- claimed under the rule of `claim` (and only if its identity fields match), else only updated_at
+-- moves. A completed run is only read, never locked or written: reusing a result costs no write
+-- (only an explicit revise changes a completed run). `claimed` says whether this statement took
+-- the lease. No row back: a first registration raced this one, or the run completed while this
+-- statement waited for its row lock; either is committed now: run the statement again.
+-- `drill_armed` says whether a failure drill of the job is armed, so a model call under this
+-- lease asks for one only then.
+WITH inserted AS (
+  INSERT INTO {schema}.runs AS r (run_id, job_name, subject_id, scheduled_at, version, status,
+    lease_owner, lease_expires_at, lease_epoch, attempts, lease_started_at, lease_caller_run_id,
+    lease_caller_step)
+  VALUES (%(run_id)s, %(job_name)s, %(subject_id)s, %(scheduled_at)s, %(version)s, 'running',
+    %(worker_id)s, now() + make_interval(secs => %(lease_seconds)s), 1, 1, now(),
+    %(caller_run_id)s, %(caller_step)s)
+  ON CONFLICT (run_id) DO NOTHING
+  RETURNING r AS run, true AS claimed,
+    set_config('synchronous_commit',
+      COALESCE(%(lease_commit)s::text, current_setting('synchronous_commit')), true)
+), done AS (
+  SELECT r AS run, false AS claimed FROM {schema}.runs AS r
+  WHERE r.run_id = %(run_id)s AND r.status = 'completed'
+), prev AS (
+  SELECT r.run_id, r.status, r.lease_owner, r.lease_epoch, r.lease_started_at,
+    r.lease_caller_run_id, r.lease_caller_step,
+    set_config('synchronous_commit',
+      COALESCE(%(lease_commit)s::text, current_setting('synchronous_commit')), true),
+    ((r.lease_owner IS NULL OR r.lease_expires_at < now() OR r.lease_owner = %(worker_id)s)
+      AND (r.job_name, r.subject_id, r.scheduled_at, r.version)
+        = (%(job_name)s, %(subject_id)s, %(scheduled_at)s::timestamptz, %(version)s)
+    ) AS claimable
+  FROM {schema}.runs AS r
+  WHERE r.run_id = %(run_id)s AND r.status <> 'completed'
+  FOR UPDATE
+), claimed AS (
+  UPDATE {schema}.runs AS r
+  SET status = CASE WHEN prev.claimable THEN 'running' ELSE r.status END,
+    lease_owner = CASE WHEN prev.claimable THEN %(worker_id)s ELSE r.lease_owner END,
+    lease_expires_at = CASE WHEN prev.claimable
+      THEN now() + make_interval(secs => %(lease_seconds)s) ELSE r.lease_expires_at END,
+    lease_epoch = r.lease_epoch + CASE WHEN prev.claimable THEN 1 ELSE 0 END,
+    attempts = r.attempts + CASE WHEN prev.claimable THEN 1 ELSE 0 END,
+    lease_started_at = CASE WHEN prev.claimable THEN now() ELSE r.lease_started_at END,
+    lease_caller_run_id = CASE WHEN prev.claimable
+      THEN %(caller_run_id)s ELSE r.lease_caller_run_id END,
+    lease_caller_step = CASE WHEN prev.claimable
+      THEN %(caller_step)s ELSE r.lease_caller_step END,
+    updated_at = now()
+  FROM prev
+  WHERE r.run_id = prev.run_id
+  RETURNING r AS run, prev.claimable AS claimed, prev.status AS prev_status,
+    prev.lease_owner AS prev_owner, prev.lease_epoch AS prev_epoch,
+    prev.lease_started_at AS prev_started_at, prev.lease_caller_run_id AS prev_caller_run_id,
+    prev.lease_caller_step AS prev_caller_step
+), lost AS (
+  INSERT INTO {schema}.run_attempts (run_id, lease_epoch, worker_id, caller_run_id, caller_step,
+    started_at, ended_at, outcome)
+  SELECT (run).run_id, prev_epoch, prev_owner, prev_caller_run_id, prev_caller_step,
+    COALESCE(prev_started_at, now()), now(),
+    CASE WHEN prev_owner = %(worker_id)s THEN 'superseded' ELSE 'lease_lost' END
+  FROM claimed
+  WHERE claimed AND prev_status = 'running'
+  ON CONFLICT (run_id, lease_epoch) DO NOTHING
+)
+SELECT u.*, CASE WHEN u.claimed THEN EXISTS (SELECT FROM {schema}.drills AS d
+    WHERE d.job_name IN (%(job_name)s, '*') AND d.remaining > 0 AND d.expires_at > now())
+  ELSE false END AS drill_armed
+FROM (
+  SELECT (run).*, claimed FROM inserted
+  UNION ALL
+  SELECT (run).*, claimed FROM done
+  UNION ALL
+  SELECT (run).*, claimed FROM claimed
+) AS u
+
+-- name: claim
+-- Take the run's lease if it is free, bumping the fencing epoch.
+-- Atomic claim: takes the lease only if the run is not completed and nobody holds an unexpired
+-- lease on it (by the database clock), or the holder is this very worker. Bumps the fencing epoch
+-- and records the attempt it supersedes (a vanished or paused holder's, or this worker's own
+-- earlier one) in one statement. A run it cannot claim is not even locked: polling writes nothing.
+WITH prev AS (
+  SELECT r.run_id, r.status, r.lease_owner, r.lease_epoch, r.lease_started_at,
+    r.lease_caller_run_id, r.lease_caller_step,
+    set_config('synchronous_commit',
+      COALESCE(%(lease_commit)s::text, current_setting('synchronous_commit')), true)
+  FROM {schema}.runs AS r
+  WHERE r.run_id = %(run_id)s AND r.status <> 'completed'
+    AND (r.lease_owner IS NULL OR r.lease_expires_at < now() OR r.lease_owner = %(worker_id)s)
+  FOR UPDATE
+), claimed AS (
+  UPDATE {schema}.runs AS r
+  SET status = 'running',
+    lease_owner = %(worker_id)s,
+    lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+    lease_epoch = r.lease_epoch + 1,
+    attempts = r.attempts + 1,
+    lease_started_at = now(),
+    lease_caller_run_id = %(caller_run_id)s,
+    lease_caller_step = %(caller_step)s,
+    updated_at = now()
+  FROM prev
+  WHERE r.run_id = prev.run_id
+  RETURNING r.run_id, r.lease_epoch, r.lease_expires_at, r.raw_input, r.attempts, r.revision,
+    r.input_fingerprint, prev.status AS prev_status, prev.lease_owner AS prev_owner,
+    prev.lease_epoch AS prev_epoch, prev.lease_started_at AS prev_started_at,
+    prev.lease_caller_run_id AS prev_caller_run_id, prev.lease_caller_step AS prev_caller_step
+), lost AS (
+  INSERT INTO {schema}.run_attempts (run_id, lease_epoch, worker_id, caller_run_id, caller_step,
+    started_at, ended_at, outcome)
+  SELECT run_id, prev_epoch, prev_owner, prev_caller_run_id, prev_caller_step,
+    COALESCE(prev_started_at, now()), now(),
+    CASE WHEN prev_owner = %(worker_id)s THEN 'superseded' ELSE 'lease_lost' END
+  FROM claimed
+  WHERE prev_status = 'running'
+  ON CONFLICT (run_id, lease_epoch) DO NOTHING
+)
+SELECT lease_epoch, lease_expires_at, raw_input, attempts, revision, input_fingerprint
+FROM claimed
+
+-- name: renew
+-- Extend a held lease by its duration from now; hand back the checkpoint.
+-- Heartbeat, or taking over a lease handed on by an earlier step: push the expiry forward by the
+-- lease duration, only while still the owner, and hand back the checkpoint. Not a change of the
+-- run's state, so updated_at stays.
+UPDATE {schema}.runs
+SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+WHERE run_id = %(run_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
+  AND status = 'running'
+RETURNING lease_expires_at, raw_input, attempts, revision, input_fingerprint,
+  set_config('synchronous_commit',
+    COALESCE(%(lease_commit)s::text, current_setting('synchronous_commit')), true)
+
+-- name: save_raw_input
+-- Checkpoint the collected input under the lease; the first value wins.
+-- Checkpoint of the collected input: the first stored value wins and is returned with its
+-- fingerprint (the right-hand sides see the row as it was).
+UPDATE {schema}.runs
+SET raw_input = COALESCE(raw_input, %(raw_input)s::jsonb),
+  input_fingerprint = CASE WHEN raw_input IS NULL THEN %(input_fingerprint)s
+    ELSE input_fingerprint END,
+  updated_at = now()
+WHERE run_id = %(run_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
+  AND status = 'running'
+RETURNING raw_input, input_fingerprint,
+  set_config('synchronous_commit',
+    COALESCE(%(lease_commit)s::text, current_setting('synchronous_commit')), true)
+
+-- name: complete
+-- Accept a candidate answer and queue its notifications, or refuse it as stale; say which.
+-- The final commit, one statement so one transaction: a candidate is accepted only on the revision
+-- and raw-input checkpoint it was computed against (a revise moves the revision, a recollect the
+-- checkpoint; a basis without a fingerprint binds the revision only). Accepted: output, config
+-- fingerprint, the attempt's outcome and usage, the model call, and the outbox rows (one per
+-- channel and revision, never twice; a revised run notifies only the channels its revision named).
+-- Stale: nothing of it is stored or sent, the lease is given back (the run waits, pending, for an
+-- answer on its current basis), and the attempt and the model call end `superseded`/`stale`.
+-- `outcome` states what happened: `applied` (accepted now), `stale` (refused now, or by this
+-- lease's earlier statement whose answer was lost), `already_done` (the run is completed; `mine`
+-- says whether by this lease) or `lease_lost`. The row is read under its lock, so the outcome is
+-- the row's latest committed state, not the statement's snapshot. A model call is one row however
+-- often its answer is committed: a call already recorded from the same caller run, step and
+-- retry (a re-execution committing the answer an earlier Dagster run paid for, after that run's
+-- commit failed or was refused as stale) has its outcome updated, never a second row. A caller
+-- that names no run or retry (run_idempotent's own calls are committed once) is not matched.
+-- A recorded answer (`answered`) is dropped from the call's row once its commit decides it: the
+-- accepted output lives on the run, under the retention policy, and nowhere else.
+WITH basis AS (
+  SELECT run_id, status, lease_epoch, output, revision, input_fingerprint, config_parts,
+    COALESCE(lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s AND status = 'running',
+      false) AS mine,
+    (revision = %(revision)s::integer AND input_fingerprint
+      IS NOT DISTINCT FROM COALESCE(%(input_fingerprint)s::text, input_fingerprint)) AS holds
+  FROM {schema}.runs
+  WHERE run_id = %(run_id)s
+  FOR UPDATE
+), done AS (
+  UPDATE {schema}.runs AS r
+  SET status = CASE WHEN basis.holds THEN 'completed' ELSE 'pending' END,
+    output = CASE WHEN basis.holds THEN %(output)s::jsonb ELSE r.output END,
+    completed_at = CASE WHEN basis.holds THEN now() ELSE r.completed_at END,
+    config_fingerprint = CASE WHEN basis.holds
+      THEN %(config_fingerprint)s ELSE r.config_fingerprint END,
+    config_parts = CASE WHEN basis.holds THEN %(config_parts)s::jsonb ELSE r.config_parts END,
+    last_error = CASE WHEN basis.holds THEN NULL ELSE r.last_error END,
+    lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+  FROM basis
+  WHERE r.run_id = basis.run_id AND basis.mine
+  RETURNING r.run_id, r.lease_epoch, r.output, r.revision, r.input_fingerprint,
+    r.lease_started_at, r.lease_caller_run_id, r.lease_caller_step, basis.holds AS accepted
+), attempt AS (
+  INSERT INTO {schema}.run_attempts (run_id, lease_epoch, worker_id, caller_run_id, caller_step,
+    started_at, ended_at, outcome, error, model_name, input_tokens, output_tokens)
+  SELECT run_id, lease_epoch, %(worker_id)s, lease_caller_run_id, lease_caller_step,
+    COALESCE(lease_started_at, now()), now(),
+    CASE WHEN accepted THEN 'completed' ELSE 'superseded' END,
+    CASE WHEN NOT accepted THEN 'stale candidate: computed on revision '
+      || %(revision)s::integer || ', checkpoint '
+      || COALESCE(left(%(input_fingerprint)s::text, 12), 'none')
+      || '; the run is at revision ' || revision || ', checkpoint '
+      || COALESCE(left(input_fingerprint, 12), 'none') END,
+    %(model_name)s, %(input_tokens)s, %(output_tokens)s
+  FROM done
+), call_again AS (
+  UPDATE {schema}.model_calls AS c
+  SET outcome = CASE WHEN done.accepted THEN 'accepted' ELSE 'stale' END, error = NULL,
+    answer = NULL
+  FROM done
+  WHERE c.run_id = done.run_id AND c.caller_run_id = %(call_caller_run_id)s
+    AND c.caller_step = %(call_caller_step)s AND c.retry_number = %(call_retry)s
+  RETURNING c.call_id
+), call AS (
+  INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
+    caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error)
+  SELECT run_id, lease_epoch, %(revision)s::integer, %(worker_id)s, %(call_caller_run_id)s,
+    %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
+    CASE WHEN accepted THEN 'accepted' ELSE 'stale' END, NULL
+  FROM done
+  WHERE NOT EXISTS (SELECT FROM call_again)
+), outbox AS (
+  INSERT INTO {schema}.notification_outbox (run_id, channel, payload, revision)
+  SELECT done.run_id, n.key, n.value, done.revision
+  FROM done, jsonb_each(%(notifications)s::jsonb) AS n
+  WHERE done.accepted AND (done.revision = 0 OR n.key IN (
+    SELECT unnest(rv.channels) FROM {schema}.run_revisions AS rv
+    WHERE rv.run_id = done.run_id AND rv.revision = done.revision))
+  ON CONFLICT (run_id, channel, revision) DO NOTHING
+)
+SELECT CASE
+    WHEN done.run_id IS NOT NULL THEN CASE WHEN done.accepted THEN 'applied' ELSE 'stale' END
+    WHEN basis.status = 'completed' THEN 'already_done'
+    WHEN basis.status = 'pending' AND basis.lease_epoch = %(epoch)s AND NOT basis.holds THEN 'stale'
+    ELSE 'lease_lost' END AS outcome,
+  CASE WHEN done.run_id IS NOT NULL THEN done.output ELSE basis.output END AS output,
+  basis.revision, basis.input_fingerprint, basis.lease_epoch = %(epoch)s AS mine, basis.config_parts
+FROM basis LEFT JOIN done ON true
+
+-- name: fail
+-- Record a failed attempt under the lease and free the run for a retry; say what happened.
+-- A failed attempt: the run becomes claimable again; the reason is kept on run and attempt, and
+-- on the model call's row when a model call failed or its answer was rejected. `outcome`:
+-- `applied`, `already_done` (this very failure landed before: a retry after a lost answer) or
+-- `lease_lost` (another claim moved the run on: nothing written). A call already recorded from
+-- the same caller run, step and retry gets the new outcome instead of a second row (see
+-- `complete`).
+WITH cur AS (
+  SELECT run_id, status, lease_epoch, last_error,
+    COALESCE(lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s AND status = 'running',
+      false) AS mine
+  FROM {schema}.runs
+  WHERE run_id = %(run_id)s
+  FOR UPDATE
+), failed AS (
+  UPDATE {schema}.runs AS r
+  SET status = 'failed', last_error = %(error)s, lease_owner = NULL, lease_expires_at = NULL,
+    updated_at = now()
+  FROM cur
+  WHERE r.run_id = cur.run_id AND cur.mine
+  RETURNING r.run_id, r.lease_epoch, r.revision, r.lease_started_at, r.lease_caller_run_id,
+    r.lease_caller_step
+), call_again AS (
+  UPDATE {schema}.model_calls AS c SET outcome = %(call_outcome)s, error = %(error)s,
+    answer = NULL
+  FROM failed
+  WHERE %(call_outcome)s::text IS NOT NULL AND c.run_id = failed.run_id
+    AND c.caller_run_id = %(call_caller_run_id)s AND c.caller_step = %(call_caller_step)s
+    AND c.retry_number = %(call_retry)s
+  RETURNING c.call_id
+), call AS (
+  INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
+    caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error)
+  SELECT run_id, lease_epoch, revision, %(worker_id)s, %(call_caller_run_id)s,
+    %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
+    %(call_outcome)s, %(error)s
+  FROM failed
+  WHERE %(call_outcome)s::text IS NOT NULL AND NOT EXISTS (SELECT FROM call_again)
+), attempt AS (
+  INSERT INTO {schema}.run_attempts (run_id, lease_epoch, worker_id, caller_run_id, caller_step,
+    started_at, ended_at, outcome, error, model_name, input_tokens, output_tokens)
+  SELECT run_id, lease_epoch, %(worker_id)s, lease_caller_run_id, lease_caller_step,
+    COALESCE(lease_started_at, now()), now(), %(attempt_outcome)s, %(error)s, %(model_name)s,
+    %(input_tokens)s, %(output_tokens)s
+  FROM failed
+)
+SELECT CASE
+    WHEN EXISTS (SELECT FROM failed) THEN 'applied'
+    WHEN cur.status = 'failed' AND cur.lease_epoch = %(epoch)s AND cur.last_error = %(error)s
+      THEN 'already_done'
+    ELSE 'lease_lost' END AS outcome
+FROM cur
+
+-- name: record_answer
+-- Record a paid call and its answer under the lease, before the answer leaves the step.
+-- Fenced by owner, epoch and status: a lost lease records nothing here (the caller records the
+-- call as `lease_lost`). Once per caller run, step and retry: a retried statement adds no
+-- second row. The outcome `answered` waits for the commit, which updates this row.
+INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
+  caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error, answer,
+  input_fingerprint, config_parts)
+SELECT r.run_id, r.lease_epoch, %(revision)s::integer, %(worker_id)s, %(call_caller_run_id)s,
+  %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
+  'answered', NULL, %(answer)s::jsonb, %(input_fingerprint)s, %(config_parts)s::jsonb
+FROM {schema}.runs AS r
+WHERE r.run_id = %(run_id)s AND r.lease_owner = %(worker_id)s AND r.lease_epoch = %(epoch)s
+  AND r.status = 'running'
+  AND NOT EXISTS (SELECT FROM {schema}.model_calls AS c
+    WHERE c.run_id = r.run_id AND c.caller_run_id = %(call_caller_run_id)s
+      AND c.caller_step = %(call_caller_step)s AND c.retry_number = %(call_retry)s)
+RETURNING call_id
+
+-- name: recorded_answer
+-- The latest recorded answer still waiting for its commit on this revision and checkpoint.
+SELECT answer, model_name, input_tokens, output_tokens, caller_run_id, caller_step,
+  retry_number, config_parts
+FROM {schema}.model_calls
+WHERE run_id = %(run_id)s AND outcome = 'answered' AND revision = %(revision)s::integer
+  AND input_fingerprint IS NOT DISTINCT FROM %(input_fingerprint)s::text
+ORDER BY call_id DESC
+LIMIT 1
+
+-- name: record_lost_call
+-- Record a paid model call of a lease that was lost before the call could be committed.
+-- Only the call's cost is written, never the run's state: the row names an epoch this worker
+-- held (the claim that took the run over recorded that attempt as this worker's), once per
+-- epoch and worker, so a retried statement adds no second row. A call already recorded from the
+-- same caller run, step and retry (`answered` by Dagster's `transform`, then committed by a
+-- later claim that lost its lease too) is in the books already: no second row, and it stays
+-- as it was (an `answered` one reusable).
+INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
+  caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error)
+SELECT a.run_id, a.lease_epoch, %(revision)s::integer, a.worker_id, %(call_caller_run_id)s,
+  %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
+  'lease_lost', %(error)s
+FROM {schema}.run_attempts AS a
+WHERE a.run_id = %(run_id)s AND a.lease_epoch = %(epoch)s AND a.worker_id = %(worker_id)s
+  AND NOT EXISTS (SELECT FROM {schema}.model_calls AS c
+    WHERE c.run_id = a.run_id AND c.lease_epoch = a.lease_epoch AND c.worker_id = a.worker_id)
+  AND NOT EXISTS (SELECT FROM {schema}.model_calls AS c
+    WHERE c.run_id = a.run_id AND c.caller_run_id = %(call_caller_run_id)s
+      AND c.caller_step = %(call_caller_step)s AND c.retry_number = %(call_retry)s)
+RETURNING call_id
+
+-- name: fail_by_caller
+-- End the attempt a Dagster run holds when one of its steps failed before it could end it.
+-- For a step that failed outside its body (its input could not be loaded, its output not
+-- stored): the lease is fenced by the Dagster run that claimed it, and only while running, so
+-- a lease another Dagster run or worker has since taken is never touched. A model call already
+-- recorded keeps its outcome (an `answered` call stays reusable). `outcome`: `applied`, or
+-- `lease_lost` (nothing of this Dagster run held the run).
+WITH cur AS (
+  SELECT run_id, lease_owner FROM {schema}.runs
+  WHERE run_id = %(run_id)s AND status = 'running' AND lease_caller_run_id = %(caller_run_id)s
+  FOR UPDATE
+), failed AS (
+  UPDATE {schema}.runs AS r
+  SET status = 'failed', last_error = %(error)s, lease_owner = NULL, lease_expires_at = NULL,
+    updated_at = now()
+  FROM cur
+  WHERE r.run_id = cur.run_id AND r.status = 'running'
+    AND r.lease_caller_run_id = %(caller_run_id)s
+  RETURNING r.run_id, r.lease_epoch, r.lease_started_at, r.lease_caller_run_id,
+    r.lease_caller_step
+), attempt AS (
+  INSERT INTO {schema}.run_attempts (run_id, lease_epoch, worker_id, caller_run_id, caller_step,
+    started_at, ended_at, outcome, error)
+  SELECT failed.run_id, failed.lease_epoch, cur.lease_owner, failed.lease_caller_run_id,
+    failed.lease_caller_step, COALESCE(failed.lease_started_at, now()), now(), 'failed',
+    %(error)s
+  FROM failed, cur
+)
+SELECT CASE WHEN EXISTS (SELECT FROM failed) THEN 'applied' ELSE 'lease_lost' END AS outcome
+
+-- name: store_step_output
+-- Keep what a Dagster step hands the next; a re-run of the same step replaces it.
+INSERT INTO {schema}.step_outputs (dagster_run_id, step_key, output_name, run_id, value)
+SELECT %(dagster_run_id)s, %(step_key)s, %(output_name)s, r.run_id, %(value)s::jsonb
+FROM (SELECT %(run_id)s::text AS wanted) AS w
+LEFT JOIN {schema}.runs AS r ON r.run_id = w.wanted
+ON CONFLICT (dagster_run_id, step_key, output_name)
+DO UPDATE SET value = EXCLUDED.value, run_id = EXCLUDED.run_id, created_at = now()
+RETURNING created_at
+
+-- name: load_step_output
+-- What a Dagster step handed the next, by the run, step and output that produced it.
+SELECT value FROM {schema}.step_outputs
+WHERE dagster_run_id = %(dagster_run_id)s AND step_key = %(step_key)s
+  AND output_name = %(output_name)s
+
+-- name: take_drill
+-- Use up one drilled failure for a model call of this job, if a drill is armed for it.
+-- The job's own drill first, else the one for every job ('*'); locked, so concurrent workers
+-- take exactly `remaining` failures between them.
+WITH pick AS (
+  SELECT job_name FROM {schema}.drills
+  WHERE job_name IN (%(job_name)s, '*') AND remaining > 0 AND expires_at > now()
+  ORDER BY job_name = '*'
+  LIMIT 1
+  FOR UPDATE
+)
+UPDATE {schema}.drills AS d SET remaining = d.remaining - 1
+FROM pick WHERE d.job_name = pick.job_name
+RETURNING d.job_name, d.remaining
+
+-- name: declare_budget
+-- Record the budget a job's workers enforce, for the operator commands to show spend against.
+-- Written only when it differs from the row, so workers that agree take no lock after the first.
+INSERT INTO {schema}.budgets AS b (job_name, tokens_per_day, tokens_per_subject_per_day)
+SELECT %(job_name)s, %(tokens_per_day)s, %(tokens_per_subject_per_day)s
+WHERE NOT EXISTS (SELECT FROM {schema}.budgets AS d WHERE d.job_name = %(job_name)s
+  AND d.tokens_per_day IS NOT DISTINCT FROM %(tokens_per_day)s::bigint
+  AND d.tokens_per_subject_per_day IS NOT DISTINCT FROM %(tokens_per_subject_per_day)s::bigint)
+ON CONFLICT (job_name) DO UPDATE SET tokens_per_day = EXCLUDED.tokens_per_day,
+  tokens_per_subject_per_day = EXCLUDED.tokens_per_subject_per_day, declared_at = now()
+RETURNING b.job_name
+
+-- name: budget_check
+-- Decide whether a model call of this run may start under the job's token budget.
+-- What the run's job (and its subject) has spent today (UTC day, database clock) in recorded
+-- model calls (spend_days, kept by model_calls' trigger: one row per subject), and which
+-- limit, if any, is spent. A call is refused once spend >= limit; a call already started is
+-- never stopped, so concurrent workers overshoot by at most the one call each has in flight.
+WITH run AS (
+  SELECT job_name, subject_id FROM {schema}.runs WHERE run_id = %(run_id)s
+), today AS (
+  SELECT (now() AT TIME ZONE 'UTC')::date AS day
+), spend AS (
+  SELECT COALESCE(sum(s.tokens), 0)::bigint AS job_tokens,
+    COALESCE(sum(s.tokens) FILTER (WHERE s.subject_id = run.subject_id), 0)::bigint
+      AS subject_tokens
+  FROM run, today, {schema}.spend_days AS s
+  WHERE s.job_name = run.job_name AND s.day = today.day
+)
+SELECT run.job_name, run.subject_id, today.day::timestamp AT TIME ZONE 'UTC' AS day_start,
+  spend.job_tokens, spend.subject_tokens,
+  CASE
+    WHEN spend.job_tokens >= %(tokens_per_day)s::bigint THEN 'day'
+    WHEN spend.subject_tokens >= %(tokens_per_subject_per_day)s::bigint THEN 'subject'
+  END AS refused
+FROM run, today, spend
+
+-- name: list_prices
+-- Every model's price, by model name.
+SELECT * FROM {schema}.model_prices ORDER BY model_name
+
+-- name: get_run
+-- One run's record.
+SELECT * FROM {schema}.runs WHERE run_id = %(run_id)s
+
+-- name: list_model_calls
+-- A run's model calls, oldest first.
+SELECT * FROM {schema}.model_calls WHERE run_id = %(run_id)s ORDER BY call_id
+
+-- name: list_outbox
+-- Outbox rows with their run's job, of one run or all, of some jobs or all, maybe only undelivered.
+-- A row belongs to its run's job: a deliverer names the jobs it owns (`job_names`), and never
+-- sees another team's rows on a shared ledger.
+SELECT o.*, r.job_name FROM {schema}.notification_outbox AS o
+JOIN {schema}.runs AS r ON r.run_id = o.run_id
+WHERE (%(run_id)s::text IS NULL OR o.run_id = %(run_id)s)
+  AND (NOT %(pending_only)s OR o.delivered_at IS NULL)
+  AND (%(job_names)s::text[] IS NULL OR r.job_name = ANY(%(job_names)s::text[]))
+ORDER BY o.created_at, o.run_id, o.channel, o.revision
+LIMIT %(limit)s
+
+-- name: pending_outbox_by_job
+-- How many undelivered rows each job outside `job_names` has: what a deliverer left pending.
+SELECT r.job_name, count(*) AS pending FROM {schema}.notification_outbox AS o
+JOIN {schema}.runs AS r ON r.run_id = o.run_id
+WHERE o.delivered_at IS NULL AND NOT (r.job_name = ANY(%(job_names)s::text[]))
+  AND (%(run_id)s::text IS NULL OR o.run_id = %(run_id)s)
+GROUP BY r.job_name
+ORDER BY r.job_name
+
+-- name: lock_undelivered
+-- One undelivered row and its run's job under FOR UPDATE SKIP LOCKED: sent by one deliverer at once.
+SELECT o.*, r.job_name FROM {schema}.notification_outbox AS o
+JOIN {schema}.runs AS r ON r.run_id = o.run_id
+WHERE o.run_id = %(run_id)s AND o.channel = %(channel)s AND o.revision = %(revision)s
+  AND o.delivered_at IS NULL
+FOR UPDATE OF o SKIP LOCKED
+
+-- name: mark_delivered
+-- The row was sent: it is never sent again.
+UPDATE {schema}.notification_outbox
+SET delivered_at = now(), delivery_attempts = delivery_attempts + 1, last_error = NULL
+WHERE run_id = %(run_id)s AND channel = %(channel)s AND revision = %(revision)s
+  AND delivered_at IS NULL
+
+-- name: mark_delivery_failed
+-- The receiver failed: count the attempt and keep the reason; the row stays undelivered.
+UPDATE {schema}.notification_outbox
+SET delivery_attempts = delivery_attempts + 1, last_error = %(error)s
+WHERE run_id = %(run_id)s AND channel = %(channel)s AND revision = %(revision)s
+  AND delivered_at IS NULL

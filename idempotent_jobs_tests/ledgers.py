@@ -1,0 +1,84 @@
+"""The ledger a test holds when it plays both roles: a worker that claims and commits, and the
+operator who then reads what the ledger holds.
+
+:class:`BothFaces` is the worker face (:class:`RunLedger`) whose missing attributes are the
+operator face's (:class:`LedgerAdmin`, same settings, a pool of its own), plus what only tests do
+(``harness.sql``): register a run without claiming it, and give a lease back untouched.
+"""
+
+from functools import cache
+from importlib import resources
+from typing import Any, LiteralString
+
+from psycopg import sql
+
+from idempotent_jobs.core.admin import LedgerAdmin
+from idempotent_jobs.core.checks import check_identity, fence_params, identity_params
+from idempotent_jobs.core.errors import IdentityConflictError
+from idempotent_jobs.core.executor import Executor
+from idempotent_jobs.core.identity import RunIdentity
+from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.records import FenceOutcome, Lease, RunRecord
+from idempotent_jobs.core.rows import record_row
+from idempotent_jobs.core.sql import Statement, parse_statements
+
+
+@cache
+def harness_statements() -> dict[str, Statement]:
+    """The statements only tests run (``harness.sql``, beside this module)."""
+    text = resources.files(__package__).joinpath("harness.sql").read_text(encoding="utf-8")
+    return parse_statements(text)
+
+
+class HarnessExecutor(Executor):
+    """The worker face's executor, which also runs ``harness.sql``'s statements."""
+
+    def query(self, name: str) -> LiteralString:
+        statement = harness_statements().get(name)
+        if statement is None:
+            return super().query(name)
+        rendered = sql.SQL(statement.text).format(schema=sql.Identifier(self.schema))
+        text = rendered.as_string(None)
+        assert text is not None
+        return text
+
+
+class BothFaces(RunLedger):
+    """``BothFaces(conninfo, **settings)``: a worker face that also answers the operator
+    face's methods (``ledger.attempts(run_id)``, ``ledger.revise(...)``, ``ledger.migrate()``)."""
+
+    executor_class = HarnessExecutor
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.admin = LedgerAdmin(self.settings)
+
+    def __getattr__(self, name: str) -> Any:  # only what RunLedger lacks
+        if name.startswith("_") or "admin" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["admin"], name)
+
+    def close(self) -> None:
+        super().close()
+        self.admin.close()
+
+    def register(self, identity: RunIdentity) -> RunRecord:
+        """Create the run's row if it is new, unclaimed; return the stored record either way."""
+        params = identity_params(identity)
+        try:
+            rows = self._db.fetch("register", params, record_row(RunRecord))
+        except IdentityConflictError:
+            params = self._stored_id_of(params)
+            rows = self._db.fetch("register", params, record_row(RunRecord))
+        check_identity(rows[0], identity)
+        return rows[0]
+
+    def release(self, lease: Lease) -> FenceOutcome:
+        """Give the lease back without an outcome (the attempt ends ``superseded``)."""
+        return self._fenced("release", self._lease_write(fence_params(lease)))
+
+    def save_raw_input(self, lease: Lease, raw_input: dict[str, Any]) -> dict[str, Any]:
+        """:meth:`checkpoint`'s stored value (the first stored wins)."""
+        stored = self.checkpoint(lease, raw_input).stored_raw_input
+        assert stored is not None
+        return stored
