@@ -5,6 +5,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from idempotent_jobs.core.admin import LedgerAdmin
     from idempotent_jobs.core.budgets import TokenBudget
     from idempotent_jobs.core.errors import (
         BudgetExceededError,
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
         OutboxRecord,
         RunRecord,
     )
+    from idempotent_jobs.core.settings import LedgerSettings
     from idempotent_jobs.core.upgrade import MigrationReport
 
 # Imported on first use (PEP 562), so `idempotent_jobs.operator.cli --help` starts fast.
@@ -56,6 +58,8 @@ _HOMES = {
     "UnreadableValue": "json_values",
     "MigrationReport": "upgrade",
     "RunLedger": "ledger",
+    "LedgerAdmin": "admin",
+    "LedgerSettings": "settings",
     "ModelAnswer": "protocol",
     "RunOutcome": "protocol",
     "run_idempotent": "protocol",
@@ -91,8 +95,10 @@ __all__ = [
     "LeaseBusyError",
     "LeaseLostError",
     "LedgerConnectionError",
+    "LedgerAdmin",
     "LedgerError",
     "LedgerPermissionError",
+    "LedgerSettings",
     "MigrationReport",
     "ModelAnswer",
     "ModelCallRecord",

@@ -49,18 +49,24 @@ class BothFaces(RunLedger):
 
     executor_class = HarnessExecutor
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.admin = LedgerAdmin(self.settings)
+    @property
+    def admin(self) -> LedgerAdmin:
+        """The operator face over the same settings, made at first use (a pool of its own)."""
+        admin = self.__dict__.get("_admin")
+        if admin is None:
+            admin = self.__dict__["_admin"] = LedgerAdmin(self.settings)
+        return admin
 
     def __getattr__(self, name: str) -> Any:  # only what RunLedger lacks
-        if name.startswith("_") or "admin" not in self.__dict__:
+        if name.startswith("_") or "settings" not in self.__dict__:
             raise AttributeError(name)
-        return getattr(self.__dict__["admin"], name)
+        return getattr(self.admin, name)
 
     def close(self) -> None:
         super().close()
-        self.admin.close()
+        admin = self.__dict__.get("_admin")
+        if admin is not None:
+            admin.close()
 
     def register(self, identity: RunIdentity) -> RunRecord:
         """Create the run's row if it is new, unclaimed; return the stored record either way."""

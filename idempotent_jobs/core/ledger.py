@@ -14,7 +14,6 @@ from dataclasses import replace
 from typing import Any
 
 from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool
 
 from idempotent_jobs.core.budgets import BudgetSpend, TokenBudget
 from idempotent_jobs.core.checks import (
@@ -60,6 +59,13 @@ from idempotent_jobs.core.rows import record_from, record_row
 from idempotent_jobs.core.settings import LedgerSettings
 from idempotent_jobs.core.step_outputs import StepOutputs
 
+#: The operator face's methods (release 0.1 had them on RunLedger): asked of a worker face, the
+#: error says where they are.
+OPERATOR_METHODS = frozenset(
+    "migrate upgrade missing_privileges arm_drill disarm_drills attempts outbox revisions "
+    "revise register release save_raw_input".split()
+)
+
 
 class RunLedger(OutboxDelivery, StepOutputs):
     """The ledger's worker face: durable run records, fenced leases, checkpoint, commit, outbox.
@@ -74,15 +80,17 @@ class RunLedger(OutboxDelivery, StepOutputs):
 
     face = "worker"
 
-    def __init__(
-        self,
-        settings: LedgerSettings | str,
-        *,
-        pool: ConnectionPool | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(settings, pool=pool, **options)
+    def __init__(self, settings: LedgerSettings | str, **options: Any) -> None:
+        super().__init__(settings, **options)  # pool=, and any setting
         self._declared_budgets: set[tuple[str, TokenBudget]] = set()
+
+    def __getattr__(self, name: str) -> Any:  # only for a name the class does not have
+        if name in OPERATOR_METHODS:
+            raise AttributeError(
+                f"RunLedger.{name} is the operator's now: call it on the operator face, "
+                f"LedgerAdmin.beside(ledger).{name}(...) or LedgerAdmin(url).{name}(...)"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _lease_write(self, params: dict[str, Any]) -> dict[str, Any]:
         """``params`` of a lease-only write plus its commit mode (see ``sql/worker.sql``)."""

@@ -4,8 +4,10 @@ Login roles made here are members of the group roles ``migrate`` creates, as the
 (``GRANT idempotent_jobs_worker TO <role>``), and run the ledger through their own connections.
 """
 
+import re
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -183,3 +185,45 @@ def test_migrate_without_createrole_says_what_a_superuser_must_do(
     finally:
         with psycopg.connect(server_url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(database)))
+
+
+def test_the_reader_role_runs_every_read_of_the_operator_face(
+    login_role: MakeRole, ledger: BothFaces
+) -> None:
+    """Each admin method that reads (every admin.sql statement that writes nothing) works for a
+    read-only role: the reader can list, show, check health, estimate and count storage."""
+    from idempotent_jobs.core.admin import LedgerAdmin
+    from idempotent_jobs.core.health import ledger_findings
+    from idempotent_jobs.core.records import JobConfig
+    from idempotent_jobs.core.sql import face_statements
+
+    done = run_idempotent(ledger, identity(), collect=lambda i: {"x": 1}, transform=answer)
+    writes = re.compile(r"\b(INSERT INTO|UPDATE|DELETE FROM)\s+\{schema\}\.", re.IGNORECASE)
+    reads = {n for n, s in face_statements("admin").items() if not writes.search(s.text)}
+    ran: set[str] = set()
+
+    with LedgerAdmin(login_role(reader_role(SCHEMA))) as reader:
+        real_fetch = reader._db.fetch
+
+        def fetch(name: str, params: Any, row_factory: Any) -> Any:
+            ran.add(name)
+            return real_fetch(name, params, row_factory)
+
+        reader._db.fetch = fetch  # type: ignore[method-assign]
+        run_id = reader.resolve_run_id(done.run_id[:10])
+        assert reader.get(run_id) is not None
+        assert reader.attempts(run_id) and reader.model_calls(run_id) is not None
+        reader.outbox(run_id)
+        reader.revisions(run_id)
+        reader.list_runs()
+        reader.job_names()
+        reader.drills()
+        reader.drifted("competitor-summary", "v1", JobConfig.of(prompt="p", model="m", validator="v"))
+        reader.storage()
+        reader.prices()
+        reader.spend_by_job()
+        reader.job_history("competitor-summary")
+        reader.run_statuses([run_id])
+        reader.database_now()
+        ledger_findings(reader, outbox_older_than_seconds=60, max_attempts=3)
+    assert reads - ran == set(), "an admin read this test does not run"
