@@ -19,6 +19,19 @@ from idempotent_jobs.core.records import ModelCallRecord
 _MAX_PRICE = Decimal("100000000")  # numeric(14, 6): below 10^8 per million tokens
 
 
+def money(
+    input_tokens: int | None,
+    output_tokens: int | None,
+    input_per_million: Decimal,
+    output_per_million: Decimal,
+) -> Decimal:
+    """What ``input_tokens`` and ``output_tokens`` cost at these prices per million tokens: the
+    one place money is computed in Python (``runs show``, the metrics; the spend statements
+    compute the same sum in SQL)."""
+    spent = (input_tokens or 0) * input_per_million + (output_tokens or 0) * output_per_million
+    return spent / 1_000_000
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelPrice:
     """The price of one model's tokens, per million input and per million output tokens."""
@@ -32,8 +45,7 @@ class ModelPrice:
 
     def cost(self, input_tokens: int | None, output_tokens: int | None) -> Decimal:
         """The money ``input_tokens`` and ``output_tokens`` of this model cost."""
-        spent = (input_tokens or 0) * self.input_per_million
-        return (spent + (output_tokens or 0) * self.output_per_million) / 1_000_000
+        return money(input_tokens, output_tokens, self.input_per_million, self.output_per_million)
 
 
 def check_price(field: str, value: object) -> Decimal:

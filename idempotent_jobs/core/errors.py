@@ -5,10 +5,10 @@ Each subclass's docstring is also its default message.
 
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # records import this module
-    from datetime import datetime
+from idempotent_jobs.core.values import Basis, ModelUsage
 
-    from idempotent_jobs.core.records import Basis, ModelUsage
+if TYPE_CHECKING:
+    from datetime import datetime
 
 
 class LedgerError(Exception):
@@ -70,7 +70,7 @@ class UsageRejectedError(OutputRejectedError):
     (``recorded``).
     """
 
-    def __init__(self, message: str, *, recorded: "ModelUsage | None") -> None:
+    def __init__(self, message: str, *, recorded: ModelUsage | None) -> None:
         self.recorded = recorded
         super().__init__(message)
 
@@ -87,8 +87,8 @@ class StaleCandidateError(LedgerError):
         self,
         *args: Any,
         run_id: str | None = None,
-        candidate: "Basis | None" = None,
-        current: "Basis | None" = None,
+        candidate: Basis | None = None,
+        current: Basis | None = None,
     ) -> None:
         self.run_id = run_id
         self.candidate = candidate

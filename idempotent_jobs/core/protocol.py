@@ -16,7 +16,6 @@ from typing import Any
 
 from idempotent_jobs.core import telemetry
 from idempotent_jobs.core.budgets import TokenBudget
-from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.leases import Busy, Reused, claim_or_reuse
 from idempotent_jobs.core.ledger import RunLedger
@@ -24,10 +23,8 @@ from idempotent_jobs.core.records import CallOrigin, JobConfig, RunStatus
 from idempotent_jobs.core.steps import (
     ModelAnswer,
     call_model,
-    check_output,
     collect_once,
     commit,
-    end_attempt,
 )
 
 JSONDict = dict[str, Any]
@@ -207,9 +204,6 @@ __all__ = [
     "DEFAULT_LEASE_SECONDS",
     "ModelAnswer",
     "RunOutcome",
-    "check_output",
     "default_worker_id",
-    "describe_error",
-    "end_attempt",
     "run_idempotent",
 ]

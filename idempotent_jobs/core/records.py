@@ -7,6 +7,8 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from idempotent_jobs.core.json_values import json_fingerprint
+from idempotent_jobs.core.values import Basis as Basis  # part of the records (see values.py)
+from idempotent_jobs.core.values import ModelUsage as ModelUsage
 
 RunStatus = Literal["pending", "running", "completed", "failed"]
 AttemptOutcome = Literal["completed", "failed", "lease_lost", "superseded", "drill", "budget"]
@@ -23,22 +25,6 @@ class FenceOutcome(StrEnum):
     ALREADY_DONE = "already_done"  # landed before (a retry after a lost answer), or completed
     LEASE_LOST = "lease_lost"  # another claim moved the run on: nothing written
     STALE = "stale"  # the candidate's basis no longer holds: refused, nothing of it kept
-
-
-@dataclass(frozen=True, kw_only=True)
-class Basis:
-    """What a candidate answer was computed against: the run's revision and the fingerprint of
-    the raw-input checkpoint it read (``None`` for a checkpoint stored before fingerprints)."""
-
-    revision: int
-    input_fingerprint: str | None
-
-    def holds_for(self, revision: int, input_fingerprint: str | None) -> bool:
-        """Whether a run now on ``revision`` and checkpoint ``input_fingerprint`` is still on
-        this basis (no fingerprint here: computed before any checkpoint, the revision decides).
-        """
-        fingerprint_holds = self.input_fingerprint in (None, input_fingerprint)
-        return self.revision == revision and fingerprint_holds
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,15 +56,6 @@ class Lease:
     @property
     def basis(self) -> Basis:
         return Basis(revision=self.revision, input_fingerprint=self.input_fingerprint)
-
-
-@dataclass(frozen=True)
-class ModelUsage:
-    """What a model call cost, recorded on the attempt that made it."""
-
-    model_name: str | None = None
-    input_tokens: int | None = None
-    output_tokens: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -519,9 +519,10 @@ def record_usage(
     except Exception:  # the prices could not be read (an outage): the call is not failed for it
         price = None
     if price is not None:
-        money = ((input_tokens or 0) * price[0] + (output_tokens or 0) * price[1]) / 1_000_000
+        from idempotent_jobs.core.costs import money  # imported as the module's others are
+
         found.cost.add(
-            float(money),
+            float(money(input_tokens, output_tokens, price[0], price[1])),
             {
                 "gen_ai.request.model": model or "",
                 "idempotent_jobs.job": current_job(),

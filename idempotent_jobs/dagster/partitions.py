@@ -44,13 +44,26 @@ def window_by_subject(
     )
 
 
+def partition_key(subject: str, window_key: str) -> str:
+    """The key of one partition, ``<subject>|<window>`` (Dagster orders a multi-partition key's
+    dimensions by name): the only place a key is built."""
+    return str(dg.MultiPartitionKey({WINDOW: window_key, SUBJECT: subject}))
+
+
+def split_partition_key(partition_key: str) -> tuple[str, str]:
+    """The subject and window of a key :func:`partition_key` built; :class:`InvalidInputError`
+    for anything else."""
+    parts = str(partition_key).split("|")
+    if len(parts) != 2:
+        raise InvalidInputError("partition_key", f"{partition_key!r} is not '<subject>|<window>'")
+    return parts[0], parts[1]
+
+
 def identity_for_partition(
     partitions_def: dg.MultiPartitionsDefinition, partition_key: str, job_name: str, version: str
 ) -> RunIdentity:
     """The run identity of a partition: the window's UTC start, never the worker's clock."""
-    parts = str(partition_key).split("|")
-    if len(parts) != 2:
-        raise InvalidInputError("partition_key", f"{partition_key!r} is not '<subject>|<window>'")
+    split_partition_key(partition_key)
     key = partitions_def.get_partition_key_from_str(str(partition_key))
     subject = key.keys_by_dimension[SUBJECT]
     window_key = key.keys_by_dimension[WINDOW]

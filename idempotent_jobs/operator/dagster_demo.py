@@ -4,6 +4,7 @@ from collections.abc import Callable
 from typing import Any
 
 from idempotent_jobs.core.admin import LedgerAdmin
+from idempotent_jobs.dagster.partitions import partition_key
 from idempotent_jobs.dagster.resources import JsonLinesChannel
 from idempotent_jobs.dagster.results import output_metadata
 from idempotent_jobs.operator.code_location import Target, load_location
@@ -26,7 +27,7 @@ def run_dagster_demo(admin: LedgerAdmin, print_line: Callable[[str], Any] = prin
     notifications = channel.target()
     resources = {"report_file": channel}
     print_line(f"Dagster job {job.name}: each partition executed twice (in process)")
-    for key in [f"{subject}|{day}" for subject in spec.subjects for day in DEMO_DAYS]:
+    for key in [partition_key(subject, day) for subject in spec.subjects for day in DEMO_DAYS]:
         results = [
             output_metadata(
                 job.execute_in_process(

@@ -10,12 +10,11 @@ over the runs they were made for.
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import dagster as dg
-
 from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.costs import JobHistory
 from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
+from idempotent_jobs.dagster.partitions import partition_key
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,9 +69,7 @@ def partition_keys(
         )
     chosen = list(subjects) or list(spec.subjects)
     return [
-        str(dg.MultiPartitionKey({"window": window, "subject": subject}))
-        for window in windows[start : end + 1]
-        for subject in chosen
+        partition_key(subject, window) for window in windows[start : end + 1] for subject in chosen
     ]
 
 

@@ -9,6 +9,7 @@ from idempotent_jobs.core.errors import LedgerError
 from idempotent_jobs.core.identity import normalize_text
 from idempotent_jobs.core.records import RunRecord
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
+from idempotent_jobs.dagster.partitions import partition_key
 from idempotent_jobs.operator.code_location import Workspace
 
 
@@ -20,7 +21,7 @@ def partition_key_for(spec: IdempotentJobSpec, record: RunRecord) -> str:
     subject = next(
         (s for s in spec.subjects if normalize_text(s) == record.subject_id), record.subject_id
     )
-    return f"{subject}|{window_key}"
+    return partition_key(subject, window_key)
 
 
 def partition_for_run(workspace: Workspace, record: RunRecord) -> tuple[IdempotentJobSpec, str]:

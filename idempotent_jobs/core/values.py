@@ -1,0 +1,39 @@
+"""The two values an error carries (what an answer was computed against, what a call cost):
+records of their own, below the errors, so that the core's modules import in one direction
+(values < errors < json_values < records).
+
+They are part of :mod:`idempotent_jobs.core.records` (imported from there everywhere) and are
+pickled under that name, as every release has pickled them (a Dagster step output holding a
+ticket): a worker of another release unpickles what this one stores, and the other way round.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class Basis:
+    """What a candidate answer was computed against: the run's revision and the fingerprint of
+    the raw-input checkpoint it read (``None`` for a checkpoint stored before fingerprints)."""
+
+    revision: int
+    input_fingerprint: str | None
+
+    def holds_for(self, revision: int, input_fingerprint: str | None) -> bool:
+        """Whether a run now on ``revision`` and checkpoint ``input_fingerprint`` is still on
+        this basis (no fingerprint here: computed before any checkpoint, the revision decides).
+        """
+        fingerprint_holds = self.input_fingerprint in (None, input_fingerprint)
+        return self.revision == revision and fingerprint_holds
+
+
+@dataclass(frozen=True)
+class ModelUsage:
+    """What a model call cost, recorded on the attempt that made it."""
+
+    model_name: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+for _value in (Basis, ModelUsage):
+    _value.__module__ = "idempotent_jobs.core.records"
