@@ -11,18 +11,19 @@ from idempotent_jobs.dagster.failure_hook import build_failure_hook
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 from idempotent_jobs.dagster.ops import build_ops
 
-# Each built job's spec, by the job's collect op. The op definition object stays the same when
-# ``Definitions`` binds resources to the job (the job itself is copied), so tools that load a
-# code location find the spec of every job the factory built: nothing is looked up by module.
-_SPEC_BY_OP: dict[int, tuple[dg.OpDefinition, IdempotentJobSpec]] = {}
+#: The attribute of a built job's collect op that holds the job's spec. The op definition
+#: object stays the same when ``Definitions`` binds resources to the job (the job itself is
+#: copied), so tools that load a code location find the spec of every job the factory built,
+#: on the job itself: no registry, nothing looked up by module.
+SPEC_ATTRIBUTE = "idempotent_job_spec"
 
 
 def spec_of_job(job: dg.JobDefinition) -> IdempotentJobSpec | None:
     """The spec :func:`build_idempotent_job` built ``job`` from, or ``None`` for another job."""
     for node in job.graph.node_defs:
-        found = _SPEC_BY_OP.get(id(node))
-        if found is not None and found[0] is node:
-            return found[1]
+        spec = vars(node).get(SPEC_ATTRIBUTE)
+        if isinstance(spec, IdempotentJobSpec):
+            return spec
     return None
 
 
@@ -59,7 +60,7 @@ def build_idempotent_job(
         collected = collect.alias("collect")()
         deliver.alias("deliver")(persist.alias("persist")(transform.alias("transform")(collected)))
 
-    _SPEC_BY_OP[id(collect)] = (collect, spec)
+    vars(collect)[SPEC_ATTRIBUTE] = spec  # this build's own op: see SPEC_ATTRIBUTE
     schedule = dg.build_schedule_from_partitioned_job(idempotent_job, name=f"{spec.name}_schedule")
     assert isinstance(schedule, dg.ScheduleDefinition)
     return idempotent_job, schedule

@@ -218,7 +218,9 @@ def test_the_reader_role_runs_every_read_of_the_operator_face(
         reader.list_runs()
         reader.job_names()
         reader.drills()
-        reader.drifted("competitor-summary", "v1", JobConfig.of(prompt="p", model="m", validator="v"))
+        reader.drifted(
+            "competitor-summary", "v1", JobConfig.of(prompt="p", model="m", validator="v")
+        )
         reader.storage()
         reader.prices()
         reader.spend_by_job()
