@@ -3,22 +3,25 @@ operator who then reads what the ledger holds.
 
 :class:`BothFaces` is the worker face (:class:`RunLedger`) whose missing attributes are the
 operator face's (:class:`LedgerAdmin`, same settings, a pool of its own), plus what only tests do
-(``harness.sql``): register a run without claiming it, and give a lease back untouched.
+(``harness.sql``): register a run without claiming it.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from importlib import resources
 from typing import Any, LiteralString
 
+import psycopg
 from psycopg import sql
 
 from idempotent_jobs.core.admin import LedgerAdmin
-from idempotent_jobs.core.checks import check_identity, fence_params, identity_params
+from idempotent_jobs.core.checks import check_identity, identity_params
 from idempotent_jobs.core.errors import IdentityConflictError
 from idempotent_jobs.core.executor import Executor
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.ledger import RunLedger
-from idempotent_jobs.core.records import FenceOutcome, Lease, RunRecord
+from idempotent_jobs.core.records import Lease, RunRecord
 from idempotent_jobs.core.rows import record_row
 from idempotent_jobs.core.sql import Statement, parse_statements
 
@@ -68,6 +71,13 @@ class BothFaces(RunLedger):
         if admin is not None:
             admin.close()
 
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection]:
+        """A connection of this face's own pool, in a transaction: what a test reads or sets
+        up by hand sees exactly what the worker's connections see (a pooler's settings too)."""
+        with self._db.transaction() as conn:
+            yield conn
+
     def register(self, identity: RunIdentity) -> RunRecord:
         """Create the run's row if it is new, unclaimed; return the stored record either way."""
         params = identity_params(identity)
@@ -78,10 +88,6 @@ class BothFaces(RunLedger):
             rows = self._db.fetch("register", params, record_row(RunRecord))
         check_identity(rows[0], identity)
         return rows[0]
-
-    def release(self, lease: Lease) -> FenceOutcome:
-        """Give the lease back without an outcome (the attempt ends ``superseded``)."""
-        return self._fenced("release", self._lease_write(fence_params(lease)))
 
     def save_raw_input(self, lease: Lease, raw_input: dict[str, Any]) -> dict[str, Any]:
         """:meth:`checkpoint`'s stored value (the first stored wins)."""

@@ -150,6 +150,15 @@ def stale_error(run_id: str, candidate: Basis, current: Basis) -> StaleCandidate
     )
 
 
+def caller_params(origin: CallOrigin | None) -> dict[str, Any]:
+    """The caller's run and step that a claim records on the run (and its attempt)."""
+    origin = origin or CallOrigin()
+    return {
+        "caller_run_id": optional_name("caller_run_id", origin.caller_run_id),
+        "caller_step": optional_name("caller_step", origin.caller_step),
+    }
+
+
 def origin_params(origin: CallOrigin | None) -> dict[str, Any]:
     origin = origin or CallOrigin()
     return {

@@ -13,7 +13,7 @@ from idempotent_jobs.core import telemetry
 from idempotent_jobs.core.errors import LeaseLostError, RunNotFoundError
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.ledger import RunLedger
-from idempotent_jobs.core.records import Lease, RunRecord
+from idempotent_jobs.core.records import CallOrigin, Lease, RunRecord
 
 MAX_POLL_SECONDS = 2.0
 
@@ -25,8 +25,7 @@ def acquire(
     lease_seconds: float,
     *,
     wait_seconds: float = 0.0,
-    caller_run_id: str | None = None,
-    caller_step: str | None = None,
+    origin: CallOrigin | None = None,
 ) -> Lease | RunRecord:
     """Claim the run, polling for up to ``wait_seconds`` while another worker holds it.
 
@@ -38,9 +37,7 @@ def acquire(
     pause = 0.1
     waited = False
     while True:
-        lease = ledger.claim(
-            run_id, worker_id, lease_seconds, caller_run_id=caller_run_id, caller_step=caller_step
-        )
+        lease = ledger.claim(run_id, worker_id, lease_seconds, origin=origin)
         if lease is not None:
             if waited:
                 telemetry.record_lease_wait(time.monotonic() - began, "claimed")
@@ -82,15 +79,15 @@ def claim_or_reuse(
     *,
     handed: Lease | None = None,
     wait_seconds: float = 0.0,
-    caller_run_id: str | None = None,
-    caller_step: str | None = None,
+    origin: CallOrigin | None = None,
 ) -> Lease | Reused | Busy:
     """The lease to work under, or why there is none.
 
     ``run`` is an identity (a first step: register and claim in one round trip) or the run id of
     a registered run (a later step). A lease ``handed`` on by an earlier step of the same caller
     run is taken over when it still holds; otherwise this worker claims the run, waiting up to
-    ``wait_seconds`` for another holder to finish or expire.
+    ``wait_seconds`` for another holder to finish or expire. ``origin``, the caller's run and
+    step, is recorded with a claim.
     """
     started = time.time_ns()
     got = _claim_or_reuse(
@@ -100,8 +97,7 @@ def claim_or_reuse(
         lease_seconds,
         handed=handed,
         wait_seconds=wait_seconds,
-        caller_run_id=caller_run_id,
-        caller_step=caller_step,
+        origin=origin,
     )
     if isinstance(got, Reused):  # one short span, marked reused: no step span under it
         telemetry.annotate_current(reused=True, outcome="reused")
@@ -129,8 +125,7 @@ def _claim_or_reuse(
     *,
     handed: Lease | None,
     wait_seconds: float,
-    caller_run_id: str | None,
-    caller_step: str | None,
+    origin: CallOrigin | None,
 ) -> Lease | Reused | Busy:
     if handed is not None:
         try:
@@ -138,9 +133,7 @@ def _claim_or_reuse(
         except LeaseLostError:
             pass
     if isinstance(run, RunIdentity):
-        record, lease = ledger.begin(
-            run, worker_id, lease_seconds, caller_run_id=caller_run_id, caller_step=caller_step
-        )
+        record, lease = ledger.begin(run, worker_id, lease_seconds, origin=origin)
         if lease is not None:
             return lease
         if record.status == "completed":
@@ -154,8 +147,7 @@ def _claim_or_reuse(
         worker_id,
         lease_seconds,
         wait_seconds=wait_seconds,
-        caller_run_id=caller_run_id,
-        caller_step=caller_step,
+        origin=origin,
     )
     if isinstance(got, Lease):
         return got

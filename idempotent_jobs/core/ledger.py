@@ -1,12 +1,8 @@
 """The run ledger's worker face: durable run records in their own PostgreSQL schema, usable
-without Dagster.
-
-PostgreSQL is the only authority: uniqueness is a constraint, the lease is one atomic UPDATE whose
-expiry is the database clock, and every write after a claim is fenced by owner and epoch (see
-``sql/worker.sql``, whose statements are this face's and only its). Each method is one statement
-on an autocommit connection (the face's private executor runs it), so a method is one round trip
-and one transaction, and safe to retry when the connection drops. Lease-only writes do not wait for
-the WAL flush unless ``durable_lease_commits`` is set (why that is safe: ``sql/worker.sql``).
+without Dagster. PostgreSQL is the only authority: uniqueness is a constraint, the lease one atomic
+UPDATE on the database clock, and every write after a claim fenced by owner and epoch (the
+statements: ``sql/worker.sql``, this face's only). Each method is one statement on an autocommit
+connection, so one round trip and one transaction, safe to retry when the connection drops.
 """
 
 from collections.abc import Mapping
@@ -19,6 +15,7 @@ from idempotent_jobs.core.budgets import BudgetSpend, TokenBudget
 from idempotent_jobs.core.checks import (
     JsonPayload,
     budget_params,
+    caller_params,
     check_identity,
     check_lease_seconds,
     check_name,
@@ -26,7 +23,6 @@ from idempotent_jobs.core.checks import (
     fence_params,
     identity_params,
     notifications_json,
-    optional_name,
     origin_params,
     stale_error,
     usage_params,
@@ -63,8 +59,13 @@ from idempotent_jobs.core.step_outputs import StepOutputs
 #: error says where they are.
 OPERATOR_METHODS = frozenset(
     "migrate upgrade missing_privileges arm_drill disarm_drills attempts outbox revisions "
-    "revise register release save_raw_input".split()
+    "revise".split()
 )
+#: Gone in 0.2, with what does their work now.
+REMOVED_METHODS = {
+    "register": "begin registers and claims in one statement",
+    "save_raw_input": "checkpoint(lease, raw_input).stored_raw_input is the stored value",
+}
 
 
 class RunLedger(OutboxDelivery, StepOutputs):
@@ -90,6 +91,8 @@ class RunLedger(OutboxDelivery, StepOutputs):
                 f"RunLedger.{name} is the operator's now: call it on the operator face, "
                 f"LedgerAdmin.beside(ledger).{name}(...) or LedgerAdmin(url).{name}(...)"
             )
+        if name in REMOVED_METHODS:
+            raise AttributeError(f"RunLedger.{name} was removed in 0.2: {REMOVED_METHODS[name]}")
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _lease_write(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -101,10 +104,9 @@ class RunLedger(OutboxDelivery, StepOutputs):
 
     def _stored_id_of(self, params: dict[str, Any]) -> dict[str, Any]:
         """``params`` under the run id stored for their identity fields, after the identity key
-        refused them. ON CONFLICT (run_id) arbitrates on the primary key only, so this is either
-        a first registration that raced this one (the same id: the retry takes the existing-row
-        path) or a run an earlier release registered in another Unicode form, whose fields
-        migrate put in NFC under its old id (core/upgrade.py): the retry works on that run."""
+        refused them (ON CONFLICT (run_id) arbitrates on the primary key only): a registration
+        that raced this one (the same id), or a run an earlier release registered in another
+        Unicode form, which migrate put in NFC under its old id (core/upgrade.py)."""
         rows = self._db.rows("run_id_by_identity", params)
         return {**params, "run_id": rows[0][0]} if rows else params
 
@@ -114,23 +116,20 @@ class RunLedger(OutboxDelivery, StepOutputs):
         worker_id: str,
         lease_seconds: float,
         *,
-        caller_run_id: str | None = None,
-        caller_step: str | None = None,
+        origin: CallOrigin | None = None,
     ) -> tuple[RunRecord, Lease | None]:
-        """:meth:`register` and :meth:`claim` in one round trip (one statement).
-
-        Returns the record and the new lease, or the record and ``None`` when the run is
-        completed (nothing is written) or another worker holds it (then only its updated_at
-        moves). Raises :class:`IdentityConflictError` like :meth:`register`.
-        """
+        """Register the run (a new row, or the stored one) and :meth:`claim` it, in one
+        statement. Returns the record and the new lease, or the record and ``None`` when the run
+        is completed (nothing is written) or another worker holds it (only updated_at moves).
+        :class:`IdentityConflictError` when the run id is stored with other identity fields.
+        ``origin``: the caller's run and step, recorded with the claim and its attempt."""
         lease_seconds = check_lease_seconds(lease_seconds)
         params = self._lease_write(
             {
                 **identity_params(identity),
                 "worker_id": check_worker_id(worker_id),
                 "lease_seconds": lease_seconds,
-                "caller_run_id": optional_name("caller_run_id", caller_run_id),
-                "caller_step": optional_name("caller_step", caller_step),
+                **caller_params(origin),
             }
         )
         rows: list[dict[str, Any]] = []
@@ -173,8 +172,7 @@ class RunLedger(OutboxDelivery, StepOutputs):
         worker_id: str,
         lease_seconds: float,
         *,
-        caller_run_id: str | None = None,
-        caller_step: str | None = None,
+        origin: CallOrigin | None = None,
     ) -> Lease | None:
         """Take the run's lease; ``None`` if another worker holds it or the run is completed."""
         lease_seconds = check_lease_seconds(lease_seconds)
@@ -185,8 +183,7 @@ class RunLedger(OutboxDelivery, StepOutputs):
                     "run_id": run_id,
                     "worker_id": check_worker_id(worker_id),
                     "lease_seconds": lease_seconds,
-                    "caller_run_id": optional_name("caller_run_id", caller_run_id),
-                    "caller_step": optional_name("caller_step", caller_step),
+                    **caller_params(origin),
                 }
             ),
         )
@@ -401,6 +398,11 @@ class RunLedger(OutboxDelivery, StepOutputs):
         }
         rows = self._db.fetch("recorded_answer", params, dict_row)
         return rows[0] if rows else None
+
+    def release(self, lease: Lease) -> FenceOutcome:
+        """Give the lease back untouched (the attempt ends ``superseded``), for a step that stops
+        early; ``applied``, ``already_done`` (this release landed before), or LeaseLostError."""
+        return self._fenced("release", self._lease_write(fence_params(lease)))
 
     def end_caller_attempt(self, run_id: str, caller_run_id: str, error: str) -> FenceOutcome:
         """End, as failed, the attempt that the Dagster run ``caller_run_id`` holds on the run,

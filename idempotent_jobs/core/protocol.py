@@ -11,7 +11,6 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from functools import partial
 from typing import Any
 
 from idempotent_jobs.core import telemetry
@@ -58,6 +57,30 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+@dataclass(frozen=True)
+class RunSteps:
+    """The user's steps of one logical run (see :func:`run_idempotent`)."""
+
+    collect: Callable[[RunIdentity], JSONDict]
+    transform: Callable[[JSONDict], JSONDict | ModelAnswer]
+    validate: Callable[[JSONDict], object] | None = None
+    notifications: Callable[[JSONDict], Mapping[str, JSONDict]] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """How one call of :func:`run_idempotent` works: who it is, how long its lease lasts and
+    is renewed, how long it waits for another holder, who called it, and what it runs under."""
+
+    worker_id: str
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    heartbeat_seconds: float | None = None  # a third of the lease
+    wait_seconds: float = 0.0
+    origin: CallOrigin = CallOrigin()
+    config: JobConfig = JobConfig()
+    budget: TokenBudget | None = None
+
+
 def run_idempotent(
     ledger: RunLedger,
     identity: RunIdentity,
@@ -70,8 +93,7 @@ def run_idempotent(
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
     heartbeat_seconds: float | None = None,
     wait_seconds: float = 0.0,
-    caller_run_id: str | None = None,
-    caller_step: str | None = None,
+    origin: CallOrigin | None = None,
     config: JobConfig | None = None,
     budget: TokenBudget | None = None,
 ) -> RunOutcome:
@@ -91,28 +113,23 @@ def run_idempotent(
       another configuration says so in ``config_changed``.
     - With ``budget``, a model call is refused once the job's token budget for the day is
       spent (:class:`BudgetExceededError`, decided in the ledger; see :mod:`.budgets`).
+    - ``origin`` names the caller's run and step (a scheduler's run id, its step): recorded
+      with the claim, its attempt and its model calls.
+
+    The keywords are gathered once into :class:`RunSteps` and :class:`RunOptions`.
     """
-    config = config or JobConfig()
-    worker_id = worker_id or default_worker_id()
-    run = partial(
-        _run,
-        ledger,
-        identity,
-        collect=collect,
-        transform=transform,
-        validate=validate,
-        notifications=notifications,
-        worker_id=worker_id,
+    steps = RunSteps(collect, transform, validate, notifications)
+    options = RunOptions(
+        worker_id=worker_id or default_worker_id(),
         lease_seconds=lease_seconds,
         heartbeat_seconds=heartbeat_seconds,
         wait_seconds=wait_seconds,
-        caller_run_id=caller_run_id,
-        caller_step=caller_step,
-        config=config,
+        origin=origin or CallOrigin(),
+        config=config or JobConfig(),
         budget=budget,
     )
     if not telemetry.active():  # no SDK: not even a span's context manager
-        return run()
+        return _run(ledger, identity, steps, options)
     scope = telemetry.run_scope(
         identity.run_id,
         identity.job_name,
@@ -122,7 +139,7 @@ def run_idempotent(
     )
     with scope, telemetry.span("idempotent_jobs.attempt") as span:
         try:
-            outcome = run()
+            outcome = _run(ledger, identity, steps, options)
         except BaseException as exc:
             telemetry.annotate(span, outcome="failed", **{"error.type": type(exc).__name__})
             raise
@@ -132,30 +149,16 @@ def run_idempotent(
 
 
 def _run(
-    ledger: RunLedger,
-    identity: RunIdentity,
-    *,
-    collect: Callable[[RunIdentity], JSONDict],
-    transform: Callable[[JSONDict], JSONDict | ModelAnswer],
-    validate: Callable[[JSONDict], object] | None,
-    notifications: Callable[[JSONDict], Mapping[str, JSONDict]] | None,
-    worker_id: str,
-    lease_seconds: float,
-    heartbeat_seconds: float | None,
-    wait_seconds: float,
-    caller_run_id: str | None,
-    caller_step: str | None,
-    config: JobConfig,
-    budget: TokenBudget | None,
+    ledger: RunLedger, identity: RunIdentity, steps: RunSteps, options: RunOptions
 ) -> RunOutcome:
+    worker_id = options.worker_id
     lease = claim_or_reuse(
         ledger,
         identity,
         worker_id,
-        lease_seconds,
-        wait_seconds=wait_seconds,
-        caller_run_id=caller_run_id,
-        caller_step=caller_step,
+        options.lease_seconds,
+        wait_seconds=options.wait_seconds,
+        origin=options.origin,
     )
     if isinstance(lease, Busy):
         record = lease.record
@@ -174,22 +177,22 @@ def _run(
             output=done.output,
             executed=False,
             worker_id=worker_id,
-            config_changed=tuple(config.changed_since(done.config_parts)),
+            config_changed=tuple(options.config.changed_since(done.config_parts)),
             output_pruned_at=done.output_pruned_at,
         )
-    lease = collect_once(ledger, lease, lambda: collect(identity))
+    lease = collect_once(ledger, lease, lambda: steps.collect(identity))
     answer = call_model(
         ledger,
         lease,
-        transform,
-        validate=validate,
-        config=config,
-        origin=CallOrigin(caller_step=caller_step, caller_run_id=caller_run_id),
-        heartbeat_seconds=heartbeat_seconds or lease_seconds / 3,
-        budget=budget,
+        steps.transform,
+        validate=steps.validate,
+        config=options.config,
+        origin=options.origin,
+        heartbeat_seconds=options.heartbeat_seconds or options.lease_seconds / 3,
+        budget=options.budget,
         drill_job=identity.job_name,
     )
-    completion = commit(ledger, lease, answer, notifications)
+    completion = commit(ledger, lease, answer, steps.notifications)
     return RunOutcome(
         run_id=lease.run_id,
         status="completed",
@@ -203,7 +206,9 @@ def _run(
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
     "ModelAnswer",
+    "RunOptions",
     "RunOutcome",
+    "RunSteps",
     "default_worker_id",
     "run_idempotent",
 ]

@@ -48,6 +48,15 @@ from idempotent_jobs.dagster.telemetry import step_span
 from idempotent_jobs.dagster.ticket import StepResult, Ticket
 
 
+def _origin(context: dg.OpExecutionContext) -> CallOrigin:
+    """The Dagster run and op making a claim or a model call, and the op's retry."""
+    return CallOrigin(
+        caller_step=context.op.name,
+        caller_run_id=context.run_id,
+        retry_number=context.retry_number,
+    )
+
+
 def _worker_id(context: dg.OpExecutionContext) -> str:
     """Unique per op execution, readable in the ledger: Dagster run, op, retry, random."""
     return (
@@ -134,8 +143,7 @@ def lease_for(
         spec.lease_seconds,
         handed=handed,
         wait_seconds=spec.holder_wait_seconds,
-        caller_run_id=context.run_id,
-        caller_step=context.op.name,
+        origin=_origin(context),
     )
     if isinstance(got, Busy):
         raise _busy(got.record)
@@ -191,11 +199,7 @@ def transform_step(
             lambda raw_input: model.generate(raw_input, step),
             validate=spec.validate,
             config=config,
-            origin=CallOrigin(
-                caller_step=context.op.name,
-                caller_run_id=context.run_id,
-                retry_number=context.retry_number,
-            ),
+            origin=_origin(context),
             heartbeat_seconds=spec.lease_seconds / 3,
             drill_job=spec.identity_job_name,
             budget=spec.budget,

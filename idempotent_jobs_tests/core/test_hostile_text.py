@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from idempotent_jobs import InvalidInputError, ModelUsage, RunIdentity
+from idempotent_jobs import CallOrigin, InvalidInputError, ModelUsage, RunIdentity
 from idempotent_jobs.core.json_values import MAX_JSON_DEPTH, json_fingerprint
 from idempotent_jobs_tests.helpers import Collector, claimed, identity
 from idempotent_jobs_tests.ledgers import BothFaces
@@ -100,11 +100,15 @@ def test_the_fingerprint_is_canonical() -> None:
         ("worker_id", lambda ledger, run_id: ledger.claim(run_id, "w" * 201, 30)),
         (
             "caller_step",
-            lambda ledger, run_id: ledger.claim(run_id, "w", 30, caller_step="s" * 201),
+            lambda ledger, run_id: ledger.claim(
+                run_id, "w", 30, origin=CallOrigin(caller_step="s" * 201)
+            ),
         ),
         (
             "caller_run_id",
-            lambda ledger, run_id: ledger.claim(run_id, "w", 30, caller_run_id="d\nx"),
+            lambda ledger, run_id: ledger.claim(
+                run_id, "w", 30, origin=CallOrigin(caller_run_id="d\nx")
+            ),
         ),
     ],
 )

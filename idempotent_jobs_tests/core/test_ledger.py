@@ -9,6 +9,7 @@ import psycopg
 import pytest
 
 from idempotent_jobs import (
+    CallOrigin,
     IdentityConflictError,
     InvalidInputError,
     LeaseLostError,
@@ -72,7 +73,9 @@ def test_same_id_with_other_fields_is_a_conflict(ledger: BothFaces, db: psycopg.
 def test_a_held_lease_cannot_be_claimed(ledger: BothFaces, db: psycopg.Connection) -> None:
     ident = identity()
     ledger.register(ident)
-    lease = ledger.claim(ident.run_id, "w1", 30, caller_run_id="dr-1", caller_step="collect")
+    lease = ledger.claim(
+        ident.run_id, "w1", 30, origin=CallOrigin(caller_run_id="dr-1", caller_step="collect")
+    )
     assert lease is not None and lease.epoch == 1
     assert lease.expires_at > db_now(db) + timedelta(seconds=25)
     assert ledger.claim(ident.run_id, "w2", 30) is None
@@ -435,7 +438,9 @@ def test_begin_registers_and_claims_in_one_statement(
     ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     ident = identity()
-    record, lease = ledger.begin(ident, "w1", 30, caller_run_id="dr", caller_step="collect")
+    record, lease = ledger.begin(
+        ident, "w1", 30, origin=CallOrigin(caller_run_id="dr", caller_step="collect")
+    )
     assert lease is not None and (lease.epoch, lease.worker_id) == (1, "w1")
     assert (record.status, record.lease_owner, record.lease_epoch, record.attempts) == (
         "running",
@@ -499,7 +504,9 @@ def test_a_claim_writes_one_row_and_the_attempt_when_it_ends(
 ) -> None:
     ident = identity()
     ledger.register(ident)
-    lease = ledger.claim(ident.run_id, "w1", 30, caller_run_id="d-1", caller_step="collect")
+    lease = ledger.claim(
+        ident.run_id, "w1", 30, origin=CallOrigin(caller_run_id="d-1", caller_step="collect")
+    )
     assert lease is not None
     # While the claim is open its details live on the run; no attempt row is written yet.
     assert count(db, "run_attempts", ident.run_id) == 0
@@ -526,10 +533,12 @@ def test_the_claim_that_supersedes_a_vanished_holder_records_its_attempt(
 ) -> None:
     ident = identity()
     ledger.register(ident)
-    gone = ledger.claim(ident.run_id, "gone", 30, caller_run_id="d-1", caller_step="transform")
+    gone = ledger.claim(
+        ident.run_id, "gone", 30, origin=CallOrigin(caller_run_id="d-1", caller_step="transform")
+    )
     assert gone is not None
     expire_lease(db, ident.run_id)
-    assert ledger.claim(ident.run_id, "w2", 30, caller_run_id="d-2") is not None
+    assert ledger.claim(ident.run_id, "w2", 30, origin=CallOrigin(caller_run_id="d-2")) is not None
     lost, current = ledger.attempts(ident.run_id)
     assert (lost.worker_id, lost.caller_run_id, lost.caller_step, lost.outcome) == (
         "gone",
@@ -593,7 +602,12 @@ def test_the_ledger_has_two_faces_the_worker_and_the_operator(ledger: BothFaces)
     operator_work = ("revise", "arm_drill", "migrate", "set_price", "prune_batch", "attempts")
     for name in operator_reads + operator_work:
         assert not hasattr(RunLedger, name) and callable(getattr(LedgerAdmin, name)), name
-    for name in ("register", "release", "save_raw_input", "executor", "outbox"):
+    for name in ("register", "save_raw_input", "executor", "outbox"):
         assert not hasattr(RunLedger, name), name
+    worker = RunLedger(ledger.settings)  # not opened: asking for a method opens nothing
+    with pytest.raises(AttributeError, match=r"RunLedger.revise is the operator's now.*Admin"):
+        worker.revise  # noqa: B018
+    with pytest.raises(AttributeError, match=r"RunLedger.register was removed in 0.2: begin"):
+        worker.register  # noqa: B018
     with LedgerAdmin.beside(ledger) as admin:
         assert admin.list_runs() == [] and admin.job_names() == [] and admin.drills() == []

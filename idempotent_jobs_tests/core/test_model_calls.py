@@ -51,11 +51,13 @@ def test_failed_rejected_and_accepted_calls_are_all_recorded(ledger: BothFaces) 
     for expected in (TimeoutError, Exception, None):
         kwargs: dict[str, Any] = {"collect": Collector(), "transform": model, "validate": validate}
         if expected is None:
-            outcome = run_idempotent(ledger, ident, caller_step="transform", **kwargs)
+            outcome = run_idempotent(
+                ledger, ident, origin=CallOrigin(caller_step="transform"), **kwargs
+            )
             assert outcome.executed
         else:
             with pytest.raises(expected):
-                run_idempotent(ledger, ident, caller_step="transform", **kwargs)
+                run_idempotent(ledger, ident, origin=CallOrigin(caller_step="transform"), **kwargs)
 
     calls = ledger.model_calls(ident.run_id)
     assert [(c.outcome, c.model_name, c.input_tokens, c.output_tokens) for c in calls] == [

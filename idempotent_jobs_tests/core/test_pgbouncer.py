@@ -36,7 +36,7 @@ def test_the_ledger_finds_pgbouncer_and_runs_the_protocol_without_prepared_state
     def worker(number: int) -> None:
         try:
             with BothFaces(url, pool_max_size=2) as ledger:
-                assert ledger.executor.pooled
+                assert ledger.pooled
                 for hour in range(10):
                     outcome = run_idempotent(
                         ledger,
@@ -58,7 +58,7 @@ def test_the_ledger_finds_pgbouncer_and_runs_the_protocol_without_prepared_state
     assert errors == []
     assert sum(outcomes) == 30 and len(outcomes) == 60, "3 subjects x 10 hours, each run once"
     with BothFaces(database) as direct:
-        assert not direct.executor.pooled
+        assert not direct.pooled
 
 
 def test_prepared_statements_forced_through_pgbouncer_1_18_break_and_the_default_does_not(
@@ -126,12 +126,12 @@ def test_timezone_advice_of_the_deployment_docs(
         with psycopg.connect(url, autocommit=True, prepare_threshold=None) as plain:
             assert plain.execute("SHOW TimeZone").fetchone() == (ZONE,)
         with BothFaces(url, pool_max_size=2) as ledger:
-            assert ledger.executor.pooled
+            assert ledger.pooled
             record, lease = ledger.begin(identity(subject="zoned"), "w", 30)
             assert lease is not None
             stamps = [record.created_at, lease.expires_at, ledger.get(record.run_id).updated_at]  # type: ignore[union-attr]
             assert all(s is not None and s.utcoffset() == timedelta(0) for s in stamps), stamps
             # Every server connection the pooler hands the ledger is set to UTC again.
-            with ledger.executor._pool_or_open().connection() as conn:
+            with ledger.connection() as conn:
                 for _ in range(5):
                     assert conn.execute("SHOW TimeZone").fetchone() == ("UTC",)

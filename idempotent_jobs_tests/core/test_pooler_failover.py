@@ -102,7 +102,7 @@ def test_a_failover_to_pgbouncer_prepares_nothing_and_holds_no_lease(
     )
     errors: list[str] = []
     with BothFaces(url, pool_min_size=2, pool_max_size=4, connection_retries=3) as ledger:
-        assert not ledger.executor.pooled  # opened on the direct host: statements prepared
+        assert not ledger.pooled  # opened on the direct host: statements prepared
         for hour in range(4):
             _, lease = ledger.begin(identity("before", hour), "w", 30)
             assert lease is not None
@@ -125,7 +125,7 @@ def test_a_failover_to_pgbouncer_prepares_nothing_and_holds_no_lease(
         with ThreadPoolExecutor(max_workers=4) as pool:
             list(pool.map(one_run, range(80)))
         assert errors == []
-        assert ledger.executor.pooled  # the new connections said so
+        assert ledger.pooled  # the new connections said so
     with psycopg.connect(database, autocommit=True) as db:
         held = db.execute(
             "SELECT count(*) FROM idempotent_jobs.runs WHERE lease_owner IS NOT NULL"

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow]
 
 def _calls(ledger: BothFaces, job: str = "ticket-triage") -> list[tuple[str, int, str]]:
     """Every model call of ``job``: run id, tokens, outcome, in the order they were made."""
-    with ledger.executor.transaction() as conn:
+    with ledger.connection() as conn:
         found = conn.execute(
             "SELECT r.run_id, c.input_tokens + c.output_tokens, c.outcome"
             " FROM idempotent_jobs.model_calls c JOIN idempotent_jobs.runs r USING (run_id)"

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from idempotent_jobs import RunIdentity, run_idempotent
+from idempotent_jobs import CallOrigin, RunIdentity, run_idempotent
 from idempotent_jobs.core.health import MAX_FINDINGS_PER_CHECK
 from idempotent_jobs.core.testing import ScriptedModel
 from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
@@ -64,7 +64,9 @@ def planted(ledger: BothFaces, db: psycopg.Connection) -> dict[str, str]:
     assert ledger.claim(runs["running"].run_id, "live-worker", 600) is not None
     assert ledger.claim(runs["expired"].run_id, "dead-worker", 600) is not None
     expire_lease(db, runs["expired"].run_id)
-    lease = ledger.claim(runs["completed"].run_id, "w", 60, caller_run_id="dagster-1")
+    lease = ledger.claim(
+        runs["completed"].run_id, "w", 60, origin=CallOrigin(caller_run_id="dagster-1")
+    )
     assert lease is not None
     ledger.complete(lease, {"summary": "done"}, {"report_file": {"n": 1}, "fax": {"n": 2}})
     db.execute(
