@@ -31,7 +31,7 @@ check: install lint
 # The network tests' tools from Debian's packages, when missing: PgBouncer, faketime, iproute2 and
 # gcc (the tests install them too; this says so up front).
 tools: install
-	$(BIN)/python -m idempotent_jobs_tests.system_tools
+	$(BIN)/python -m testkit.system_tools
 
 # The browser test drives Debian's Chromium (Playwright's own browser download is not used).
 chromium:
@@ -58,8 +58,8 @@ bench-peers: install
 # ruff (rules and format), mypy --strict on the package, tests and benchmarks, and the layer
 # contracts (import-linter, in pyproject.toml): the core imports no Dagster.
 lint: install
-	$(BIN)/ruff check idempotent_jobs idempotent_jobs_tests benchmarks docs/examples
-	$(BIN)/ruff format --check idempotent_jobs idempotent_jobs_tests benchmarks docs/examples
+	$(BIN)/ruff check idempotent_jobs idempotent_jobs_tests testkit benchmarks docs/examples
+	$(BIN)/ruff format --check idempotent_jobs idempotent_jobs_tests testkit benchmarks docs/examples
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

@@ -36,7 +36,7 @@ from idempotent_jobs.operator.embedded import database_url
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_ledger import bench_database  # noqa: E402 - a database of its own, dropped after
 
-from idempotent_jobs_tests.pgbouncer import PgBouncer  # noqa: E402
+from testkit.pgbouncer import PgBouncer  # noqa: E402
 
 # Payload sizes of the storage figures: a collected input of ~2 KB, an answer of ~500 B, a
 # notification of ~500 B (yours differ: the row sizes below scale with them). Random text, so

@@ -29,16 +29,13 @@ import dagster as dg
 import psycopg
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(PROJECT_ROOT))  # the bench's code location and the test harness
+sys.path.insert(0, str(PROJECT_ROOT))  # the bench's code location and testkit
 
 from bench_ledger import bench_database, header, row, tally  # noqa: E402
 
 from idempotent_jobs.core.database import DATABASE_URL_ENV  # noqa: E402
-from idempotent_jobs.dagster.project import (  # noqa: E402
-    DAGSTER_STORAGE_URL_ENV,
-    dagster_storage_url,
-)
-from idempotent_jobs_tests.dagster_harness import (  # noqa: E402
+from idempotent_jobs.operator.dagster_home import DAGSTER_STORAGE_URL_ENV, dagster_storage_url  # noqa: E402
+from testkit.dagster_harness import (  # noqa: E402
     DagsterTestEnv,
     dagster_instance,
     launch_backfill,

@@ -461,7 +461,7 @@ def pgbouncer_cost(url: str, runs: int) -> None:
     (prepared statements off, measured alone on a direct connection), and each statement takes
     one more hop."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from idempotent_jobs_tests.pgbouncer import PgBouncer
+    from testkit.pgbouncer import PgBouncer
 
     dbname = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
     with PgBouncer(url) as bouncer:
@@ -502,7 +502,7 @@ def telemetry_cost(url: str, runs: int) -> None:
     interleaved block by block in one process."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from idempotent_jobs.core import telemetry
-    from idempotent_jobs_tests.otel import installed
+    from testkit.otel import installed
 
     times: dict[str, dict[str, list[float]]] = {
         k: {"new": [], "reused": []} for k in ("off", "api", "sdk")

@@ -29,7 +29,7 @@ from bench_ledger import bench_database, header, row, tally
 from dbos import DBOS, SetWorkflowID
 
 from idempotent_jobs import RunIdentity, RunLedger, run_idempotent
-from idempotent_jobs.dagster.project import dagster_storage_url
+from idempotent_jobs.operator.dagster_home import dagster_storage_url
 
 COUNTED = {"url": ""}  # where transform records its calls in the race (empty: it does not)
 

@@ -15,11 +15,11 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from idempotent_jobs.core.database import DATABASE_URL_ENV
-from idempotent_jobs.dagster.project import project_home
+from idempotent_jobs.core.project_paths import project_home
 from idempotent_jobs.operator.embedded import start_embedded_postgres
-from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
 from idempotent_jobs_tests.ledgers import BothFaces
-from idempotent_jobs_tests.pgbouncer import PgBouncer
+from testkit.dagster_harness import DagsterTestEnv
+from testkit.pgbouncer import PgBouncer
 
 # Markers (registered in pyproject.toml, --strict-markers): `chaos`, `dagster_instance` and
 # `browser` tests are also `slow`; `make check` (the fast lane) leaves every slow test out.
@@ -206,7 +206,7 @@ def db(database: str) -> Iterator[psycopg.Connection]:
 @pytest.fixture
 def dagster_env(database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> DagsterTestEnv:
     """Env vars the test code location reads: this test's ledger database and call logs."""
-    from idempotent_jobs.dagster.project import DAGSTER_STORAGE_URL_ENV, dagster_storage_url
+    from idempotent_jobs.operator.dagster_home import DAGSTER_STORAGE_URL_ENV, dagster_storage_url
 
     env = DagsterTestEnv(database, tmp_path)
     monkeypatch.setenv(DATABASE_URL_ENV, database)

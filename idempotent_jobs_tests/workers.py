@@ -116,7 +116,7 @@ def run_deployment(
     import dagster as dg
 
     from idempotent_jobs_tests.dagster_defs import defs
-    from idempotent_jobs_tests.dagster_harness import (
+    from testkit.dagster_harness import (
         DagsterTestEnv,
         dagster_instance,
         launch_partition,

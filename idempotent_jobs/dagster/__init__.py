@@ -1,7 +1,7 @@
 """Dagster glue: the ledger resource, the job spec and factory, ops, partitions, resources.
 
 What a job of your own needs is importable from here (loaded on first use, so that importing a
-submodule such as ``idempotent_jobs.dagster.project`` does not import Dagster)::
+submodule such as ``idempotent_jobs.dagster.ticket`` does not import Dagster)::
 
     from idempotent_jobs.dagster import IdempotentJobSpec, build_idempotent_job, ModelStep
 """

@@ -8,10 +8,13 @@ Dagster's storage on the ledger's PostgreSQL, run retries and run monitoring on.
 
 import os
 from pathlib import Path
+from urllib.parse import quote, urlencode
 
-from idempotent_jobs.dagster.project import project_home
+from idempotent_jobs.core.database import parse_database_url
+from idempotent_jobs.core.project_paths import project_home
 
 DAGSTER_HOME_ENV = "DAGSTER_HOME"
+DAGSTER_STORAGE_URL_ENV = "IDEMPOTENT_JOBS_DAGSTER_STORAGE_URL"
 
 #: What the project's own DAGSTER_HOME starts with (the repository's top-level dagster.yaml says
 #: the same, for ``dagster dev`` run there).
@@ -33,6 +36,29 @@ run_monitoring:
 telemetry:
   enabled: false
 """
+
+
+def dagster_storage_url(url: str) -> str:
+    """The same database as a ``postgresql+psycopg2://`` URL for dagster-postgres.
+
+    Accepts a URL or a ``key=value`` conninfo string; a Unix-socket host goes in ``?host=``.
+    """
+    params = parse_database_url(url)
+    user = quote(str(params.pop("user", "postgres")), safe="")
+    password = params.pop("password", None)
+    userinfo = f"{user}:{quote(str(password), safe='')}" if password else user
+    host = str(params.pop("host", "") or "")
+    port = params.pop("port", None)
+    dbname = quote(str(params.pop("dbname", "postgres")), safe="")
+    query = {k: str(v) for k, v in params.items()}
+    if host.startswith("/"):
+        query["host"] = host
+        host = ""
+    netloc = f"{userinfo}@{host}" + (f":{port}" if port and host else "")
+    if port and not host:
+        query["port"] = str(port)
+    suffix = f"?{urlencode(query)}" if query else ""
+    return f"postgresql+psycopg2://{netloc}/{dbname}{suffix}"
 
 
 def prepare_dagster_home() -> Path:

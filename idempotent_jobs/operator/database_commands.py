@@ -14,12 +14,8 @@ from pathlib import Path
 
 from idempotent_jobs.core.database import DATABASE_URL_ENV, redact
 from idempotent_jobs.core.errors import LedgerError
-from idempotent_jobs.dagster.project import (
-    DAGSTER_STORAGE_URL_ENV,
-    HOME_ENV,
-    dagster_storage_url,
-    project_home,
-)
+from idempotent_jobs.core.project_paths import HOME_ENV, project_home
+from idempotent_jobs.operator.dagster_home import DAGSTER_STORAGE_URL_ENV, dagster_storage_url
 from idempotent_jobs.operator.embedded import start_embedded_postgres, stop_embedded_postgres
 
 

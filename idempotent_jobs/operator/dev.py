@@ -9,7 +9,7 @@ from types import FrameType
 
 from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.database import DATABASE_URL_ENV
-from idempotent_jobs.dagster.project import project_home
+from idempotent_jobs.core.project_paths import project_home
 from idempotent_jobs.operator.code_location import find_targets
 from idempotent_jobs.operator.dagster_home import prepare_dagster_home
 from idempotent_jobs.operator.embedded import ensure_database_url, stop_embedded_postgres

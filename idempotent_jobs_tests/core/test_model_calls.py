@@ -18,9 +18,9 @@ from idempotent_jobs import (
 from idempotent_jobs.dagster.results import output_metadata
 from idempotent_jobs.operator.cli import main
 from idempotent_jobs_tests.dagster_defs import SUMMARY_SPEC, defs
-from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
 from idempotent_jobs_tests.helpers import Collector, claimed, expire_lease, identity
 from idempotent_jobs_tests.ledgers import BothFaces
+from testkit.dagster_harness import DagsterTestEnv
 
 
 def answers(*scripted: Any) -> Any:

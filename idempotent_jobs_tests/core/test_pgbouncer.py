@@ -19,7 +19,7 @@ from idempotent_jobs import LedgerConnectionError, LedgerError, run_idempotent
 from idempotent_jobs_tests.conftest import through_pgbouncer
 from idempotent_jobs_tests.helpers import identity
 from idempotent_jobs_tests.ledgers import BothFaces
-from idempotent_jobs_tests.pgbouncer import PgBouncer
+from testkit.pgbouncer import PgBouncer
 
 pytestmark = [pytest.mark.slow]
 

@@ -18,7 +18,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from idempotent_jobs_tests.helpers import identity
 from idempotent_jobs_tests.ledgers import BothFaces
-from idempotent_jobs_tests.pgbouncer import PgBouncer, free_port
+from testkit.pgbouncer import PgBouncer, free_port
 
 
 class Forwarder:

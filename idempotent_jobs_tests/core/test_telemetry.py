@@ -12,7 +12,7 @@ from idempotent_jobs import JobConfig, ModelAnswer, ModelUsage, RunLedger, run_i
 from idempotent_jobs.core import telemetry
 from idempotent_jobs_tests.helpers import Collector, email, identity
 from idempotent_jobs_tests.ledgers import BothFaces
-from idempotent_jobs_tests.otel import installed, tree
+from testkit.otel import installed, tree
 
 CONFIG = JobConfig.of(prompt="Summarise.", model="gpt-test", validator="any")
 

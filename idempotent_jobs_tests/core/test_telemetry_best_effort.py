@@ -27,7 +27,7 @@ from idempotent_jobs.core import telemetry
 from idempotent_jobs.core.telemetry import redact_secrets
 from idempotent_jobs_tests.helpers import Collector, email, identity
 from idempotent_jobs_tests.ledgers import BothFaces
-from idempotent_jobs_tests.otel import installed, reset_globals
+from testkit.otel import installed, reset_globals
 
 PROMPT = "PROMPT-SENTINEL-7731"
 INPUT = "INPUT-SENTINEL-5512"

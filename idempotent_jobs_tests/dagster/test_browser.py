@@ -25,8 +25,8 @@ import pytest
 from playwright.sync_api import Page, sync_playwright
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
-from idempotent_jobs.dagster.project import DAGSTER_STORAGE_URL_ENV, dagster_storage_url
 from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
+from idempotent_jobs.operator.dagster_home import DAGSTER_STORAGE_URL_ENV, dagster_storage_url
 from idempotent_jobs.operator.embedded import start_embedded_postgres
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]

@@ -19,8 +19,8 @@ from idempotent_jobs.dagster import IdempotentJobSpec, RunLedgerResource, build_
 from idempotent_jobs.dagster.reconciliation_job import build_reconciliation_job
 from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel, ModelStep, StepContext
 from idempotent_jobs_tests.dagster.test_failure_parity import ledger_state
-from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
 from idempotent_jobs_tests.ledgers import BothFaces
+from testkit.dagster_harness import DagsterTestEnv
 
 
 class OneDocument(Collector):

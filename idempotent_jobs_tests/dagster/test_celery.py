@@ -18,9 +18,10 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from idempotent_jobs.dagster.project import dagster_storage_url
+from idempotent_jobs.operator.dagster_home import dagster_storage_url
 from idempotent_jobs_tests.dagster_defs import CELERY_SPEC
-from idempotent_jobs_tests.dagster_harness import (
+from idempotent_jobs_tests.ledgers import BothFaces
+from testkit.dagster_harness import (
     PROJECT_ROOT,
     DagsterTestEnv,
     dagster_instance,
@@ -28,7 +29,6 @@ from idempotent_jobs_tests.dagster_harness import (
     run_retry_daemon,
     workspace,
 )
-from idempotent_jobs_tests.ledgers import BothFaces
 
 pytestmark = [pytest.mark.slow, pytest.mark.dagster_instance]
 

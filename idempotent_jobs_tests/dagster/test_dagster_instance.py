@@ -17,7 +17,8 @@ from idempotent_jobs_tests.dagster_defs import (
     NO_RETRY_SPEC,
     SUMMARY_SPEC,
 )
-from idempotent_jobs_tests.dagster_harness import (
+from idempotent_jobs_tests.ledgers import BothFaces
+from testkit.dagster_harness import (
     DagsterTestEnv,
     dagster_instance,
     launch_backfill,
@@ -29,7 +30,6 @@ from idempotent_jobs_tests.dagster_harness import (
     step_metadata,
     workspace,
 )
-from idempotent_jobs_tests.ledgers import BothFaces
 
 pytestmark = [pytest.mark.slow, pytest.mark.dagster_instance]
 

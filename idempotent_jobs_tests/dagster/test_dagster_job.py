@@ -4,9 +4,9 @@ import psycopg
 
 from idempotent_jobs.dagster.results import output_metadata
 from idempotent_jobs_tests.dagster_defs import NO_RETRY_SPEC, SUMMARY_SPEC, defs
-from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
 from idempotent_jobs_tests.helpers import backdate, count
 from idempotent_jobs_tests.ledgers import BothFaces
+from testkit.dagster_harness import DagsterTestEnv
 
 PARTITION = "workspace-acme|2026-08-07"
 

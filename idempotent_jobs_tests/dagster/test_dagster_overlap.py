@@ -9,9 +9,9 @@ import pytest
 
 from idempotent_jobs_tests import workers
 from idempotent_jobs_tests.dagster_defs import SUMMARY_SPEC
-from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
 from idempotent_jobs_tests.helpers import count
 from idempotent_jobs_tests.ledgers import BothFaces
+from testkit.dagster_harness import DagsterTestEnv
 
 pytestmark = [pytest.mark.slow, pytest.mark.dagster_instance]
 

@@ -113,8 +113,8 @@ def test_arming_a_drill_for_a_job_the_location_does_not_have_is_refused(
 ) -> None:
     from pathlib import Path
 
+    from idempotent_jobs.core import project_paths as project_module
     from idempotent_jobs.core.database import DATABASE_URL_ENV
-    from idempotent_jobs.dagster import project as project_module
     from idempotent_jobs.operator.cli import main
     from idempotent_jobs.operator.code_location import CODE_LOCATION_ENV
 

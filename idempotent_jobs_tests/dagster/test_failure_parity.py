@@ -23,8 +23,8 @@ from idempotent_jobs.dagster.job_factory import build_idempotent_job
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 from idempotent_jobs.dagster.resource import RunLedgerResource
 from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel, ModelStep, StepContext
-from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
 from idempotent_jobs_tests.ledgers import BothFaces
+from testkit.dagster_harness import DagsterTestEnv
 
 Behaviour = Callable[[dict[str, Any], str, str], Any]  # (raw input, run id, conninfo) -> answer
 

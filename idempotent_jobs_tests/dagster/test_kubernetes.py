@@ -29,7 +29,7 @@ from kubernetes.client import ApiClient  # type: ignore[import-untyped]
 
 from idempotent_jobs.core.constants import DATABASE_URL_ENV
 from idempotent_jobs.location.kubernetes import defs
-from idempotent_jobs_tests.dagster_harness import PROJECT_ROOT
+from testkit.dagster_harness import PROJECT_ROOT
 
 DEPLOY = PROJECT_ROOT / "deploy" / "kubernetes"
 IMAGE = "registry.example/idempotent-jobs:1.0"

@@ -21,7 +21,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from idempotent_jobs.dagster.project import dagster_storage_url
+from idempotent_jobs.operator.dagster_home import dagster_storage_url
 from idempotent_jobs_tests.chaos.parts import Receiver
 from idempotent_jobs_tests.helpers import JsonApi
 from idempotent_jobs_tests.ledgers import BothFaces

@@ -12,15 +12,15 @@ from idempotent_jobs.dagster.job_factory import build_idempotent_job
 from idempotent_jobs.dagster.reconciliation_job import build_reconciliation_job
 from idempotent_jobs.dagster.results import output_metadata
 from idempotent_jobs_tests.dagster_defs import SUMMARY_SPEC, RecordingModel, defs
-from idempotent_jobs_tests.dagster_harness import (
+from idempotent_jobs_tests.helpers import expire_lease, identity
+from idempotent_jobs_tests.ledgers import BothFaces
+from testkit.dagster_harness import (
     DagsterTestEnv,
     dagster_instance,
     launch_partition,
     run_retry_daemon,
     workspace,
 )
-from idempotent_jobs_tests.helpers import expire_lease, identity
-from idempotent_jobs_tests.ledgers import BothFaces
 
 TWICE = "workspace-acme|2026-08-05"
 REOPENED = "workspace-globex|2026-08-05"

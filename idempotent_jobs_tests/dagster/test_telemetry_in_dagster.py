@@ -16,9 +16,9 @@ from idempotent_jobs import ModelAnswer, ModelUsage, RunIdentity
 from idempotent_jobs.core.constants import DATABASE_URL_ENV
 from idempotent_jobs.dagster import IdempotentJobSpec, RunLedgerResource, build_idempotent_job
 from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel, ModelStep, StepContext
-from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
 from idempotent_jobs_tests.ledgers import BothFaces
-from idempotent_jobs_tests.otel import installed, tree
+from testkit.dagster_harness import DagsterTestEnv
+from testkit.otel import installed, tree
 
 
 class Tickets(Collector):

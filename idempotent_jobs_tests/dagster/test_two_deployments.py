@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from psycopg import sql
 
-from idempotent_jobs.dagster.project import dagster_storage_url
+from idempotent_jobs.operator.dagster_home import dagster_storage_url
 from idempotent_jobs_tests import workers
 from idempotent_jobs_tests.conftest import admin_execute, database_conninfo
 from idempotent_jobs_tests.dagster_defs import SUMMARY_SPEC
-from idempotent_jobs_tests.dagster_harness import DagsterTestEnv
 from idempotent_jobs_tests.ledgers import BothFaces
+from testkit.dagster_harness import DagsterTestEnv
 
 pytestmark = [pytest.mark.slow, pytest.mark.dagster_instance]
 

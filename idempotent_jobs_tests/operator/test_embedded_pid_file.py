@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from idempotent_jobs.core.database import DATABASE_URL_ENV
-from idempotent_jobs.dagster.project import HOME_ENV
+from idempotent_jobs.core.project_paths import HOME_ENV
 from idempotent_jobs.operator.cli import main
 
 

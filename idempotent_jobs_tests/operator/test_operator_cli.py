@@ -401,7 +401,7 @@ def test_constants_are_defined_once() -> None:
     from typing import get_args
 
     from idempotent_jobs.core import constants, database, records, settings
-    from idempotent_jobs.dagster import project
+    from idempotent_jobs.core import project_paths as project
 
     assert database.DATABASE_URL_ENV is constants.DATABASE_URL_ENV
     assert vars(project)["DATABASE_URL_ENV"] is constants.DATABASE_URL_ENV

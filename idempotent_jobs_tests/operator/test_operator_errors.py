@@ -14,8 +14,8 @@ from psycopg import sql
 
 from idempotent_jobs import LedgerPermissionError, RunIdentity
 from idempotent_jobs.core.database import ledger_conninfo
-from idempotent_jobs.dagster.project import dagster_storage_url
 from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
+from idempotent_jobs.operator.dagster_home import dagster_storage_url
 from idempotent_jobs.operator.render import escape_controls
 from idempotent_jobs_tests.helpers import claimed, identity
 from idempotent_jobs_tests.ledgers import BothFaces

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from idempotent_jobs.dagster.project import HOME_ENV, project_home, project_root
+from idempotent_jobs.core.project_paths import HOME_ENV, project_home, project_root
 from idempotent_jobs.dagster.resources import JsonLinesChannel
 
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -81,8 +81,8 @@ def test_outside_a_project_nothing_is_started(
 ) -> None:
     """As with a wheel install: no project here or above, no database URL. The command says so
     (exit 2) and starts no server, creates no folder."""
+    from idempotent_jobs.core import project_paths as project_module
     from idempotent_jobs.core.database import DATABASE_URL_ENV
-    from idempotent_jobs.dagster import project as project_module
     from idempotent_jobs.operator.cli import main
 
     monkeypatch.setattr(project_module, "CHECKOUT", tmp_path / "site-packages")
@@ -111,7 +111,7 @@ def test_the_variable_wins_and_commands_pass_it_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from idempotent_jobs.core.database import DATABASE_URL_ENV
-    from idempotent_jobs.dagster.project import DAGSTER_STORAGE_URL_ENV
+    from idempotent_jobs.operator.dagster_home import DAGSTER_STORAGE_URL_ENV
     from idempotent_jobs.operator.embedded import ensure_database_url
 
     monkeypatch.delenv(DAGSTER_STORAGE_URL_ENV, raising=False)  # restored after the test

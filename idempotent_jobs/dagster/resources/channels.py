@@ -11,8 +11,8 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from idempotent_jobs.core.project_paths import project_home
 from idempotent_jobs.core.records import OutboxRecord
-from idempotent_jobs.dagster.project import project_home
 
 
 class NotificationChannel(dg.ConfigurableResource, ABC):  # type: ignore[type-arg]

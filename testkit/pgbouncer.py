@@ -13,13 +13,12 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from idempotent_jobs_tests.system_tools import require
+from testkit.system_tools import require
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -154,10 +153,5 @@ class PgBouncer:
     def __enter__(self) -> "PgBouncer":
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()

@@ -1,44 +1,21 @@
-"""Where this Dagster project keeps its state, and Dagster's storage URL for the ledger's database.
+"""Where a project keeps its local state: its root, found from the working directory, and its
+state folder (``.idempotent_jobs``: the embedded database, Dagster's home, the notifications file).
 
 ``project_root`` finds the project from the working directory, so ``dagster dev``'s processes (which
-run inside DAGSTER_HOME) and a Celery worker started anywhere agree on one folder.
+run inside DAGSTER_HOME), a Celery worker started anywhere and the CLI agree on one folder. Plain
+paths, no Dagster: the operator tools and the notification channel's default file both need them.
 """
 
 import os
 import tomllib
 from pathlib import Path
-from urllib.parse import quote, urlencode
 
-from idempotent_jobs.core.database import DATABASE_URL_ENV, parse_database_url
+from idempotent_jobs.core.database import DATABASE_URL_ENV
 from idempotent_jobs.core.errors import InvalidInputError
 
-DAGSTER_STORAGE_URL_ENV = "IDEMPOTENT_JOBS_DAGSTER_STORAGE_URL"
 HOME_ENV = "IDEMPOTENT_JOBS_HOME"
 # The source checkout this package is in (the folder above ``idempotent_jobs/``).
-CHECKOUT = Path(__file__).resolve().parent.parent.parent
-
-
-def dagster_storage_url(url: str) -> str:
-    """The same database as a ``postgresql+psycopg2://`` URL for dagster-postgres.
-
-    Accepts a URL or a ``key=value`` conninfo string; a Unix-socket host goes in ``?host=``.
-    """
-    params = parse_database_url(url)
-    user = quote(str(params.pop("user", "postgres")), safe="")
-    password = params.pop("password", None)
-    userinfo = f"{user}:{quote(str(password), safe='')}" if password else user
-    host = str(params.pop("host", "") or "")
-    port = params.pop("port", None)
-    dbname = quote(str(params.pop("dbname", "postgres")), safe="")
-    query = {k: str(v) for k, v in params.items()}
-    if host.startswith("/"):
-        query["host"] = host
-        host = ""
-    netloc = f"{userinfo}@{host}" + (f":{port}" if port and host else "")
-    if port and not host:
-        query["port"] = str(port)
-    suffix = f"?{urlencode(query)}" if query else ""
-    return f"postgresql+psycopg2://{netloc}/{dbname}{suffix}"
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 PROJECT_MARKER = "workspace.yaml"
