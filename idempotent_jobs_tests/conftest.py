@@ -17,6 +17,7 @@ from psycopg.conninfo import make_conninfo
 from idempotent_jobs.core.database import DATABASE_URL_ENV
 from idempotent_jobs.core.project_paths import project_home
 from idempotent_jobs.operator.embedded import start_embedded_postgres
+from idempotent_jobs_tests.installed_wheel import install_wheel
 from idempotent_jobs_tests.ledgers import BothFaces
 from testkit.dagster_harness import DagsterTestEnv
 from testkit.pgbouncer import PgBouncer
@@ -59,6 +60,13 @@ def database_conninfo(server_url: str, dbname: str) -> str:
 def admin_execute(server_url: str, statement: sql.Composed) -> None:
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute(statement)
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package's wheel installed with its extras (and ``create-dagster``) into a virtualenv
+    outside the repository, once for every docs test; that venv's ``bin``."""
+    return install_wheel(tmp_path_factory.mktemp("installed-wheel"))
 
 
 @pytest.fixture(scope="session")

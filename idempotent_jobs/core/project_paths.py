@@ -19,7 +19,7 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 PROJECT_MARKER = "workspace.yaml"
-_MARKERS = ("workspace.yaml", "workspace.yml", ".idempotent_jobs")
+_MARKERS = ("workspace.yaml", "workspace.yml", "dg.toml", ".idempotent_jobs")
 
 
 class ProjectNotFoundError(InvalidInputError):
@@ -28,10 +28,10 @@ class ProjectNotFoundError(InvalidInputError):
     def __init__(self, here: Path) -> None:
         super().__init__(
             "project",
-            f"{here} is not inside a Dagster project (no pyproject.toml with [tool.dagster], "
-            "workspace.yaml or .idempotent_jobs/ here or above): run the command in your "
-            f"project, or set {DATABASE_URL_ENV} (the ledger's database) or {HOME_ENV} (the "
-            "folder of the project's embedded database and state)",
+            f"{here} is not inside a Dagster project (no pyproject.toml with [tool.dagster] or "
+            "[tool.dg], dg.toml, workspace.yaml or .idempotent_jobs/ here or above): run the "
+            f"command in your project, or set {DATABASE_URL_ENV} (the ledger's database) or "
+            f"{HOME_ENV} (the folder of the project's embedded database and state)",
         )
 
 
@@ -41,12 +41,13 @@ def _has_dagster_block(pyproject: Path) -> bool:
     except (OSError, tomllib.TOMLDecodeError):
         return False
     tool = config.get("tool", {})
-    return isinstance(tool, dict) and isinstance(tool.get("dagster"), dict)
+    return isinstance(tool, dict) and any(isinstance(tool.get(k), dict) for k in ("dagster", "dg"))
 
 
 def find_project_root(start: Path | None = None) -> Path | None:
     """The nearest folder at or above ``start`` (the working directory) that is a Dagster
-    project: a ``workspace.yaml``, a ``pyproject.toml`` with ``[tool.dagster]``, or this
+    project: a ``workspace.yaml`` or ``dg.toml``, a ``pyproject.toml`` with ``[tool.dagster]``
+    or ``[tool.dg]`` (a ``create-dagster`` project), or this
     package's ``.idempotent_jobs`` state folder. Else the source checkout this package runs from,
     if that is a project (an editable install of this repository); else ``None``."""
     here = (start or Path.cwd()).resolve()

@@ -10,6 +10,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from idempotent_jobs.dagster.component import IdempotentJob
     from idempotent_jobs.dagster.job_factory import build_idempotent_job
     from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
     from idempotent_jobs.dagster.ledger_io import ledger_io_manager
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from idempotent_jobs.dagster.retention_job import build_retention_job
 
 _HOMES = {
+    "IdempotentJob": "component",
     "IdempotentJobSpec": "job_spec",
     "build_idempotent_job": "job_factory",
     "build_reconciliation_job": "reconciliation_job",
@@ -47,6 +49,7 @@ _HOMES = {
 
 __all__ = [
     "Collector",
+    "IdempotentJob",
     "IdempotentJobSpec",
     "JsonLinesChannel",
     "ModelStep",
@@ -66,3 +69,7 @@ def __getattr__(name: str) -> Any:
     if home is None:
         raise AttributeError(f"module 'idempotent_jobs.dagster' has no attribute {name!r}")
     return getattr(import_module(f"idempotent_jobs.dagster.{home}"), name)
+
+
+def __dir__() -> list[str]:  # what `dg list components` looks through
+    return sorted({*globals(), *__all__})

@@ -7,8 +7,14 @@ Where the definitions come from, first match wins:
 2. ``$IDEMPOTENT_JOBS_CODE_LOCATION``: ``module[:attribute]``;
 3. the project the command runs in: the nearest folder at or above the working directory with
    a ``pyproject.toml`` holding ``[tool.dagster]`` (``module_name``, ``attribute``,
-   ``working_directory``), else a ``workspace.yaml``/``workspace.yml`` (its ``python_module``
-   and ``python_file`` entries), as ``dagster dev`` reads them in its own folder.
+   ``working_directory``), else a ``dg`` project or workspace (``create-dagster``'s layout: a
+   ``dg.toml``, else ``[tool.dg]`` in ``pyproject.toml``; a project's
+   ``code_location_target_module``, by default ``<root_module>.definitions``; a workspace's
+   ``[[workspace.projects]]``), else a ``workspace.yaml``/``workspace.yml`` (its
+   ``python_module`` and ``python_file`` entries), as ``dagster dev`` and ``dg`` read them.
+
+A module's definitions are found as Dagster finds them: a ``@dg.definitions`` loader (which
+may build them with ``load_from_defs_folder``), else one ``Definitions`` object.
 
 The jobs, their :class:`IdempotentJobSpec` (which :func:`build_idempotent_job` attached to each
 job) and the channel and model resources all come from the loaded ``Definitions``; nothing is
@@ -20,7 +26,7 @@ import importlib.util
 import os
 import sys
 import tomllib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +34,8 @@ from typing import Any
 
 import dagster as dg
 import yaml
+from dagster.components import load_defs
+from dagster.components.definitions import LazyDefinitions
 
 from idempotent_jobs.core.errors import InvalidInputError, LedgerError
 from idempotent_jobs.core.identity import normalize_text
@@ -39,6 +47,7 @@ from idempotent_jobs.dagster.resources import ModelStep, NotificationChannel
 
 CODE_LOCATION_ENV = "IDEMPOTENT_JOBS_CODE_LOCATION"
 _WORKSPACE_FILES = ("workspace.yaml", "workspace.yml")
+DG_TOML = "dg.toml"
 
 
 class CodeLocationError(InvalidInputError):
@@ -62,6 +71,10 @@ class Target:
     config_file: Path | None = None
     #: The code location's name as configured (``code_location_name``, ``location_name``).
     location_name: str | None = None
+    #: Found through ``dg``'s configuration (a create-dagster project or a dg.toml workspace).
+    dg_project: bool = False
+    #: ``[tool.dg.project] autoload_defs``: ``module`` is the defs module, loaded as a folder.
+    autoload_defs: bool = False
 
     @property
     def dagster_location_name(self) -> str:
@@ -314,6 +327,97 @@ def _pyproject_targets(pyproject: Path) -> list[Target] | None:
     ]
 
 
+def _toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise CodeLocationError(f"{path} cannot be read: {exc}") from None
+
+
+def _dg_config(folder: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The ``dg`` configuration of ``folder`` and the file holding it: ``dg.toml`` (its top
+    level), else ``[tool.dg]`` in ``pyproject.toml``, as ``dg`` reads them (a ``dg.toml``
+    wins); ``None`` when the folder has neither."""
+    dg_toml = folder / DG_TOML
+    if dg_toml.is_file():
+        return dg_toml, _toml(dg_toml)
+    pyproject = folder / "pyproject.toml"
+    if not pyproject.is_file():
+        return None
+    tool = _toml(pyproject).get("tool", {})
+    block = tool.get("dg") if isinstance(tool, dict) else None
+    if block is None:
+        return None
+    if not isinstance(block, dict):
+        raise CodeLocationError(f"{pyproject}: [tool.dg] must be a table, got {block!r}")
+    return pyproject, block
+
+
+def _dg_targets(folder: Path, found_via: Path | None = None) -> list[Target] | None:
+    """The code locations of the ``dg`` project or workspace in ``folder`` (``None``: it is
+    neither). A project's target is its ``code_location_target_module`` (by default
+    ``<root_module>.definitions``), named ``code_location_name`` (by default the folder's
+    name); a workspace's are those of each of its ``[[workspace.projects]]``."""
+    found = _dg_config(folder)
+    if found is None:
+        return None
+    path, config = found
+    where = f"{path}" if path.name == DG_TOML else f"[tool.dg] in {path}"
+    kind = config.get("directory_type")
+    if kind == "workspace":
+        workspace = config.get("workspace") or {}
+        projects = workspace.get("projects") if isinstance(workspace, dict) else None
+        if not isinstance(projects, list) or not projects:
+            raise CodeLocationError(f"{where}: the workspace lists no [[workspace.projects]]")
+        targets: list[Target] = []
+        for number, entry in enumerate(projects, start=1):
+            relative = entry.get("path") if isinstance(entry, dict) else None
+            if not isinstance(relative, str) or not relative:
+                raise CodeLocationError(f"{where}: workspace.projects[{number}] has no path")
+            project_folder = (folder / relative).resolve()
+            found_project = _dg_targets(project_folder, found_via=path)
+            if not found_project:
+                raise CodeLocationError(
+                    f"{where}: workspace.projects[{number}] {relative} is not a dg project "
+                    f"(no {DG_TOML} or [tool.dg] in {project_folder})"
+                )
+            targets += found_project
+        return targets
+    if kind != "project":
+        raise CodeLocationError(
+            f"{where}: directory_type must be 'project' or 'workspace', got {kind!r}"
+        )
+    project = config.get("project")
+    if not isinstance(project, dict):
+        raise CodeLocationError(f"{where}: a project needs a [project] table with root_module")
+    root_module = _text_setting(project, "root_module", f"{where} [project]")
+    if not root_module:
+        raise CodeLocationError(f"{where}: [project] names no root_module")
+    module = _text_setting(project, "code_location_target_module", f"{where} [project]")
+    name = _text_setting(project, "code_location_name", f"{where} [project]")
+    autoload = project.get("autoload_defs") is True
+    if autoload:  # no definitions module: the defs folder is the code location
+        module = _text_setting(project, "defs_module", f"{where} [project]")
+        module = module or f"{root_module}.defs"
+    # create-dagster puts the package under src/; dg imports it from the project's venv, where
+    # it is installed: from src/ too, so a project not installed (yet) loads the same.
+    source = folder / "src"
+    package = Path(*root_module.split("."))
+    in_src = (source / package).is_dir() or (source / package).with_suffix(".py").is_file()
+    via = f" (listed in {found_via})" if found_via else ""
+    return [
+        Target(
+            module=module or f"{root_module}.definitions",
+            location_name=name or folder.name,
+            working_directory=source if in_src else folder,
+            found_in=f"from {where}{via}",
+            config_file=path,
+            dg_project=True,
+            autoload_defs=autoload,
+        )
+    ]
+
+
 def _text_setting(table: dict[str, Any], key: str, where: str) -> str | None:
     """``table[key]`` if it is a string (or absent: ``None``); else a one-line error."""
     value = table.get(key)
@@ -425,14 +529,18 @@ def find_targets(
             targets = _pyproject_targets(pyproject)
             if targets:
                 return targets
+        targets = _dg_targets(folder)
+        if targets:
+            return targets
         for name in _WORKSPACE_FILES:
             if (folder / name).is_file():
                 return _workspace_targets(folder / name)
     raise CodeLocationError(
         f"no Dagster code location found from {here}: pass -m <module> (or -f <file>, "
         f"-w <workspace.yaml>) before the command, set {CODE_LOCATION_ENV}=module[:attribute], "
-        "or run it in a project whose pyproject.toml has [tool.dagster] module_name or that "
-        "has a workspace.yaml"
+        "or run it in a project whose pyproject.toml has [tool.dagster] module_name, in a "
+        "create-dagster project or workspace ([tool.dg] or dg.toml), or in one with a "
+        "workspace.yaml"
     )
 
 
@@ -476,28 +584,64 @@ def _import_module(target: Target) -> Any:
 
 
 def _definitions(module: Any, target: Target) -> dg.Definitions:
+    """The module's definitions, found as Dagster finds them: the attribute named, else a
+    ``@dg.definitions`` loader (called: it may load a defs folder), else one ``Definitions``."""
     if target.attribute:
         value = getattr(module, target.attribute, None)
+        if isinstance(value, LazyDefinitions):
+            value = _loaded(value, target, f"the @dg.definitions loader {target.attribute}")
         if not isinstance(value, dg.Definitions):
             raise CodeLocationError(
                 f"{target.describe()}: {target.attribute!r} is not a dagster Definitions"
             )
         return value
-    found = {k: v for k, v in vars(module).items() if isinstance(v, dg.Definitions)}
+    members = vars(module).items()
+    loaders = {k: v for k, v in members if isinstance(v, LazyDefinitions)}
+    if len(loaders) > 1:
+        raise CodeLocationError(
+            f"{target.describe()} has several @dg.definitions loaders "
+            f"({', '.join(sorted(loaders))}): say which with -a/--attribute"
+        )
+    if loaders:
+        [(name, loader)] = loaders.items()
+        loaded = _loaded(loader, target, f"the @dg.definitions loader {name}")
+        if not isinstance(loaded, dg.Definitions):
+            raise CodeLocationError(f"{target.describe()}: its loader returned no Definitions")
+        return loaded
+    found = {k: v for k, v in members if isinstance(v, dg.Definitions)}
     if len(found) == 1:
         return next(iter(found.values()))
     if not found:
-        raise CodeLocationError(f"{target.describe()} defines no dagster Definitions")
+        raise CodeLocationError(
+            f"{target.describe()} defines no dagster Definitions (nor a @dg.definitions loader)"
+        )
     raise CodeLocationError(
         f"{target.describe()} defines several Definitions ({', '.join(sorted(found))}): "
         "say which with -a/--attribute"
     )
 
 
+def _loaded(load: Callable[[], Any], target: Target, what: str) -> Any:
+    """What ``load`` returns (a ``@dg.definitions`` loader, a defs folder: components are built
+    here); a failure is one :class:`CodeLocationError` naming ``what`` failed."""
+    try:
+        with redirect_stdout(sys.stderr):
+            return load()
+    except Exception as exc:
+        raise CodeLocationError(
+            f"{target.describe()}: {what} failed: "
+            f"{type(exc).__name__}: {describe_resource_error(exc)}"
+        ) from None
+
+
 def load_location(target: Target) -> CodeLocation:
     """Import the target and collect the idempotent job specs of its jobs; definitions Dagster
     refuses (two jobs of one name, a resource missing) are one :class:`CodeLocationError`."""
-    defs = _definitions(_import(target), target)
+    module = _import(target)
+    if target.autoload_defs:
+        defs = _loaded(lambda: load_defs(module), target, "its defs folder")
+    else:
+        defs = _definitions(module, target)
     try:
         with redirect_stdout(sys.stderr):
             repository = defs.get_repository_def()

@@ -7,10 +7,12 @@ import sys
 from pathlib import Path
 from types import FrameType
 
+import yaml
+
 from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.database import DATABASE_URL_ENV
 from idempotent_jobs.core.project_paths import project_home
-from idempotent_jobs.operator.code_location import find_targets
+from idempotent_jobs.operator.code_location import Target, find_targets
 from idempotent_jobs.operator.dagster_home import prepare_dagster_home
 from idempotent_jobs.operator.embedded import ensure_database_url, stop_embedded_postgres
 
@@ -21,12 +23,15 @@ def _dagster_dev_target(
     """``dagster dev``'s target arguments and working directory for the code location the CLI
     would load (checked here first, so a project without one hears it before anything starts):
     a project's own ``[tool.dagster]`` is read by ``dagster dev`` itself in that folder, a
+    create-dagster project's locations go in a workspace file named as ``dg`` names them, a
     workspace file is passed on, and ``-m``/``-f``/``$IDEMPOTENT_JOBS_CODE_LOCATION`` become
     ``-m``/``-f`` with ``-a`` and ``-d``."""
     targets = find_targets(
         module=module, python_file=python_file, attribute=attribute, workspace=workspace
     )
     first = targets[0]
+    if first.dg_project and not any(t.autoload_defs for t in targets):
+        return ["-w", str(_dg_workspace_file(targets))], None
     if first.config_file is not None and first.config_file.name == "pyproject.toml":
         return [], first.config_file.parent
     if first.config_file is not None:
@@ -35,6 +40,26 @@ def _dagster_dev_target(
     args += ["-a", first.attribute] if first.attribute else []
     args += ["-d", str(first.working_directory)] if first.working_directory else []
     return args, None
+
+
+def _dg_workspace_file(targets: list[Target]) -> Path:
+    """A workspace file for ``dagster dev`` naming each code location of a create-dagster
+    project (or dg.toml workspace) as ``dg`` names it (``code_location_name``, by default the
+    project's folder), so runs launched by ``idempotent-jobs launch`` show under it."""
+    entries = [
+        {
+            "python_module": {
+                "module_name": t.module,
+                "working_directory": str(t.working_directory),
+                "location_name": t.dagster_location_name,
+            }
+        }
+        for t in targets
+    ]
+    path = project_home() / "dg-workspace.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({"load_from": entries}, sort_keys=False), encoding="utf-8")
+    return path
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

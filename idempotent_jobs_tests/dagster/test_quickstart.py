@@ -11,8 +11,6 @@ once under the ``:r1`` key, and the user's ``dagster.yaml`` unchanged.
 import re
 import shlex
 import subprocess
-import sys
-import venv
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,11 +22,11 @@ from psycopg.conninfo import make_conninfo
 from idempotent_jobs.operator.dagster_home import dagster_storage_url
 from idempotent_jobs_tests.chaos.parts import Receiver
 from idempotent_jobs_tests.helpers import JsonApi
+from idempotent_jobs_tests.installed_wheel import CHECKOUT
 from idempotent_jobs_tests.ledgers import BothFaces
 
 pytestmark = [pytest.mark.dagster_instance]
 
-CHECKOUT = Path(__file__).resolve().parents[2]
 DOC = CHECKOUT / "docs" / "your-own-job.md"
 BLOCK = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 LEADS = [{"id": 1, "note": "asked for a quote today"}, {"id": 2, "note": "just browsing"}]
@@ -37,47 +35,6 @@ LEADS = [{"id": 1, "note": "asked for a quote today"}, {"id": 2, "note": "just b
 def blocks(text: str) -> list[tuple[str, str, str]]:
     """(language, info after it, body) of every fenced block, in order."""
     return [(lang, info.strip(), body) for lang, info, body in BLOCK.findall(text)]
-
-
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The package built as a wheel and installed with its extras into a new virtualenv."""
-    root = tmp_path_factory.mktemp("quickstart-install")
-    wheels = root / "dist"
-    built = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--quiet",
-            "--no-deps",
-            "-w",
-            str(wheels),
-            str(CHECKOUT),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert built.returncode == 0, built.stderr[-2000:]
-    [wheel] = wheels.glob("idempotent_jobs-*.whl")
-    home = root / "venv"
-    venv.create(home, with_pip=True)
-    install = subprocess.run(
-        [
-            home / "bin" / "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            f"{wheel}[dagster,embedded]",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert install.returncode == 0, install.stderr[-2000:]
-    return home / "bin"
 
 
 @pytest.fixture
@@ -100,7 +57,9 @@ def test_the_quickstart_runs_as_written(
     api, receiver = servers
     project = tmp_path / "leads"
     parts = blocks(DOC.read_text(encoding="utf-8"))
-    files = {info.removeprefix("file="): body for _, info, body in parts if "file=" in info}
+    files = {
+        info.removeprefix("file="): body for _, info, body in parts if info.startswith("file=")
+    }
     assert set(files) >= {"pyproject.toml", "leads/definitions.py"}
     for name, body in files.items():
         (project / name).parent.mkdir(parents=True, exist_ok=True)

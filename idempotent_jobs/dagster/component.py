@@ -1,0 +1,295 @@
+"""An idempotent job as a Dagster component: a ``defs.yaml`` that ``dg`` scaffolds, checks and
+serves, building what :func:`build_idempotent_job` builds from Python.
+
+``dg scaffold defs idempotent_jobs.dagster.IdempotentJob churn_alerts`` writes
+``defs/churn_alerts/defs.yaml`` and ``defs/churn_alerts/steps.py`` (the collector, model step,
+validator and payload builder: the code a job needs). The YAML names the job's identity, its
+partitions, its steps and channels; ``dg check defs`` refuses a wrong field naming it, and the
+component builds the partitioned job, its schedule and its resources.
+
+References to code are import paths (``package.module.Name``); one starting with a dot is
+relative to the component's own folder (``.steps.ChurnCollector``). A resource setting written
+``{env: NAME}`` is read from the environment when the resource is built (a ``dg.EnvVar``): a
+secret is never written into the definitions.
+"""
+
+import importlib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import dagster as dg
+import yaml
+from pydantic import Field, field_validator
+
+from idempotent_jobs.core.budgets import TokenBudget
+from idempotent_jobs.core.errors import InvalidInputError
+from idempotent_jobs.core.retention import PARTS, RetentionPolicy
+from idempotent_jobs.dagster.job_factory import build_idempotent_job
+from idempotent_jobs.dagster.job_spec import IdempotentJobSpec, default_payload, default_validate
+from idempotent_jobs.dagster.ledger_io import ledger_io_manager
+from idempotent_jobs.dagster.resource import RunLedgerResource
+from idempotent_jobs.dagster.resources import Collector, ModelStep, NotificationChannel
+
+#: The package's own resources, named without a module in ``type``.
+BUILT_IN = "idempotent_jobs.dagster"
+_WINDOWS: Mapping[str, Callable[..., dg.TimeWindowPartitionsDefinition]] = {
+    "hour": dg.HourlyPartitionsDefinition,
+    "day": dg.DailyPartitionsDefinition,
+    "week": dg.WeeklyPartitionsDefinition,
+    "month": dg.MonthlyPartitionsDefinition,
+}
+
+
+class ResourceDecl(dg.Model):
+    """One resource: its class (an import path; a bare name is one of this package's, such as
+    ``WebhookChannel``) and its settings (``{env: NAME}``: read from the environment)."""
+
+    type: str = Field(description="import path of the resource class, e.g. .steps.MyCollector")
+    config: dict[str, Any] = Field(default_factory=dict, description="the resource's settings")
+
+
+class WindowDecl(dg.Model):
+    """The time dimension of the partitions: one partition per ``every`` from ``start``."""
+
+    start: str = Field(description="the first window, e.g. 2026-11-01 (hours: 2026-11-01-00:00)")
+    every: Literal["hour", "day", "week", "month"] = "day"
+    timezone: str = Field(default="UTC", description="the windows' time zone (run ids are UTC)")
+
+
+class BudgetDecl(dg.Model):
+    """Tokens per UTC day the job's model calls may spend, decided in the ledger."""
+
+    tokens_per_day: int | None = None
+    tokens_per_subject_per_day: int | None = None
+
+
+class IdempotentJob(dg.Component, dg.Model, dg.Resolvable):
+    """A scheduled AI job run at most once per partition (time window x subject): one run
+    record, one accepted answer, each notification sent once. Builds the partitioned job, its
+    schedule and its resources (the ledger, the collector, the model step, the channels)."""
+
+    name: str = Field(description="the Dagster job's name")
+    identity_job_name: str = Field(description="the ledger's job name, part of every run id")
+    version: str = Field(description="part of every run id: change it to recompute on purpose")
+    window: WindowDecl
+    subjects: list[str] = Field(min_length=1, description="the subject partitions")
+    prompt: str = Field(default="", description="the job's instructions to the model step")
+    collector: ResourceDecl
+    model_step: ResourceDecl
+    validator: str | None = Field(
+        default=None,
+        description="import path of the validator: (output) -> bool; default: a summary",
+    )
+    payload: str | None = Field(
+        default=None, description="import path of (identity, output) -> notification payload"
+    )
+    channels: dict[str, ResourceDecl] = Field(
+        default_factory=dict, description="notification channels by resource key"
+    )
+    ledger: dict[str, Any] = Field(
+        default_factory=lambda: {"database_url": {"env": "IDEMPOTENT_JOBS_DATABASE_URL"}},
+        description="RunLedgerResource settings (default: $IDEMPOTENT_JOBS_DATABASE_URL)",
+    )
+    budget: BudgetDecl | None = None
+    retention_days: dict[str, float | None] = Field(
+        default_factory=dict, description=f"days kept per part ({', '.join(PARTS)})"
+    )
+    lease_seconds: float = Field(default=300.0, gt=0)
+    wait_seconds: float | None = Field(default=None, ge=0)
+    step_storage: Literal["dagster", "ledger"] = Field(
+        default="dagster",
+        description="where the ops hand each other their tickets: Dagster's IO manager, or the "
+        "ledger (steps that share no storage, such as a pod per step)",
+    )
+    lane: Literal["online"] = Field(default="online", description="how the model is called")
+    description: str = ""
+
+    @field_validator("retention_days")
+    @classmethod
+    def _known_parts(cls, days: dict[str, float | None]) -> dict[str, float | None]:
+        unknown = sorted(set(days) - set(PARTS))
+        if unknown:
+            raise ValueError(f"{unknown[0]!r} is not one of {', '.join(PARTS)}")
+        return days
+
+    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        where = f"component {self.name!r} ({context.path})"
+        refs = _References(context, where)
+        collector_key, model_key = f"{self.name}_collector", f"{self.name}_model"
+        resources: dict[str, Any] = {
+            "ledger": RunLedgerResource(**_settings(self.ledger)),
+            collector_key: refs.resource("collector", self.collector, Collector),
+            model_key: refs.resource("model_step", self.model_step, ModelStep),
+        }
+        for key, channel in self.channels.items():
+            resources[key] = refs.resource(f"channels.{key}", channel, NotificationChannel)
+        io_manager_key = "io_manager"
+        if self.step_storage == "ledger":
+            io_manager_key = "ledger_io_manager"
+            resources[io_manager_key] = ledger_io_manager
+        try:
+            spec = IdempotentJobSpec(
+                name=self.name,
+                identity_job_name=self.identity_job_name,
+                version=self.version,
+                window=_WINDOWS[self.window.every](
+                    start_date=self.window.start, timezone=self.window.timezone
+                ),
+                subjects=self.subjects,
+                prompt=self.prompt,
+                collector=collector_key,
+                model=model_key,
+                validate=refs.function("validator", self.validator, default_validate),
+                payload=refs.function("payload", self.payload, default_payload),
+                channels=tuple(self.channels),
+                lease_seconds=self.lease_seconds,
+                wait_seconds=self.wait_seconds,
+                description=self.description,
+                retention=RetentionPolicy.of_days(**self.retention_days),
+                budget=TokenBudget(**self.budget.model_dump()) if self.budget else None,
+            )
+        except (InvalidInputError, dg.DagsterInvalidDefinitionError, ValueError) as exc:
+            raise InvalidInputError(where, str(exc)) from None
+        job, schedule = build_idempotent_job(spec, io_manager_key=io_manager_key)
+        return dg.Definitions(jobs=[job], schedules=[schedule], resources=resources)
+
+
+class _References:
+    """Import paths of the component's YAML, resolved (a leading dot: its own folder)."""
+
+    def __init__(self, context: dg.ComponentLoadContext, where: str) -> None:
+        self.context = context
+        self.where = where
+
+    def load(self, field: str, path: str) -> Any:
+        if path.startswith("."):
+            path = self.context.defs_relative_module_name(self.context.path) + path
+        elif "." not in path:
+            path = f"{BUILT_IN}.{path}"
+        module_name, _, name = path.rpartition(".")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise InvalidInputError(
+                f"{self.where}: {field}", f"cannot import {module_name!r}: {exc}"
+            ) from None
+        found = getattr(module, name, None)
+        if found is None:
+            raise InvalidInputError(f"{self.where}: {field}", f"{module_name} has no {name!r}")
+        return found
+
+    def resource(self, field: str, decl: ResourceDecl, kind: type[Any]) -> Any:
+        cls = self.load(f"{field}.type", decl.type)
+        if not (isinstance(cls, type) and issubclass(cls, kind)):
+            raise InvalidInputError(
+                f"{self.where}: {field}.type", f"{decl.type} is not a {kind.__name__} class"
+            )
+        try:
+            return cls(**_settings(decl.config))
+        except Exception as exc:  # pydantic names the setting
+            raise InvalidInputError(f"{self.where}: {field}.config", str(exc)) from None
+
+    def function(
+        self, field: str, path: str | None, default: Callable[..., Any]
+    ) -> Callable[..., Any]:
+        if path is None:
+            return default
+        found = self.load(field, path)
+        if not callable(found):
+            raise InvalidInputError(f"{self.where}: {field}", f"{path} is not callable")
+        return found  # type: ignore[no-any-return]
+
+
+def _settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Resource settings, with ``{env: NAME}`` as a ``dg.EnvVar`` (read when the resource is
+    built, never stored in the definitions)."""
+    return {key: _setting(value) for key, value in config.items()}
+
+
+def _setting(value: Any) -> Any:
+    if isinstance(value, Mapping) and set(value) == {"env"} and isinstance(value["env"], str):
+        return dg.EnvVar(value["env"])
+    if isinstance(value, Mapping):
+        return {k: _setting(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_setting(v) for v in value]
+    return value
+
+
+# -- scaffolding ----------------------------------------------------------------------------
+
+STEPS_TEMPLATE = '''\
+"""The code of the {name} job: the collector, the model step, the validator and the payload
+builder its defs.yaml names. Replace the bodies with your own."""
+
+from typing import Any
+
+from idempotent_jobs import ModelAnswer, ModelUsage, RunIdentity
+from idempotent_jobs.dagster import Collector, ModelStep, StepContext
+
+
+class Source(Collector):
+    """Gathers one partition's input (called once per logical run: it is checkpointed)."""
+
+    def collect(self, identity: RunIdentity) -> dict[str, Any]:
+        return {{"subject": identity.subject_id, "day": str(identity.scheduled_at.date())}}
+
+
+class Model(ModelStep):
+    """The model call: call your provider here, or use OpenAICompatibleModel in defs.yaml."""
+
+    @property
+    def model_name(self) -> str:
+        return "template-model"
+
+    def generate(self, raw_input: dict[str, Any], context: StepContext) -> ModelAnswer:
+        summary = f"{{context.instructions}} {{raw_input['subject']}} {{raw_input['day']}}"
+        return ModelAnswer({{"summary": summary}}, ModelUsage(self.model_name, 10, 5))
+
+
+def valid(output: dict[str, Any]) -> bool:
+    """False (or an exception) refuses the answer; the attempt is retried."""
+    return bool(output.get("summary"))
+
+
+def payload(identity: RunIdentity, output: dict[str, Any]) -> dict[str, Any]:
+    """What each channel receives for an accepted answer."""
+    return {{"subject": identity.subject_id, "window_start": identity.scheduled_at.isoformat(),
+            **output}}
+'''
+
+
+class IdempotentJobScaffolder(dg.Scaffolder):
+    """Writes ``defs.yaml`` (every field, with the defaults spelled out) and ``steps.py``."""
+
+    def scaffold(self, request: dg.ScaffoldRequest[Any]) -> None:
+        folder = Path(request.target_path)
+        folder.mkdir(parents=True, exist_ok=True)
+        name = folder.name
+        attributes = {
+            "name": name,
+            "identity_job_name": name.replace("_", "-"),
+            "version": "v1",
+            "window": {"start": "2026-11-01", "every": "day"},
+            "subjects": ["first-subject", "second-subject"],
+            "prompt": f"Summarise {name} for",
+            "collector": {"type": ".steps.Source"},
+            "model_step": {"type": ".steps.Model"},
+            "validator": ".steps.valid",
+            "payload": ".steps.payload",
+            "channels": {f"{name}_file": {"type": "JsonLinesChannel"}},
+            "ledger": {"database_url": {"env": "IDEMPOTENT_JOBS_DATABASE_URL"}},
+        }
+        document = {"type": request.type_name, "attributes": attributes}
+        (folder / "defs.yaml").write_text(
+            yaml.safe_dump(document, sort_keys=False), encoding="utf-8"
+        )
+        steps = folder / "steps.py"
+        if not steps.exists():
+            steps.write_text(STEPS_TEMPLATE.format(name=name), encoding="utf-8")
+
+
+dg.scaffold_with(IdempotentJobScaffolder)(IdempotentJob)
+
+__all__ = ["IdempotentJob", "IdempotentJobScaffolder"]

@@ -1,0 +1,208 @@
+"""The CLI finds a create-dagster project and a dg.toml workspace by itself, as `dg` does, and
+loads their definitions as Dagster does: a ``@dg.definitions`` loader over a defs folder holding
+the package's component. Projects are written here in create-dagster's layout, outside the
+repository (the whole path, with `create-dagster` and `dg` themselves, is test_create_dagster)."""
+
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from idempotent_jobs.operator.cli import main
+from idempotent_jobs.operator.code_location import CodeLocationError, find_targets, load_workspace
+from idempotent_jobs_tests.ledgers import BothFaces
+
+DEFINITIONS = """\
+from pathlib import Path
+
+from dagster import definitions, load_from_defs_folder
+
+
+@definitions
+def defs():
+    return load_from_defs_folder(path_within_project=Path(__file__).parent)
+"""
+
+STEPS = """\
+from idempotent_jobs import ModelAnswer, ModelUsage
+from idempotent_jobs.dagster import Collector, ModelStep
+
+
+class Source(Collector):
+    def collect(self, identity):
+        return {"subject": identity.subject_id}
+
+
+class Model(ModelStep):
+    @property
+    def model_name(self):
+        return "template-model"
+
+    def generate(self, raw_input, context):
+        return ModelAnswer({"summary": raw_input["subject"]}, ModelUsage(self.model_name, 3, 1))
+"""
+
+DEFS_YAML = """\
+type: idempotent_jobs.dagster.IdempotentJob
+attributes:
+  name: {job}
+  identity_job_name: {job_id}
+  version: v1
+  window: {{start: "2026-11-01", every: day}}
+  subjects: [north, south]
+  collector: {{type: .steps.Source}}
+  model_step: {{type: .steps.Model}}
+  channels:
+    {job}_file: {{type: JsonLinesChannel, config: {{path: {notifications}}}}}
+"""
+
+
+def write_project(folder: Path, job: str) -> str:
+    """A create-dagster project in ``folder`` with one IdempotentJob component; its module."""
+    package = f"dgproj_{uuid.uuid4().hex[:8]}"
+    (folder / "src" / package / "defs" / job).mkdir(parents=True)
+    (folder / "pyproject.toml").write_text(
+        f'[project]\nname = "{folder.name}"\nversion = "0.1.0"\n\n'
+        f'[tool.dg]\ndirectory_type = "project"\n\n[tool.dg.project]\nroot_module = "{package}"\n'
+    )
+    source = folder / "src" / package
+    (source / "__init__.py").write_text("")
+    (source / "definitions.py").write_text(DEFINITIONS)
+    (source / "defs" / "__init__.py").write_text("")
+    (source / "defs" / job / "steps.py").write_text(STEPS)
+    notifications = folder / "notifications.jsonl"
+    (source / "defs" / job / "defs.yaml").write_text(
+        DEFS_YAML.format(job=job, job_id=job.replace("_", "-"), notifications=notifications)
+    )
+    return package
+
+
+@pytest.fixture
+def clean_modules() -> Iterator[None]:
+    """The projects' packages are imported from their src/ folders: forgotten afterwards."""
+    before, path = set(sys.modules), list(sys.path)
+    yield
+    for name in set(sys.modules) - before:
+        if name.startswith("dgproj_"):
+            del sys.modules[name]
+    sys.path[:] = path
+
+
+def test_a_create_dagster_project_is_found_and_its_component_loaded(
+    tmp_path: Path, clean_modules: None
+) -> None:
+    project = tmp_path / "churn-alerts"
+    package = write_project(project, "churn_alerts")
+    inside = project / "src" / package / "defs"
+    [target] = find_targets(start=inside)
+    assert target.module == f"{package}.definitions"
+    assert target.dagster_location_name == "churn-alerts"  # dg's default: the folder's name
+    assert target.working_directory == project / "src"
+    assert "[tool.dg]" in target.found_in
+    workspace = load_workspace(start=inside)
+    [spec] = workspace.specs
+    assert (spec.name, spec.identity_job_name, spec.version) == (
+        "churn_alerts",
+        "churn-alerts",
+        "v1",
+    )
+    assert list(spec.subjects) == ["north", "south"]
+    assert spec.collector == "churn_alerts_collector" and spec.channels == ("churn_alerts_file",)
+    resources = workspace.locations[0].resources
+    assert {"ledger", "churn_alerts_collector", "churn_alerts_model"} <= set(resources)
+
+
+def test_a_dg_workspace_lists_its_projects_and_the_nearest_folder_wins(
+    tmp_path: Path, clean_modules: None
+) -> None:
+    root = tmp_path / "analytics"
+    first = write_project(root / "projects" / "alerts", "alerts")
+    second = write_project(root / "projects" / "digests", "digests")
+    (root / "dg.toml").write_text(
+        'directory_type = "workspace"\n\n[workspace]\n\n'
+        '[[workspace.projects]]\npath = "projects/alerts"\n\n'
+        '[[workspace.projects]]\npath = "projects/digests"\n'
+    )
+    targets = find_targets(start=root)
+    assert [t.module for t in targets] == [f"{first}.definitions", f"{second}.definitions"]
+    assert all("dg.toml" in t.found_in for t in targets)
+    workspace = load_workspace(start=root)
+    assert sorted(s.name for s in workspace.specs) == ["alerts", "digests"]
+    # Inside one project, that project alone (as dg does).
+    [only] = find_targets(start=root / "projects" / "digests")
+    assert only.module == f"{second}.definitions"
+
+
+def test_a_broken_dg_configuration_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "pyproject.toml").write_text('[tool.dg]\ndirectory_type = "project"\n')
+    with pytest.raises(CodeLocationError, match=r"\[tool.dg\] in .*pyproject.toml.*root_module"):
+        find_targets(start=folder)
+    (folder / "dg.toml").write_text(
+        'directory_type = "workspace"\n[workspace]\n[[workspace.projects]]\npath = "nowhere"\n'
+    )
+    with pytest.raises(CodeLocationError, match=r"dg.toml: workspace.projects\[1\] nowhere"):
+        find_targets(start=folder)
+    (folder / "dg.toml").write_text('directory_type = "library"\n')
+    with pytest.raises(CodeLocationError, match="directory_type must be 'project' or 'workspace'"):
+        find_targets(start=folder)
+
+
+def test_every_command_works_in_a_create_dagster_project(
+    tmp_path: Path,
+    database: str,
+    clean_modules: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    project = tmp_path / "alerts-project"
+    write_project(project, "alerts")
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("IDEMPOTENT_JOBS_DATABASE_URL", database)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    (tmp_path / "dagster_home").mkdir()
+    for argv in (
+        ["launch", "--job", "alerts", "north|2026-11-02", "south|2026-11-02"],
+        ["launch", "--job", "alerts", "north|2026-11-02"],
+        ["runs", "list", "--job", "alerts"],
+        ["outbox", "deliver"],
+        ["reconcile", "--job", "alerts"],
+        ["estimate", "--job", "alerts", "--from", "2026-11-01", "--to", "2026-11-03"],
+    ):
+        code = main(argv)
+        out = capsys.readouterr()
+        assert code == 0, f"{argv}\n{out.out}\n{out.err}"
+    with BothFaces(database) as ledger:
+        runs = ledger.list_runs(job_name="alerts")
+        assert sorted(r.subject_id for r in runs) == ["north", "south"]
+        assert all(len(ledger.model_calls(r.run_id)) == 1 for r in runs)
+    lines = (project / "notifications.jsonl").read_text().splitlines()
+    assert len(lines) == 2  # one notification per partition
+
+
+def test_dev_serves_a_create_dagster_project_under_dgs_location_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`idempotent-jobs dev` hands `dagster dev` a workspace naming each location as `dg` does,
+    the name `launch` tags its runs with."""
+    import yaml
+
+    from idempotent_jobs.core.project_paths import HOME_ENV
+    from idempotent_jobs.operator.dev import _dagster_dev_target
+
+    project = tmp_path / "churn-alerts"
+    package = write_project(project, "churn_alerts")
+    monkeypatch.delenv(HOME_ENV, raising=False)
+    monkeypatch.chdir(project)
+    args, folder = _dagster_dev_target(None, None, None, None)
+    assert args[0] == "-w" and folder is None
+    [entry] = yaml.safe_load(Path(args[1]).read_text())["load_from"]
+    assert entry["python_module"] == {
+        "module_name": f"{package}.definitions",
+        "working_directory": str(project / "src"),
+        "location_name": "churn-alerts",
+    }
+    assert Path(args[1]).parent == project / ".idempotent_jobs"
