@@ -2,7 +2,14 @@
 each external side effect once, whatever the scheduler, the network or the workers do."""
 
 from importlib import import_module
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _distribution_version
 from typing import TYPE_CHECKING, Any
+
+try:  # the installed distribution's version: pyproject.toml's, the one source of it
+    __version__ = _distribution_version("idempotent-jobs")
+except PackageNotFoundError:  # imported from a checkout that was never installed
+    __version__ = "0+unknown"
 
 if TYPE_CHECKING:
     from idempotent_jobs.core.admin import LedgerAdmin

@@ -37,6 +37,7 @@ from idempotent_jobs.core.records import (
     StoredTable,
 )
 from idempotent_jobs.core.rows import record_row
+from idempotent_jobs.core.schema import AppliedMigration
 from idempotent_jobs.core.upgrade import MigrationReport
 
 
@@ -69,6 +70,11 @@ class LedgerAdmin(LedgerFace):
         """The connected role's name, and what it lacks of the privileges workers need
         (``PRIVILEGE on schema.table``; empty when it has them all)."""
         return self._db.privileges()
+
+    def migrations_ahead(self) -> list[AppliedMigration]:
+        """The applied migrations this code does not ship (a later release's: the mixed window
+        of a rolling upgrade, while workers of this release still run)."""
+        return self._db.migrations_ahead()
 
     # -- reads -------------------------------------------------------------------------------
 

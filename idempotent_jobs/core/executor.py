@@ -30,7 +30,12 @@ from idempotent_jobs.core.errors import (
 )
 from idempotent_jobs.core.grants import missing_privileges, reader_role, worker_role
 from idempotent_jobs.core.json_values import read_json
-from idempotent_jobs.core.schema import check_schema_name, verify_migrations
+from idempotent_jobs.core.schema import (
+    AppliedMigration,
+    check_schema_name,
+    newer_than_code,
+    verify_migrations,
+)
 from idempotent_jobs.core.settings import LedgerSettings
 from idempotent_jobs.core.sql import Face, statement
 from idempotent_jobs.core.upgrade import MigrationReport, upgrade
@@ -50,6 +55,11 @@ def permission_error(
         "until migrate runs; `idempotent-jobs doctor` names what is missing. Migrate itself "
         "needs CREATE on the database, or the schema's owner"
     )
+
+
+def stale_plan(exc: psycopg.Error) -> bool:
+    """Whether PostgreSQL refused a prepared statement whose tables a migration changed."""
+    return "cached plan must not change result type" in str(exc)
 
 
 def configure_connection(conn: psycopg.Connection) -> None:
@@ -245,6 +255,15 @@ class Executor:
             except psycopg.Error as exc:
                 raise self.connection_error("check the role's privileges", exc) from None
 
+    def migrations_ahead(self) -> list[AppliedMigration]:
+        """The applied migrations this code does not ship: a later release migrated the ledger
+        (its workers and this code's share it while every such migration is additive)."""
+        with self.connect("connect to read the ledger's migrations") as conn:
+            try:
+                return newer_than_code(conn, self.schema)
+            except psycopg.Error as exc:
+                raise self.connection_error("read the ledger's migrations", exc) from None
+
     # -- statements --------------------------------------------------------------------------
 
     def query(self, name: str) -> LiteralString:
@@ -286,7 +305,16 @@ class Executor:
                 with pool.connection() as conn, conn.cursor(row_factory=row_factory) as cur:
                     if not self._own_pool:
                         configure_connection(conn)
-                    cur.execute(query, params)
+                    try:
+                        cur.execute(query, params)
+                    except psycopg.errors.FeatureNotSupported as exc:
+                        if not stale_plan(exc):
+                            raise
+                        # A migrate changed a table under this connection's prepared statement
+                        # (an added column): forget its plans and prepare afresh, once. The
+                        # refused statement did nothing (it failed before executing).
+                        conn.execute("DEALLOCATE ALL")
+                        cur.execute(query, params)
                     return cur.fetchall()
             except psycopg.errors.UniqueViolation as exc:
                 if exc.diag.constraint_name == "runs_identity_key":

@@ -6,6 +6,7 @@ from typing import Literal
 
 from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.costs import JobSpend
+from idempotent_jobs.core.schema import code_version
 
 Severity = Literal["info", "problem"]
 
@@ -110,7 +111,18 @@ def ledger_findings(
         )
         for d in admin.drills()
     ]
+    ahead = [
+        Finding(
+            "schema_ahead",
+            "info",
+            f"migration {m.label} ({m.change}) is applied and this code ({code_version()}) does "
+            "not ship it: a later release migrated the ledger, and workers of this one run on "
+            "it meanwhile; the mixed window is over when every worker runs that release",
+        )
+        for m in admin.migrations_ahead()
+    ]
     return [
+        *ahead,
         *drills,
         *budget_findings(admin.spend_by_job()),
         *_bounded("expired_lease", expired, "`runs list --status running`"),

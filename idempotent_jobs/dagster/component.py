@@ -23,6 +23,7 @@ import yaml
 from pydantic import Field, field_validator
 
 from idempotent_jobs.core.budgets import TokenBudget
+from idempotent_jobs.core.constants import DATABASE_URL_ENV
 from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.core.retention import PARTS, RetentionPolicy
 from idempotent_jobs.dagster.job_factory import build_idempotent_job
@@ -88,8 +89,8 @@ class IdempotentJob(dg.Component, dg.Model, dg.Resolvable):
         default_factory=dict, description="notification channels by resource key"
     )
     ledger: dict[str, Any] = Field(
-        default_factory=lambda: {"database_url": {"env": "IDEMPOTENT_JOBS_DATABASE_URL"}},
-        description="RunLedgerResource settings (default: $IDEMPOTENT_JOBS_DATABASE_URL)",
+        default_factory=lambda: {"database_url": {"env": DATABASE_URL_ENV}},
+        description=f"RunLedgerResource settings (default: ${DATABASE_URL_ENV})",
     )
     budget: BudgetDecl | None = None
     retention_days: dict[str, float | None] = Field(
@@ -279,7 +280,7 @@ class IdempotentJobScaffolder(dg.Scaffolder):
             "validator": ".steps.valid",
             "payload": ".steps.payload",
             "channels": {f"{name}_file": {"type": "JsonLinesChannel"}},
-            "ledger": {"database_url": {"env": "IDEMPOTENT_JOBS_DATABASE_URL"}},
+            "ledger": {"database_url": {"env": DATABASE_URL_ENV}},
         }
         document = {"type": request.type_name, "attributes": attributes}
         (folder / "defs.yaml").write_text(

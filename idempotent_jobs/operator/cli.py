@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from idempotent_jobs import __version__
 from idempotent_jobs.core.constants import DATABASE_URL_ENV, DEFAULT_SCHEMA
 from idempotent_jobs.core.errors import LedgerError
 from idempotent_jobs.operator.commands import (
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Scheduled AI jobs that are safe to run more than once. The database is "
         f"{DATABASE_URL_ENV}, or the project's embedded PostgreSQL when it is unset.",
     )
+    parser.add_argument("--version", action="version", version=f"idempotent-jobs {__version__}")
     parser.add_argument("--schema", default=DEFAULT_SCHEMA, help="ledger schema name")
     where = parser.add_argument_group(
         "code location (for reconcile, revise --channel/--now, outbox deliver, prune, drill "

@@ -5,6 +5,7 @@ import pytest
 
 from idempotent_jobs import InvalidInputError, LedgerError, SchemaNotMigratedError
 from idempotent_jobs.core.schema import shipped_migrations
+from idempotent_jobs_tests.helpers import identity
 from idempotent_jobs_tests.ledgers import BothFaces
 
 EXPECTED_COLUMNS = {
@@ -138,8 +139,90 @@ def test_a_newer_schema_than_the_code_is_refused(database: str) -> None:
             "INSERT INTO idempotent_jobs.schema_migrations (version, name, checksum)"
             " VALUES (9999, 'future', 'x')"
         )
-    with pytest.raises(SchemaNotMigratedError, match="newer than the code"):
+    # No kind recorded (a release that did not say): taken for a contracting change.
+    with pytest.raises(SchemaNotMigratedError, match=r"newer than the code: migration 9999_future"):
         BothFaces(database).open()
+
+
+def _future_migration(conn: psycopg.Connection, change: str) -> None:
+    """What a later release's migrate does: a new nullable column, recorded with its kind."""
+    conn.execute("ALTER TABLE idempotent_jobs.runs ADD COLUMN IF NOT EXISTS future_note text")
+    conn.execute(
+        "INSERT INTO idempotent_jobs.schema_migrations (version, name, checksum, change)"
+        " VALUES (9001, 'future_note', 'x', %s)",
+        (change,),
+    )
+
+
+def test_a_worker_runs_on_a_newer_additive_schema_and_refuses_a_contracting_one(
+    database: str,
+) -> None:
+    from idempotent_jobs import __version__
+
+    with psycopg.connect(database, autocommit=True) as conn:
+        _future_migration(conn, "additive")
+    with BothFaces(database) as ledger:  # opens: the newer migration is additive
+        record, lease = ledger.begin(identity(subject="expanded"), "w", 30)
+        assert lease is not None
+        ledger.complete(ledger.checkpoint(lease, {"n": 1}), {"summary": "s"})
+        ledger.migrate()  # the older code's migrate is a no-op on the newer schema
+        from idempotent_jobs.core.health import ledger_findings
+
+        findings = ledger_findings(ledger.admin, outbox_older_than_seconds=60, max_attempts=3)
+        [ahead] = [f for f in findings if f.kind == "schema_ahead"]
+        assert ahead.severity == "info" and "9001_future_note (additive)" in ahead.detail
+        assert "mixed window is over when every worker runs that release" in ahead.detail
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE idempotent_jobs.schema_migrations SET change = 'contracting'"
+            " WHERE version = 9001"
+        )
+    expected = (
+        rf"migration 9001_future_note \(contracting.*this code is idempotent-jobs "
+        rf"{__version__} \(schema {shipped_migrations()[-1].version:04d}_"
+    )
+    with pytest.raises(SchemaNotMigratedError, match=expected):
+        BothFaces(database).open()
+
+
+def test_a_running_worker_survives_a_migrate_under_it(database: str) -> None:
+    """Its prepared statements are invalidated by the new column ("cached plan must not change
+    result type"): each is prepared afresh once, and the calls go on."""
+    with BothFaces(database) as ledger:
+        ident = identity(subject="long-lived")
+        for _ in range(8):  # past psycopg's prepare threshold: the reads are prepared
+            ledger.begin(ident, "w", 30)
+            assert ledger.get(ident.run_id) is not None
+        with psycopg.connect(database, autocommit=True) as conn:
+            _future_migration(conn, "additive")
+        record = ledger.get(ident.run_id)  # SELECT * now has one more column
+        assert record is not None and record.run_id == ident.run_id
+        _, lease = ledger.begin(identity(subject="after"), "w", 30)
+        assert lease is not None
+        assert ledger.complete(ledger.checkpoint(lease, {"n": 2}), {"summary": "s"}).accepted
+
+
+def test_every_shipped_migration_declares_its_kind_of_change(fresh_database: str) -> None:
+    from idempotent_jobs.core.schema import Migration
+
+    kinds = {m.label: m.change for m in shipped_migrations()}
+    assert kinds["0006_lease_vocabulary"] == "contracting"  # renames
+    assert kinds["0015_answered_calls"] == "additive"
+    with pytest.raises(LedgerError, match="0099_x does not start with '-- change: additive'"):
+        Migration.parse(99, "x", "ALTER TABLE t ADD COLUMN c text;\n")
+    BothFaces(fresh_database).migrate()
+    with psycopg.connect(fresh_database, autocommit=True) as conn:
+        # A ledger migrated before kinds existed: its rows get them at the next migrate.
+        conn.execute("UPDATE idempotent_jobs.schema_migrations SET change = NULL")
+    BothFaces(fresh_database).migrate()
+    with psycopg.connect(fresh_database, autocommit=True) as conn:
+        stored: dict[str, str] = dict(
+            conn.execute(
+                "SELECT format('%s_%s', lpad(version::text, 4, '0'), name), change"
+                " FROM idempotent_jobs.schema_migrations"
+            ).fetchall()
+        )
+    assert stored == kinds
 
 
 def test_a_custom_schema_is_independent(database: str) -> None:

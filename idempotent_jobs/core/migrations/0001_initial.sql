@@ -1,3 +1,4 @@
+-- change: additive
 -- The run ledger: one row per logical run, one per successful claim, one per (run, channel)
 -- notification. `{schema}` is replaced by the quoted schema name before this file runs.
 

@@ -1,3 +1,4 @@
+-- change: contracting
 -- Explicit revisions: a completed run is recomputed only through `idempotent-jobs revise`. The
 -- accepted result it replaces is kept here with the reason; the new result's notifications go
 -- only to the channels the operator named, as outbox rows of their own (keyed by revision).

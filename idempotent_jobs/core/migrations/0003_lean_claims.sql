@@ -1,3 +1,4 @@
+-- change: contracting
 -- Leaner claims. A claim writes one row: while a claim is open, its details (when it started,
 -- which Dagster run and step) live on the run itself, and its `run_attempts` row is written when
 -- it ends (complete, fail, release) or, if its holder vanished, by the claim that supersedes it.

@@ -1,3 +1,4 @@
+-- change: additive
 -- Revisions and candidates. A candidate answer is accepted only on the revision and raw-input
 -- checkpoint it was computed against: the checkpoint's fingerprint (sha256 of its canonical JSON)
 -- is kept beside it. Each accepted result records the configuration it was computed under

@@ -1,3 +1,4 @@
+-- change: additive
 -- What the model calls of a logical run cost, accepted or not. One row per model call that ended
 -- in a ledger statement: the final commit (the accepted answer, or a stale one refused), or a
 -- recorded failure (the call raised, or the validator rejected its answer). Each row names the

@@ -1,3 +1,4 @@
+-- change: contracting
 -- One vocabulary: a run's "lock" columns are its lease, and the Dagster run id and step of an
 -- attempt or model call are the caller's (any scheduler can be the caller). Renames only: no
 -- data moves, and a rename takes its table's lock for an instant.

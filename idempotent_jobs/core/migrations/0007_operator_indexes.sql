@@ -1,3 +1,4 @@
+-- change: additive
 -- Operator queries that stay index scans however large the ledger grows: the newest runs
 -- (`runs list`), expired leases and failed runs (`doctor`). The two partial indexes hold only
 -- the few rows they serve. Built inside the migration's transaction, so writes to `runs` wait

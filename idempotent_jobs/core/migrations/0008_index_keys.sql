@@ -1,3 +1,4 @@
+-- change: additive
 -- Index keys, second look (0007 is the first).
 --
 -- `runs list` pages by keyset: the listing order needs a tiebreaker that makes it total (two

@@ -1,3 +1,4 @@
+-- change: additive
 -- Retention: payloads can be pruned while the identity row stays forever (it carries the
 -- deduplication). When each payload went is kept beside it, and the columns that held payloads
 -- may now be empty: a pruned output, raw input, delivered notification payload, or the output a

@@ -1,3 +1,4 @@
+-- change: additive
 -- Token counts as bigint: a provider's count above 2^31 (real or hostile) no longer fails the
 -- very statement that records the paid call. Python refuses counts that are negative or above a
 -- billion per call before they reach here (core/usage.py); this only widens the columns.

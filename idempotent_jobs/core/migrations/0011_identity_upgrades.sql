@@ -1,3 +1,4 @@
+-- change: additive
 -- Identities an earlier release stored in another Unicode form than NFC. Release 0.1 hashed and
 -- stored identity text as given, so a subject typed in NFD ("café" with a combining accent) got
 -- a run id that today's NFC recipe does not compute. `migrate` (core/upgrade.py) puts such a

@@ -1,3 +1,4 @@
+-- change: additive
 -- A model call whose lease was lost before its answer (or its failure) could be committed was
 -- still paid for: it is recorded with the outcome `lease_lost` (RunLedger.record_lost_call),
 -- though nothing else of that attempt is written.

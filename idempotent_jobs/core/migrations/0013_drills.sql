@@ -1,3 +1,4 @@
+-- change: additive
 -- Failure drills in the ledger, so every worker on every machine sees the same drill: the next
 -- `remaining` model calls of a job (its identity job name; '*': every job) fail before the call
 -- is made, until `expires_at`. A drilled failure ends its attempt with its own outcome, `drill`:

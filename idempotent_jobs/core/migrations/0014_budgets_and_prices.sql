@@ -1,3 +1,4 @@
+-- change: additive
 -- Token budgets and model prices (issue 24).
 --
 -- A model call refused because its job's token budget is spent ends its attempt with its own

@@ -1,3 +1,4 @@
+-- change: additive
 -- A paid answer recorded the moment it is in hand (issue 30). Expand only: the previous
 -- release's workers never write the new outcome nor read the new columns, so a fleet is
 -- rolled worker by worker.
