@@ -61,8 +61,7 @@ def test_each_earlier_release_names_its_commit_and_that_commit_is_that_release()
 @pytest.mark.slow
 def test_the_wheel_and_the_sdist_pass_twine_check_with_their_metadata(tmp_path: Path) -> None:
     built = subprocess.run(
-        [sys.executable, "-m", "build", "--outdir", str(tmp_path)]
-        + [str(CHECKOUT)],
+        [sys.executable, "-m", "build", "--outdir", str(tmp_path)] + [str(CHECKOUT)],
         capture_output=True,
         text=True,
         timeout=600,
