@@ -7,6 +7,7 @@ statement is written so that one which landed before the break is recognised on 
 of being applied twice.
 """
 
+import logging
 import random
 import threading
 import time
@@ -33,14 +34,18 @@ from idempotent_jobs.core.json_values import read_json
 from idempotent_jobs.core.schema import (
     AppliedMigration,
     check_schema_name,
+    missing_migrations,
     newer_than_code,
-    verify_migrations,
+    not_migrated,
 )
 from idempotent_jobs.core.settings import LedgerSettings
 from idempotent_jobs.core.sql import Face, statement
 from idempotent_jobs.core.upgrade import MigrationReport, upgrade
 
 Row = TypeVar("Row")
+_log = logging.getLogger(__name__)
+#: How often a worker waiting for ``migrate`` reads the migration history again.
+_SCHEMA_POLL_SECONDS = 1.0
 
 
 def permission_error(
@@ -213,10 +218,40 @@ class Executor:
             raise self.connection_error("read the ledger's server process id", exc) from None
 
     def _verify(self, conn: psycopg.Connection) -> None:
-        try:
-            verify_migrations(conn, self.schema)
-        except psycopg.Error as exc:
-            raise self.connection_error("read the ledger schema", exc) from None
+        """Check the ledger is at this code's schema. On the worker face, a ledger that a
+        previous release migrated (it lacks only this release's migrations) is waited for, up
+        to ``schema_wait_seconds``: new code deployed before ``migrate`` runs once it is done
+        instead of failing each run in the meantime (docs/operating.md, "Upgrading")."""
+        waited_from: float | None = None
+        while True:
+            try:
+                pending = missing_migrations(conn, self.schema)
+            except psycopg.Error as exc:
+                raise self.connection_error("read the ledger schema", exc) from None
+            if not pending:
+                if waited_from is not None:
+                    _log.warning(
+                        "the ledger schema %r is migrated: going on after %.1fs",
+                        self.schema,
+                        time.monotonic() - waited_from,
+                    )
+                return
+            now = time.monotonic()
+            if waited_from is None:
+                waited_from = now
+                if self.face == "worker" and self.settings.schema_wait_seconds > 0:
+                    _log.warning(
+                        "the ledger schema %r lacks migrations %s, which this code needs: "
+                        "waiting up to %gs for `idempotent-jobs migrate`",
+                        self.schema,
+                        ", ".join(m.label for m in pending),
+                        self.settings.schema_wait_seconds,
+                    )
+            waited = now - waited_from
+            limit = self.settings.schema_wait_seconds if self.face == "worker" else 0.0
+            if waited >= limit:
+                raise not_migrated(self.schema, pending, waited)
+            time.sleep(min(_SCHEMA_POLL_SECONDS, limit - waited))
 
     def close(self) -> None:
         """Close the pool this executor opened (it can be opened again); a caller's pool is

@@ -3,7 +3,7 @@
 ``apply_migrations`` runs each missing file in its own transaction, records its version,
 checksum and kind of change, and is serialised across processes by a PostgreSQL advisory lock:
 running it twice, or from two processes at once, is a no-op the second time.
-``verify_migrations`` only reads, so a worker starting up never runs DDL.
+``missing_migrations`` only reads, so a worker starting up never runs DDL.
 
 **Expand, then contract.** Each migration's first line says whether the previous release's code
 keeps working on it: ``-- change: additive`` (new tables, nullable columns, wider types and
@@ -231,8 +231,10 @@ def apply_migrations(conn: psycopg.Connection, schema_name: str) -> list[Migrati
         return pending
 
 
-def verify_migrations(conn: psycopg.Connection, schema_name: str) -> None:
-    """Raise :class:`SchemaNotMigratedError` unless every shipped migration is applied."""
+def missing_migrations(conn: psycopg.Connection, schema_name: str) -> list[Migration]:
+    """The shipped migrations this ledger lacks (empty when it is at this code's schema, or
+    ahead of it by additive ones only). Raise :class:`SchemaNotMigratedError` when the schema
+    was never migrated, or is ahead by a contracting change."""
     schema_name = check_schema_name(schema_name)
     table = sql.Identifier(schema_name, "schema_migrations").as_string(conn)
     exists = conn.execute(_VERSIONS_TABLE_EXISTS, (table,)).fetchone()
@@ -241,10 +243,18 @@ def verify_migrations(conn: psycopg.Connection, schema_name: str) -> None:
             f"the ledger schema {schema_name!r} does not exist in this database: "
             "run `idempotent-jobs migrate`"
         )
-    pending = _compare(_applied(conn, schema_name), shipped_migrations())
-    if pending:
-        names = ", ".join(m.label for m in pending)
-        raise SchemaNotMigratedError(
-            f"the ledger schema {schema_name!r} lacks migrations {names}, which this code "
-            f"({code_version()}) needs: run `idempotent-jobs migrate`"
-        )
+    applied = _applied(conn, schema_name)
+    pending = _compare(applied, shipped_migrations())
+    if pending and not applied:
+        raise not_migrated(schema_name, pending)
+    return pending
+
+
+def not_migrated(schema_name: str, pending: list[Migration], waited: float = 0.0) -> LedgerError:
+    """The error for a ledger that lacks ``pending`` (after waiting ``waited`` seconds)."""
+    names = ", ".join(m.label for m in pending)
+    after = f" (waited {waited:.1f}s for it)" if waited else ""
+    return SchemaNotMigratedError(
+        f"the ledger schema {schema_name!r} lacks migrations {names}, which this code "
+        f"({code_version()}) needs: run `idempotent-jobs migrate`{after}"
+    )

@@ -3,6 +3,7 @@ of the ledger (:class:`~idempotent_jobs.core.ledger.RunLedger` and
 :class:`~idempotent_jobs.core.admin.LedgerAdmin`), by the executor that runs their statements,
 and built by the Dagster resource from its configuration."""
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,9 @@ from idempotent_jobs.core.json_values import MAX_JSON_BYTES
 #: The default size limit of a raw input and of an output, as JSON text: a ledger row is no
 #: place for a bulk payload (keep those in object storage and checkpoint a reference).
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+#: How long a worker waits for ``migrate`` when its code is a release ahead of the ledger: long
+#: enough for an operator's migrate after a rollout, short enough that a forgotten one is seen.
+DEFAULT_SCHEMA_WAIT_SECONDS = 120.0
 
 
 def _payload_limit(name: str, limit: object) -> int:
@@ -42,6 +46,12 @@ class LedgerSettings:
     rows and failures always wait for the flush.
 
     ``max_raw_input_bytes``/``max_output_bytes``: the largest checkpoint and result, as JSON.
+
+    ``schema_wait_seconds``: how long a worker that finds the ledger one release behind its
+    code (migrated before, lacking only this code's newer migrations) waits for
+    ``idempotent-jobs migrate`` before it fails; 0 fails at once. New code deployed before the
+    migrate then runs once it is done. A ledger never migrated, and the operator's face, fail
+    at once.
     """
 
     conninfo: str = field(repr=False)
@@ -54,6 +64,7 @@ class LedgerSettings:
     durable_lease_commits: bool = False
     max_raw_input_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     max_output_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    schema_wait_seconds: float = DEFAULT_SCHEMA_WAIT_SECONDS
 
     def __post_init__(self) -> None:
         if self.prepared_statements is not None and not isinstance(self.prepared_statements, bool):
@@ -63,6 +74,16 @@ class LedgerSettings:
             )
         _payload_limit("max_raw_input_bytes", self.max_raw_input_bytes)
         _payload_limit("max_output_bytes", self.max_output_bytes)
+        wait = self.schema_wait_seconds
+        if (
+            isinstance(wait, bool)
+            or not isinstance(wait, int | float)
+            or not math.isfinite(wait)
+            or wait < 0
+        ):
+            raise InvalidInputError(
+                "schema_wait_seconds", f"must be a number of seconds, 0 or more, got {wait!r}"
+            )
 
     @classmethod
     def of(cls, settings: "LedgerSettings | str", **options: Any) -> "LedgerSettings":
@@ -83,4 +104,4 @@ class LedgerSettings:
         return cls(settings, **options)
 
 
-__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "LedgerSettings"]
+__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "DEFAULT_SCHEMA_WAIT_SECONDS", "LedgerSettings"]

@@ -17,7 +17,11 @@ from pydantic import Field
 
 from idempotent_jobs.core.constants import DEFAULT_SCHEMA
 from idempotent_jobs.core.ledger import RunLedger
-from idempotent_jobs.core.settings import DEFAULT_MAX_PAYLOAD_BYTES, LedgerSettings
+from idempotent_jobs.core.settings import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_SCHEMA_WAIT_SECONDS,
+    LedgerSettings,
+)
 
 
 class RunLedgerResource(dg.ConfigurableResource[RunLedger]):
@@ -67,6 +71,13 @@ class RunLedgerResource(dg.ConfigurableResource[RunLedger]):
         default=DEFAULT_MAX_PAYLOAD_BYTES,
         description="Largest output (as JSON) a result may have; a larger one fails the step",
     )
+    schema_wait_seconds: float = Field(
+        default=DEFAULT_SCHEMA_WAIT_SECONDS,
+        description=(
+            "How long a run waits for `idempotent-jobs migrate` when this code is a release "
+            "ahead of the ledger's schema (new code deployed before the migrate); 0 fails at once"
+        ),
+    )
 
     def create_resource(self, context: dg.InitResourceContext) -> RunLedger:
         return self.ledger()
@@ -85,6 +96,7 @@ class RunLedgerResource(dg.ConfigurableResource[RunLedger]):
             max_raw_input_bytes=self.max_raw_input_bytes,
             max_output_bytes=self.max_output_bytes,
             prepared_statements=self.prepared_statements,
+            schema_wait_seconds=self.schema_wait_seconds,
         )
 
     def ledger(self) -> RunLedger:

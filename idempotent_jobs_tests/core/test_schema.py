@@ -1,4 +1,7 @@
+import logging
 import multiprocessing
+import threading
+from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -200,6 +203,101 @@ def test_a_running_worker_survives_a_migrate_under_it(database: str) -> None:
         _, lease = ledger.begin(identity(subject="after"), "w", 30)
         assert lease is not None
         assert ledger.complete(ledger.checkpoint(lease, {"n": 2}), {"summary": "s"}).accepted
+
+
+class _Announced(logging.Handler):
+    """Sets ``waiting`` when a worker says it waits for ``migrate`` (no sleep to sync on)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+        if "waiting up to" in record.getMessage():
+            self.waiting.set()
+
+
+@pytest.fixture
+def announced() -> Iterator[_Announced]:
+    handler = _Announced()
+    logger = logging.getLogger("idempotent_jobs.core.executor")
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+
+
+def _code_of_the_next_release(monkeypatch: pytest.MonkeyPatch) -> str:
+    """From here on this process is the next release's code: it ships one more (additive)
+    migration than the ledger, migrated by today's, has. Return that migration's label."""
+    import idempotent_jobs.core.schema as schema
+
+    shipped = shipped_migrations()
+    nxt = schema.Migration.parse(
+        shipped[-1].version + 1,
+        "next_release_probe",
+        "-- change: additive\nALTER TABLE {schema}.runs ADD COLUMN next_release_probe text;\n",
+    )
+    monkeypatch.setattr(schema, "shipped_migrations", lambda: [*shipped, nxt])
+    return nxt.label
+
+
+def test_new_code_deployed_before_migrate_waits_for_it_and_runs(
+    fresh_database: str, monkeypatch: pytest.MonkeyPatch, announced: _Announced
+) -> None:
+    BothFaces(fresh_database).migrate()
+    newest = _code_of_the_next_release(monkeypatch)
+    opened: list[object] = []
+
+    def worker() -> None:
+        try:
+            with BothFaces(fresh_database, schema_wait_seconds=120) as ledger:
+                _, lease = ledger.begin(identity(subject="deployed-first"), "w", 30)
+                assert lease is not None
+                opened.append(ledger.complete(ledger.checkpoint(lease, {"n": 1}), {"s": "s"}))
+        except BaseException as exc:  # the assertion below names it
+            opened.append(exc)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert announced.waiting.wait(60), announced.messages
+    assert not opened, "the worker must not run before the migrate"
+    assert newest in announced.messages[0]
+    BothFaces(fresh_database).migrate()
+    thread.join(60)
+    [completion] = opened
+    assert getattr(completion, "accepted", False), completion
+    assert "is migrated: going on" in announced.messages[-1]
+
+
+def test_a_worker_waits_only_as_long_as_it_is_told(
+    fresh_database: str, monkeypatch: pytest.MonkeyPatch, announced: _Announced
+) -> None:
+    BothFaces(fresh_database).migrate()
+    newest = _code_of_the_next_release(monkeypatch)
+    with pytest.raises(SchemaNotMigratedError, match=rf"lacks migrations {newest}.*\(waited 0\.2s"):
+        BothFaces(fresh_database, schema_wait_seconds=0.2).open()
+    with pytest.raises(SchemaNotMigratedError, match=rf"lacks migrations {newest}") as at_once:
+        BothFaces(fresh_database, schema_wait_seconds=0).open()
+    assert "waited" not in str(at_once.value)
+    # The operator's face never waits: `runs list` on a ledger behind the CLI says so at once.
+    from idempotent_jobs import LedgerAdmin
+
+    with pytest.raises(SchemaNotMigratedError, match="run `idempotent-jobs migrate`$"):
+        LedgerAdmin(fresh_database, schema_wait_seconds=60).open()
+    # Nor does a worker on a ledger that was never migrated: that is no rollout.
+    with pytest.raises(SchemaNotMigratedError, match="does not exist"):
+        BothFaces(fresh_database, schema="never_migrated", schema_wait_seconds=60).open()
+
+
+@pytest.mark.parametrize("wait", [-1, float("nan"), float("inf"), "10", True])
+def test_a_bad_schema_wait_is_refused_naming_it(wait: object) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        BothFaces("postgresql://unused", schema_wait_seconds=wait)
+    assert info.value.field == "schema_wait_seconds"
 
 
 def test_every_shipped_migration_declares_its_kind_of_change(fresh_database: str) -> None:
