@@ -15,7 +15,11 @@ import idempotent_jobs
 from idempotent_jobs.operator.cli import main
 from idempotent_jobs_tests.installed_wheel import CHECKOUT
 
-SECTION = re.compile(r"^## (\d+\.\d+\.\d+) \((\d{4}-\d\d-\d\d)\)\n(.*?)(?=^## |\Z)", re.M | re.S)
+#: A release's section: its version and date, or "unreleased" for the one being made (the
+#: package then has that version with a ``.devN`` suffix).
+SECTION = re.compile(
+    r"^## (\d+\.\d+\.\d+) \((\d{4}-\d\d-\d\d|unreleased)\)\n(.*?)(?=^## |\Z)", re.M | re.S
+)
 RELEASE_COMMIT = re.compile(r"^Release commit: `([0-9a-f]{40})`", re.M)
 
 
@@ -36,7 +40,13 @@ def test_one_version_in_the_package_the_cli_and_the_changelog(
     assert exited.value.code == 0
     assert capsys.readouterr().out.strip() == f"idempotent-jobs {version}"
     sections = SECTION.findall((CHECKOUT / "CHANGELOG.md").read_text(encoding="utf-8"))
-    assert sections[0][0] == version, "the newest CHANGELOG section is this version's"
+    newest, dated, _ = sections[0]
+    assert isinstance(version, str)
+    if dated == "unreleased":
+        assert re.fullmatch(rf"{re.escape(newest)}\.dev\d+", version), (version, newest)
+    else:
+        assert newest == version, "the newest CHANGELOG section is this version's"
+    assert all(d != "unreleased" for _, d, _ in sections[1:]), "only the newest is unreleased"
     assert [v for v, _, _ in sections] == sorted(
         (v for v, _, _ in sections), key=lambda v: tuple(map(int, v.split("."))), reverse=True
     )
