@@ -14,6 +14,7 @@ except PackageNotFoundError:  # imported from a checkout that was never installe
 if TYPE_CHECKING:
     from idempotent_jobs.core.admin import LedgerAdmin
     from idempotent_jobs.core.budgets import TokenBudget
+    from idempotent_jobs.core.calls import CallBook, current_calls
     from idempotent_jobs.core.errors import (
         BudgetExceededError,
         IdentityConflictError,
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
         LedgerError,
         LedgerPermissionError,
         OutputRejectedError,
+        PaidCallError,
         RunNotFoundError,
         SchemaNotMigratedError,
         StaleCandidateError,
@@ -55,11 +57,14 @@ _HOMES = {
         (
             "BudgetExceededError IdentityConflictError InvalidInputError LeaseBusyError "
             "LeaseLostError LedgerConnectionError LedgerError LedgerPermissionError "
-            "OutputRejectedError RunNotFoundError SchemaNotMigratedError StaleCandidateError"
+            "OutputRejectedError PaidCallError RunNotFoundError SchemaNotMigratedError "
+            "StaleCandidateError"
         ).split(),
         "errors",
     ),
     "TokenBudget": "budgets",
+    "CallBook": "calls",
+    "current_calls": "calls",
     "RunIdentity": "identity",
     "stable_run_id": "identity",
     "UnreadableValue": "json_values",
@@ -91,6 +96,7 @@ __all__ = [
     "AttemptRecord",
     "Basis",
     "BudgetExceededError",
+    "CallBook",
     "CallCosts",
     "CallOrigin",
     "Completion",
@@ -112,6 +118,7 @@ __all__ = [
     "ModelUsage",
     "OutboxRecord",
     "OutputRejectedError",
+    "PaidCallError",
     "RunIdentity",
     "RunLedger",
     "RunNotFoundError",
@@ -121,6 +128,7 @@ __all__ = [
     "StaleCandidateError",
     "TokenBudget",
     "UnreadableValue",
+    "current_calls",
     "run_idempotent",
     "stable_run_id",
 ]

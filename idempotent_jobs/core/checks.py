@@ -205,4 +205,5 @@ def usage_params(usage: ModelUsage | None) -> dict[str, Any]:
         "model_name": model_name(usage.model_name),
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
+        "requested_model": model_name(usage.requested_model),
     }

@@ -72,9 +72,9 @@ def check_currency(value: str) -> str:
 
 def call_cost(call: ModelCallRecord, known: dict[str, ModelPrice]) -> Decimal | None:
     """What ``call`` cost in money, or ``None`` when its model has no price."""
-    price = known.get(call.model_name or "")
+    price = known.get(call.priced_model or "") or known.get(call.model_name or "")
     if price is None:
-        return None if call.model_name else Decimal(0)
+        return None if call.priced_model else Decimal(0)
     return price.cost(call.input_tokens, call.output_tokens)
 
 

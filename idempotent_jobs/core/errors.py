@@ -130,3 +130,17 @@ class BudgetExceededError(LedgerError):
             f"token budget spent: {where} has spent {spent:,} of {budget:,} tokens "
             f"since {day_start:%Y-%m-%d} 00:00 UTC; the model call was not made"
         )
+
+
+class PaidCallError(Exception):
+    """A model call failed after reaching the provider, with what it cost when the provider
+    said (``usage``): ``answered`` when an answer came and was refused (recorded ``rejected``),
+    else ``failed``. Raised by model steps (a provider error, an answer that stayed outside its
+    schema after its repair turns); the attempt records the call with this usage, once."""
+
+    def __init__(
+        self, message: str, *, usage: ModelUsage | None = None, answered: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.usage = usage
+        self.answered = answered

@@ -7,7 +7,7 @@ connection, so one round trip and one transaction, safe to retry when the connec
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 from psycopg.rows import dict_row
 
@@ -292,6 +292,9 @@ class RunLedger(OutboxDelivery, StepOutputs):
             "notifications": notifications_json(notifications),
             "revision": basis.revision,
             "input_fingerprint": basis.input_fingerprint,
+            # What a stale attempt's error says the answer was computed on.
+            "computed_on": f"computed on revision {basis.revision}, checkpoint "
+            f"{(basis.input_fingerprint or 'none')[:12]}",
             "config_fingerprint": config.fingerprint if parts else None,
             "config_parts": dump_json_object(parts, "config") if parts else None,
         }
@@ -441,6 +444,38 @@ class RunLedger(OutboxDelivery, StepOutputs):
             return bool(self._db.rows("record_lost_call", params))
         except Exception:  # an outage: the LeaseLostError that follows says enough
             return False
+
+    def record_turn(
+        self,
+        lease: Lease,
+        usage: ModelUsage | None,
+        *,
+        turn: int,
+        call: CallOutcome,
+        error: str,
+        origin: CallOrigin | None = None,
+    ) -> CallOutcome | None:
+        """Record a paid call made while the attempt under ``lease`` goes on (``turn``, from 1
+        within the attempt): a structured answer refused before a repair turn (``rejected``),
+        or a provider call that failed before a retry (``failed``). Counted in the day's spend
+        at once. Returns the outcome recorded: ``call``, or ``lease_lost`` when another claim
+        took the run over (the call is recorded all the same); ``None`` when nothing was
+        written (a retried statement, or an epoch that was never this worker's)."""
+        if call not in ("failed", "rejected"):
+            raise InvalidInputError("call", f"must be 'failed' or 'rejected', got {call!r}")
+        if isinstance(turn, bool) or not isinstance(turn, int) or turn < 1:
+            raise InvalidInputError("turn", f"must be a whole number from 1, got {turn!r}")
+        params = {
+            **fence_params(lease),
+            **usage_params(usage),
+            **origin_params(origin),
+            "revision": lease.revision,
+            "call_outcome": call,
+            "error": safe_text(str(error)) or "unknown error",
+            "turn": turn,
+        }
+        rows = self._db.rows("record_turn", params)
+        return cast(CallOutcome, rows[0][0]) if rows else None
 
     def _fenced(self, name: str, params: dict[str, Any]) -> FenceOutcome:
         """Run fenced statement ``name``; its outcome, or :class:`LeaseLostError`."""

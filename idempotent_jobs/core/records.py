@@ -92,6 +92,17 @@ class ModelCallRecord:
     outcome: CallOutcome
     error: str | None
     called_at: datetime
+    #: The model the call asked for (``model_name`` is the one that answered); ``None`` when
+    #: the worker did not say (an earlier release's).
+    requested_model: str | None = None
+    #: Set for a call recorded while its attempt went on (a repair turn followed it, or it
+    #: failed and was retried), numbered within the attempt; ``None`` for the attempt's last.
+    turn: int | None = None
+
+    @property
+    def priced_model(self) -> str | None:
+        """The model its price is looked up by: the requested one, else the response's."""
+        return self.requested_model or self.model_name
 
     @property
     def tokens(self) -> int:

@@ -22,6 +22,7 @@ from typing import Any
 
 from idempotent_jobs.core import telemetry
 from idempotent_jobs.core.budgets import TokenBudget
+from idempotent_jobs.core.calls import CallBook, keeping
 from idempotent_jobs.core.checks import JsonPayload
 from idempotent_jobs.core.drills import take_drill
 from idempotent_jobs.core.error_text import describe_error
@@ -31,6 +32,7 @@ from idempotent_jobs.core.errors import (
     LeaseLostError,
     LedgerError,
     OutputRejectedError,
+    PaidCallError,
     StaleCandidateError,
     UsageRejectedError,
 )
@@ -47,7 +49,7 @@ from idempotent_jobs.core.records import (
     Lease,
     ModelUsage,
 )
-from idempotent_jobs.core.usage import check_usage
+from idempotent_jobs.core.usage import check_usage, recordable_usage
 
 JSONDict = dict[str, Any]
 
@@ -109,7 +111,7 @@ def end_attempt(
     telemetry.annotate_current(outcome=outcome, **{"error.type": type(exc).__name__})
     telemetry.count_run("failed")
     if call is not None and usage is not None:
-        telemetry.count_tokens_not_accepted(_tokens(usage), usage.model_name, call)
+        telemetry.count_tokens_not_accepted(_tokens(usage), usage.priced_model, call)
     try:
         return ledger.fail(
             lease,
@@ -178,7 +180,7 @@ def _record_usage(ledger: RunLedger, span: Any, usage: ModelUsage | None) -> Non
             "gen_ai.usage.output_tokens": usage.output_tokens,
         },
     )
-    telemetry.record_usage(usage.model_name, usage.input_tokens, usage.output_tokens, ledger)
+    telemetry.record_usage(usage.priced_model, usage.input_tokens, usage.output_tokens, ledger)
 
 
 def call_model(
@@ -220,6 +222,7 @@ def call_model(
         raise missing
     called = answered = False
     usage: ModelUsage | None = None
+    book = CallBook()
     model_name = config.parts.get("model", "")
     attributes: dict[str, str | int] = {
         **_lease_attributes(lease),
@@ -238,21 +241,28 @@ def call_model(
             if before_call is not None:
                 before_call()
             called = True
-            output, reported = _unpack(model(raw_input))
+            book = CallBook(ledger, lease, origin, budget, heartbeat.raise_if_lost)
+            with keeping(book):
+                output, reported = _unpack(model(raw_input))
             answered = True
             usage = check_usage(reported)
             _record_usage(ledger, span, usage)
             payload = ledger.output_payload(output)
             check_output(payload.value, validate)
         except BaseException as exc:
-            outcome = call_outcome(called, answered)
+            if isinstance(exc, PaidCallError):  # the last request's cost, as the step knew it
+                usage, answered = recordable_usage(exc.usage), exc.answered
+            # Refused before a further request was sent (the book's budget or lease check):
+            # the requests that were sent are recorded already.
+            unsent = isinstance(exc, BudgetExceededError | LeaseLostError) and book.requests > 1
+            outcome = None if unsent else call_outcome(called, answered)
             end_attempt(ledger, lease, exc, usage, call=outcome, origin=origin)
             raise
     if heartbeat.lost:  # the call was paid for: record it though the run moved on
         ledger.record_lost_call(lease, usage, lease.revision, origin=origin)
         telemetry.count_run("lease_lost")
         if usage is not None:
-            telemetry.count_tokens_not_accepted(_tokens(usage), usage.model_name, "lease_lost")
+            telemetry.count_tokens_not_accepted(_tokens(usage), usage.priced_model, "lease_lost")
     heartbeat.raise_if_lost()
     answer = BoundAnswer(
         output=payload.value,
@@ -290,7 +300,12 @@ def recorded_answer(ledger: RunLedger, lease: Lease, config: JobConfig) -> Bound
     row = ledger.recorded_answer(lease)
     if row is None or dict(row["config_parts"] or {}) != dict(config.parts):
         return None
-    usage = ModelUsage(row["model_name"], row["input_tokens"], row["output_tokens"])
+    usage = ModelUsage(
+        row["model_name"],
+        row["input_tokens"],
+        row["output_tokens"],
+        requested_model=row["requested_model"],
+    )
     origin = CallOrigin(
         caller_step=row["caller_step"],
         caller_run_id=row["caller_run_id"],
@@ -345,4 +360,4 @@ def _not_accepted(span: Any, usage: ModelUsage | None, outcome: str) -> None:
     telemetry.count_run(outcome)
     if usage is not None:
         call = "stale" if outcome in ("superseded", "reused") else outcome
-        telemetry.count_tokens_not_accepted(_tokens(usage), usage.model_name, call)
+        telemetry.count_tokens_not_accepted(_tokens(usage), usage.priced_model, call)

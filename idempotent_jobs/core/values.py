@@ -28,11 +28,23 @@ class Basis:
 
 @dataclass(frozen=True)
 class ModelUsage:
-    """What a model call cost, recorded on the attempt that made it."""
+    """What a model call cost, recorded on the attempt that made it.
+
+    ``model_name`` is the model the provider says answered (a dated name such as
+    ``gpt-4o-2024-08-06``); ``requested_model`` the one the call asked for (``gpt-4o``), which
+    prices and metrics key on (``model_name`` when it is not given). A usage pickled by an
+    earlier release, without it, reads it as ``None`` (the class default).
+    """
 
     model_name: str | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
+    requested_model: str | None = None
+
+    @property
+    def priced_model(self) -> str | None:
+        """The model prices and metrics key on: the requested one, else the response's."""
+        return self.requested_model or self.model_name
 
 
 for _value in (Basis, ModelUsage):

@@ -97,7 +97,9 @@ def _report(
         "attempts": ticket.attempts,
     }
     if usage is not None:
-        metadata["model"] = usage.model_name or ""
+        metadata["model"] = usage.priced_model or ""
+        if usage.model_name and usage.model_name != usage.priced_model:
+            metadata["response_model"] = usage.model_name
         metadata["input_tokens"] = usage.input_tokens or 0
         metadata["output_tokens"] = usage.output_tokens or 0
     if costs is not None:

@@ -135,11 +135,22 @@ def ticket_to_json(ticket: Ticket) -> dict[str, Any]:
         if answer is None
         else {
             "output": answer.output,
-            "usage": None if answer.usage is None else asdict(answer.usage),
+            # The three counts as every release stores them; the requested model beside them,
+            # where an earlier release's reader, which builds ModelUsage(**usage), ignores it.
+            "usage": None if answer.usage is None else _counts(answer.usage),
+            "requested_model": None if answer.usage is None else answer.usage.requested_model,
             "basis": asdict(answer.basis),
             "config": dict(answer.config.parts),
             "origin": asdict(answer.origin),
         },
+    }
+
+
+def _counts(usage: ModelUsage) -> dict[str, Any]:
+    return {
+        "model_name": usage.model_name,
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
     }
 
 
@@ -162,7 +173,9 @@ def ticket_from_json(value: dict[str, Any]) -> Ticket:
         if answer is None
         else BoundAnswer(
             output=answer["output"],
-            usage=None if answer["usage"] is None else ModelUsage(**answer["usage"]),
+            usage=None
+            if answer["usage"] is None
+            else ModelUsage(**answer["usage"], requested_model=answer.get("requested_model")),
             basis=Basis(**answer["basis"]),
             config=JobConfig(answer["config"]),
             origin=CallOrigin(**answer["origin"]),

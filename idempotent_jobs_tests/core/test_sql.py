@@ -64,7 +64,15 @@ def test_every_write_after_a_claim_carries_the_owner_and_epoch_fence() -> None:
     writes = {name for name, s in STATEMENTS.items() if _WRITE.search(s.text)}
     assert set(UNFENCED_WRITES) <= writes
     fenced = writes - set(UNFENCED_WRITES)
-    assert fenced == {"renew", "save_raw_input", "complete", "fail", "release", "record_answer"}
+    assert fenced == {
+        "renew",
+        "save_raw_input",
+        "complete",
+        "fail",
+        "release",
+        "record_answer",
+        "record_turn",
+    }
     for name in sorted(fenced):
         text = _one_line(STATEMENTS[name].text)
         if not re.search(r"UPDATE \{schema\}\.runs", text):  # an insert that follows a claim

@@ -47,13 +47,16 @@ WITH day AS (
     COALESCE(c.input_tokens, 0) + COALESCE(c.output_tokens, 0) AS tokens,
     (COALESCE(c.input_tokens, 0) * p.input_per_million
       + COALESCE(c.output_tokens, 0) * p.output_per_million) / 1000000 AS cost,
-    c.model_name IS NULL OR p.model_name IS NOT NULL AS priced
+    COALESCE(c.requested_model, c.model_name) IS NULL OR p.model_name IS NOT NULL AS priced
   FROM {schema}.model_calls AS c
   -- Each call's run by its key (LIMIT keeps the planner from turning it into a join that
   -- scans every run).
   CROSS JOIN LATERAL (SELECT job_name, subject_id FROM {schema}.runs AS r
     WHERE r.run_id = c.run_id LIMIT 1) AS r
-  LEFT JOIN {schema}.model_prices AS p ON p.model_name = c.model_name
+  -- The requested model's price, else the answering model's (a price set for a dated name).
+  LEFT JOIN LATERAL (SELECT * FROM {schema}.model_prices AS p
+    WHERE p.model_name IN (c.requested_model, c.model_name)
+    ORDER BY p.model_name IS NOT DISTINCT FROM c.requested_model DESC LIMIT 1) AS p ON true
   -- Written out, not read from `day`, so the planner estimates the range (one day's calls).
   WHERE c.called_at >= date_trunc('day', COALESCE(%(day)s::timestamptz, now())
       AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
@@ -88,10 +91,13 @@ WITH priced_calls AS (
     COALESCE(c.input_tokens, 0) + COALESCE(c.output_tokens, 0) AS tokens,
     (COALESCE(c.input_tokens, 0) * p.input_per_million
       + COALESCE(c.output_tokens, 0) * p.output_per_million) / 1000000 AS cost,
-    c.model_name IS NULL OR p.model_name IS NOT NULL AS priced
+    COALESCE(c.requested_model, c.model_name) IS NULL OR p.model_name IS NOT NULL AS priced
   FROM {schema}.runs AS r
   JOIN {schema}.model_calls AS c ON c.run_id = r.run_id
-  LEFT JOIN {schema}.model_prices AS p ON p.model_name = c.model_name
+  -- The requested model's price, else the answering model's (a price set for a dated name).
+  LEFT JOIN LATERAL (SELECT * FROM {schema}.model_prices AS p
+    WHERE p.model_name IN (c.requested_model, c.model_name)
+    ORDER BY p.model_name IS NOT DISTINCT FROM c.requested_model DESC LIMIT 1) AS p ON true
   WHERE r.job_name = %(job_name)s
 ), accepted AS (
   SELECT run_id, sum(tokens) AS tokens, sum(cost) AS cost, bool_and(priced) AS priced

@@ -220,9 +220,7 @@ WITH basis AS (
   SELECT run_id, lease_epoch, %(worker_id)s, lease_caller_run_id, lease_caller_step,
     COALESCE(lease_started_at, now()), now(),
     CASE WHEN accepted THEN 'completed' ELSE 'superseded' END,
-    CASE WHEN NOT accepted THEN 'stale candidate: computed on revision '
-      || %(revision)s::integer || ', checkpoint '
-      || COALESCE(left(%(input_fingerprint)s::text, 12), 'none')
+    CASE WHEN NOT accepted THEN 'stale candidate: ' || %(computed_on)s::text
       || '; the run is at revision ' || revision || ', checkpoint '
       || COALESCE(left(input_fingerprint, 12), 'none') END,
     %(model_name)s, %(input_tokens)s, %(output_tokens)s
@@ -234,13 +232,15 @@ WITH basis AS (
   FROM done
   WHERE c.run_id = done.run_id AND c.caller_run_id = %(call_caller_run_id)s
     AND c.caller_step = %(call_caller_step)s AND c.retry_number = %(call_retry)s
+    AND c.turn IS NULL
   RETURNING c.call_id
 ), call AS (
   INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
-    caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error)
+    caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error,
+    requested_model)
   SELECT run_id, lease_epoch, %(revision)s::integer, %(worker_id)s, %(call_caller_run_id)s,
     %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
-    CASE WHEN accepted THEN 'accepted' ELSE 'stale' END, NULL
+    CASE WHEN accepted THEN 'accepted' ELSE 'stale' END, NULL, %(requested_model)s
   FROM done
   WHERE NOT EXISTS (SELECT FROM call_again)
 ), outbox AS (
@@ -290,14 +290,15 @@ WITH cur AS (
   FROM failed
   WHERE %(call_outcome)s::text IS NOT NULL AND c.run_id = failed.run_id
     AND c.caller_run_id = %(call_caller_run_id)s AND c.caller_step = %(call_caller_step)s
-    AND c.retry_number = %(call_retry)s
+    AND c.retry_number = %(call_retry)s AND c.turn IS NULL
   RETURNING c.call_id
 ), call AS (
   INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
-    caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error)
+    caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error,
+    requested_model)
   SELECT run_id, lease_epoch, revision, %(worker_id)s, %(call_caller_run_id)s,
     %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
-    %(call_outcome)s, %(error)s
+    %(call_outcome)s, %(error)s, %(requested_model)s
   FROM failed
   WHERE %(call_outcome)s::text IS NOT NULL AND NOT EXISTS (SELECT FROM call_again)
 ), attempt AS (
@@ -322,22 +323,24 @@ FROM cur
 -- second row. The outcome `answered` waits for the commit, which updates this row.
 INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
   caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error, answer,
-  input_fingerprint, config_parts)
+  input_fingerprint, config_parts, requested_model)
 SELECT r.run_id, r.lease_epoch, %(revision)s::integer, %(worker_id)s, %(call_caller_run_id)s,
   %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
-  'answered', NULL, %(answer)s::jsonb, %(input_fingerprint)s, %(config_parts)s::jsonb
+  'answered', NULL, %(answer)s::jsonb, %(input_fingerprint)s, %(config_parts)s::jsonb,
+  %(requested_model)s
 FROM {schema}.runs AS r
 WHERE r.run_id = %(run_id)s AND r.lease_owner = %(worker_id)s AND r.lease_epoch = %(epoch)s
   AND r.status = 'running'
   AND NOT EXISTS (SELECT FROM {schema}.model_calls AS c
     WHERE c.run_id = r.run_id AND c.caller_run_id = %(call_caller_run_id)s
-      AND c.caller_step = %(call_caller_step)s AND c.retry_number = %(call_retry)s)
+      AND c.caller_step = %(call_caller_step)s AND c.retry_number = %(call_retry)s
+      AND c.turn IS NULL)
 RETURNING call_id
 
 -- name: recorded_answer
 -- The latest recorded answer still waiting for its commit on this revision and checkpoint.
 SELECT answer, model_name, input_tokens, output_tokens, caller_run_id, caller_step,
-  retry_number, config_parts
+  retry_number, config_parts, requested_model
 FROM {schema}.model_calls
 WHERE run_id = %(run_id)s AND outcome = 'answered' AND revision = %(revision)s::integer
   AND input_fingerprint IS NOT DISTINCT FROM %(input_fingerprint)s::text
@@ -352,19 +355,47 @@ LIMIT 1
 -- same caller run, step and retry (`answered` by Dagster's `transform`, then committed by a
 -- later claim that lost its lease too) is in the books already: no second row, and it stays
 -- as it was (an `answered` one reusable).
+-- Turns recorded while the attempt went on (`record_turn`) are other calls: they count for
+-- neither check.
 INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
-  caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error)
+  caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error,
+  requested_model)
 SELECT a.run_id, a.lease_epoch, %(revision)s::integer, a.worker_id, %(call_caller_run_id)s,
   %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
-  'lease_lost', %(error)s
+  'lease_lost', %(error)s, %(requested_model)s
 FROM {schema}.run_attempts AS a
 WHERE a.run_id = %(run_id)s AND a.lease_epoch = %(epoch)s AND a.worker_id = %(worker_id)s
   AND NOT EXISTS (SELECT FROM {schema}.model_calls AS c
-    WHERE c.run_id = a.run_id AND c.lease_epoch = a.lease_epoch AND c.worker_id = a.worker_id)
+    WHERE c.run_id = a.run_id AND c.lease_epoch = a.lease_epoch AND c.worker_id = a.worker_id
+      AND c.turn IS NULL)
   AND NOT EXISTS (SELECT FROM {schema}.model_calls AS c
     WHERE c.run_id = a.run_id AND c.caller_run_id = %(call_caller_run_id)s
-      AND c.caller_step = %(call_caller_step)s AND c.retry_number = %(call_retry)s)
+      AND c.caller_step = %(call_caller_step)s AND c.retry_number = %(call_retry)s
+      AND c.turn IS NULL)
 RETURNING call_id
+
+-- name: record_turn
+-- Record a paid call made while its attempt goes on, numbered within the attempt (`turn`).
+-- Such a call is a structured answer that failed its schema before a repair turn, or a provider
+-- call that failed before a retry. Recorded as it ends, so a crash later loses none, and counted in the spend
+-- (the trigger). Fenced to an epoch this worker holds (the outcome given) or held
+-- (`lease_lost`: another claim took the run over, and the call is still paid for); nothing for
+-- an epoch that was never this worker's. A retried statement adds no second row.
+INSERT INTO {schema}.model_calls AS c (run_id, lease_epoch, revision, worker_id, caller_run_id,
+  caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error,
+  requested_model, turn)
+SELECT r.run_id, %(epoch)s, %(revision)s::integer, %(worker_id)s, %(call_caller_run_id)s,
+  %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
+  CASE WHEN r.lease_owner = %(worker_id)s AND r.lease_epoch = %(epoch)s
+    AND r.status = 'running' THEN %(call_outcome)s ELSE 'lease_lost' END,
+  %(error)s, %(requested_model)s, %(turn)s
+FROM {schema}.runs AS r
+WHERE r.run_id = %(run_id)s
+  AND ((r.lease_owner = %(worker_id)s AND r.lease_epoch = %(epoch)s AND r.status = 'running')
+    OR EXISTS (SELECT FROM {schema}.run_attempts AS a WHERE a.run_id = r.run_id
+      AND a.lease_epoch = %(epoch)s AND a.worker_id = %(worker_id)s))
+ON CONFLICT (run_id, lease_epoch, worker_id, turn) WHERE turn IS NOT NULL DO NOTHING
+RETURNING c.outcome
 
 -- name: fail_by_caller
 -- End the attempt a Dagster run holds when one of its steps failed before it could end it.

@@ -1,0 +1,107 @@
+"""The paid calls one model call makes on its way to an answer, told to the ledger as they go.
+
+A model step may send several requests for one answer: a structured answer that failed its
+schema gets a repair turn, and a provider error that may pass (a 429, a 5xx, a timeout) is
+retried. Each request that reached the provider is a call to account for, and a crash later
+must not lose it. While :func:`~idempotent_jobs.core.steps.call_model` runs the model, the
+:class:`CallBook` of that call is the current one (:func:`current_calls`); a model step:
+
+- calls :meth:`CallBook.before_request` before each request: from the second on, the lease must
+  still be held (nothing more is paid for a run another worker took over) and the job's token
+  budget must have room (:class:`BudgetExceededError`);
+- calls :meth:`CallBook.paid` after each request that did not give the final answer: the call
+  is recorded at once as a *turn* of the attempt (``rejected`` or ``failed``, with its usage),
+  counted in the day's spend.
+
+The final request's call is recorded by the attempt itself, as for any model step: accepted or
+stale with the commit, ``rejected``/``failed`` when the step raises (a :class:`PaidCallError`
+carries its usage). Outside :func:`call_model` (a model step called by hand, a test), the
+current book is a :class:`CallBook` that records nothing.
+"""
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+from idempotent_jobs.core import telemetry
+from idempotent_jobs.core.budgets import TokenBudget
+from idempotent_jobs.core.error_text import describe_error
+from idempotent_jobs.core.errors import LeaseLostError
+from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.records import CallOrigin, CallOutcome, Lease, ModelUsage
+
+
+@dataclass
+class CallBook:
+    """The requests of one model call and the ledger they are told to (none: a book that only
+    counts, outside :func:`~idempotent_jobs.core.steps.call_model`)."""
+
+    ledger: RunLedger | None = None
+    lease: Lease | None = None
+    origin: CallOrigin | None = None
+    budget: TokenBudget | None = None
+    #: Raises :class:`LeaseLostError` once the heartbeat found the lease lost.
+    lease_check: Callable[[], None] = lambda: None
+    requests: int = 0
+    turns: list[CallOutcome] = field(default_factory=list)
+
+    def before_request(self) -> None:
+        """Before each provider request: from the second on, the lease must still be held (one
+        fenced renewal, :class:`LeaseLostError` otherwise) and the budget have room (the first
+        was checked by the step before the model ran)."""
+        self.requests += 1
+        if self.requests == 1 or self.ledger is None or self.lease is None:
+            return
+        self.lease_check()
+        if "lease_lost" in self.turns:
+            raise LeaseLostError()
+        self.ledger.renew(self.lease)  # fenced: LeaseLostError if another claim took the run
+        if self.budget is not None:
+            self.ledger.check_budget(self.lease, self.budget)
+
+    def paid(
+        self, usage: ModelUsage | None, call: CallOutcome, error: BaseException | str
+    ) -> CallOutcome | None:
+        """Record a request that reached the provider and did not give the final answer
+        (``rejected``: its answer was refused and a repair turn follows; ``failed``: it raised
+        and is retried). Returns the outcome the ledger recorded (``lease_lost`` when another
+        claim took the run over meanwhile)."""
+        text = error if isinstance(error, str) else describe_error(error)
+        if usage is not None:
+            telemetry.count_tokens_not_accepted(
+                (usage.input_tokens or 0) + (usage.output_tokens or 0), usage.priced_model, call
+            )
+        if self.ledger is None or self.lease is None:
+            self.turns.append(call)
+            return call
+        recorded = self.ledger.record_turn(
+            self.lease,
+            usage,
+            turn=len(self.turns) + 1,
+            call=call,
+            error=text,
+            origin=self.origin,
+        )
+        self.turns.append(recorded or call)
+        return recorded
+
+
+_current: ContextVar[CallBook | None] = ContextVar("idempotent_jobs_call_book", default=None)
+
+
+def current_calls() -> CallBook:
+    """The book of the model call running now (a fresh one that records nothing outside
+    :func:`~idempotent_jobs.core.steps.call_model`)."""
+    book = _current.get()
+    return book if book is not None else CallBook()
+
+
+@contextmanager
+def keeping(book: CallBook) -> Iterator[CallBook]:
+    """Make ``book`` the current one while the model runs."""
+    token = _current.set(book)
+    try:
+        yield book
+    finally:
+        _current.reset(token)

@@ -1,0 +1,163 @@
+"""One answer from a provider: requests retried while the error may pass, the answer checked
+against the output schema, and a bounded number of repair turns; every request that reached the
+provider accounted for in the ledger as it ends (:mod:`idempotent_jobs.core.calls`).
+
+A request that returned an answer is never sent again for a transport reason: from the moment
+the answer is in hand, only a repair turn (a new, paid request that shows the model its answer
+and what was wrong with it) follows.
+"""
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from idempotent_jobs.core.calls import CallBook, current_calls
+from idempotent_jobs.core.errors import InvalidInputError
+from idempotent_jobs.core.records import ModelUsage
+from idempotent_jobs.core.steps import ModelAnswer
+from idempotent_jobs.models.errors import (
+    ContentFilteredError,
+    OutputSchemaError,
+    ProviderError,
+    RefusalError,
+)
+from idempotent_jobs.models.prompts import Prompt
+from idempotent_jobs.models.schema import OutputSchema, SchemaMismatch
+
+Finish = Literal["stop", "length", "refusal", "content_filter"]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A provider's answer to one request: its text, what it cost, and why it stopped."""
+
+    text: str | None
+    usage: ModelUsage
+    finish: Finish = "stop"
+    refusal: str | None = None
+
+
+class Provider(Protocol):
+    """One provider's request, made on a prompt, with the output schema when there is one;
+    raises a :class:`~idempotent_jobs.models.errors.ProviderError` for what went wrong."""
+
+    @property
+    def name(self) -> str: ...
+
+    def send(self, prompt: Prompt, schema: OutputSchema | None) -> Reply: ...
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often a transient provider error is retried inside the attempt, and how long to
+    wait: the provider's ``Retry-After`` when it gives one (a wait above ``max_wait_seconds``
+    ends the attempt instead), else an exponential backoff with jitter."""
+
+    max_retries: int = 3
+    max_wait_seconds: float = 60.0
+    backoff_seconds: float = 1.0
+    sleep: Callable[[float], None] = field(default=time.sleep, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_retries, bool) or not 0 <= self.max_retries <= 20:
+            raise InvalidInputError("max_retries", f"must be 0 to 20, got {self.max_retries!r}")
+        if not 0 <= self.max_wait_seconds <= 3600:
+            raise InvalidInputError(
+                "max_wait_seconds", f"must be 0 to 3600, got {self.max_wait_seconds!r}"
+            )
+
+    def wait_for(self, retry: int, retry_after: float | None) -> float | None:
+        """Seconds to wait before retry number ``retry`` (from 0); ``None``: do not retry."""
+        if retry >= self.max_retries:
+            return None
+        if retry_after is not None:
+            return float(retry_after) if retry_after <= self.max_wait_seconds else None
+        backoff = self.backoff_seconds * 2**retry
+        return float(min(self.max_wait_seconds, backoff * (0.5 + random.random() / 2)))  # noqa: S311
+
+
+def send_with_retries(
+    provider: Provider,
+    prompt: Prompt,
+    schema: OutputSchema | None,
+    retry: RetryPolicy,
+    book: CallBook,
+) -> Reply:
+    """``provider.send``, retried on a transient error as ``retry`` says; each failed request
+    is recorded before the next (the last one's error propagates, and its attempt records it)."""
+    for attempt in range(retry.max_retries + 1):
+        book.before_request()
+        try:
+            return provider.send(prompt, schema)
+        except ProviderError as exc:
+            wait = retry.wait_for(attempt, exc.retry_after) if exc.transient else None
+            if wait is None:
+                raise
+            book.paid(exc.usage, "failed", exc)
+            retry.sleep(wait)
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+
+def answer(
+    provider: Provider,
+    prompt: Prompt,
+    schema: OutputSchema | None,
+    *,
+    repair_turns: int = 1,
+    retry: RetryPolicy | None = None,
+) -> ModelAnswer:
+    """The provider's answer to ``prompt`` as the job's output: the JSON object of ``schema``
+    (with up to ``repair_turns`` repair turns for an answer outside it), or ``{"text": ...}``
+    without a schema. A refusal or a filtered answer is not repaired."""
+    retry = retry or RetryPolicy()
+    book = current_calls()
+    turn = prompt
+    for repair in range(repair_turns + 1):
+        reply = send_with_retries(provider, turn, schema, retry, book)
+        _refuse_refusals(provider.name, reply)
+        try:
+            output = _output_of(reply, schema)
+        except SchemaMismatch as mismatch:
+            problems = mismatch.problems
+            if reply.finish == "length":
+                problems = ["the answer was cut off at the token limit", *problems]
+            if repair == repair_turns:
+                raise OutputSchemaError(
+                    f"the answer is outside the schema {schema.name if schema else ''} after "
+                    f"{repair_turns} repair turn(s): {'; '.join(problems)[:500]}",
+                    provider=provider.name,
+                    usage=reply.usage,
+                    answered=True,
+                ) from None
+            book.paid(reply.usage, "rejected", f"outside the schema: {'; '.join(problems)}")
+            turn = turn.repaired(reply.text, problems)
+            continue
+        return ModelAnswer(output, reply.usage)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _refuse_refusals(provider: str, reply: Reply) -> None:
+    if reply.finish == "refusal" or reply.refusal:
+        raise RefusalError(
+            f"the model refused: {(reply.refusal or reply.text or '')[:300]}",
+            provider=provider,
+            usage=reply.usage,
+            answered=True,
+        )
+    if reply.finish == "content_filter":
+        raise ContentFilteredError(
+            "the content filter stopped the answer",
+            provider=provider,
+            usage=reply.usage,
+            answered=True,
+        )
+
+
+def _output_of(reply: Reply, schema: OutputSchema | None) -> dict[str, Any]:
+    if schema is not None:
+        return schema.check(reply.text)
+    if not reply.text or not reply.text.strip():
+        raise SchemaMismatch(["the answer is empty"])
+    return {"text": reply.text.strip()}

@@ -1,0 +1,120 @@
+"""Anthropic's Messages API as a :class:`~idempotent_jobs.models.answers.Provider`, with the
+``anthropic`` SDK.
+
+Structured output is ``output_config={"format": {"type": "json_schema", ...}}``. A system block
+or message marked ``cache`` gets a cache breakpoint (``cache_control``), so the prompt up to
+there is read back from the cache on the next call. The SDK's own retries are off: a retry is
+this package's, recorded (``answers``). The input tokens recorded are all the input the call
+read: uncached, written to the cache, and read from it.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from idempotent_jobs.core.records import ModelUsage
+from idempotent_jobs.models.answers import Reply
+from idempotent_jobs.models.errors import (
+    ContextTooLongError,
+    ProviderError,
+    ProviderRequestError,
+    ProviderTimeoutError,
+    ProviderUnavailableError,
+    RateLimitedError,
+)
+from idempotent_jobs.models.openai_chat import retry_after_seconds
+from idempotent_jobs.models.prompts import Prompt
+from idempotent_jobs.models.schema import OutputSchema
+
+_CACHE = {"type": "ephemeral"}
+
+
+@dataclass
+class AnthropicMessages:
+    """Messages with ``model``; ``max_tokens`` is required by the API."""
+
+    model: str
+    api_key: str = field(repr=False)
+    max_tokens: int = 1024
+    base_url: str | None = None
+    temperature: float | None = None
+    timeout_seconds: float = 60.0
+    name: str = "anthropic"
+
+    def send(self, prompt: Prompt, schema: OutputSchema | None) -> Reply:
+        import anthropic
+
+        client = anthropic.Anthropic(
+            base_url=self.base_url,
+            api_key=self.api_key,
+            timeout=self.timeout_seconds,
+            max_retries=0,
+        )
+        options: dict[str, Any] = {}
+        if prompt.system:
+            options["system"] = [
+                {"type": "text", "text": b.text, **({"cache_control": _CACHE} if b.cache else {})}
+                for b in prompt.system
+            ]
+        if self.temperature is not None:
+            options["temperature"] = self.temperature
+        if schema is not None:
+            options["output_config"] = {
+                "format": {"type": "json_schema", "schema": dict(schema.json_schema)}
+            }
+        messages: Any = [
+            {
+                "role": m.role,
+                "content": [
+                    {
+                        "type": "text",
+                        "text": m.content,
+                        **({"cache_control": _CACHE} if m.cache else {}),
+                    }
+                ],
+            }
+            for m in prompt.messages
+        ]
+        try:
+            response = client.messages.create(
+                model=self.model, max_tokens=self.max_tokens, messages=messages, **options
+            )
+        except anthropic.APIError as exc:
+            raise self._error(exc) from None
+        usage = response.usage
+        read = (
+            usage.input_tokens
+            + (usage.cache_creation_input_tokens or 0)
+            + (usage.cache_read_input_tokens or 0)
+        )
+        used = ModelUsage(
+            response.model or self.model, read, usage.output_tokens, requested_model=self.model
+        )
+        text = "".join(getattr(block, "text", "") for block in response.content) or None
+        stop = response.stop_reason
+        if stop == "refusal":
+            return Reply(text, used, "refusal", text or "refused")
+        return Reply(text, used, "length" if stop == "max_tokens" else "stop")
+
+    def _error(self, exc: Exception) -> ProviderError:
+        import anthropic
+
+        text = str(exc)[:500]
+        if isinstance(exc, anthropic.APITimeoutError):
+            return ProviderTimeoutError(
+                f"no answer within {self.timeout_seconds:g}s", provider=self.name
+            )
+        if isinstance(exc, anthropic.APIConnectionError):
+            return ProviderUnavailableError(f"connection failed: {text}", provider=self.name)
+        if isinstance(exc, anthropic.APIStatusError):
+            status = exc.status_code
+            after = retry_after_seconds(exc.response.headers)
+            if status == 429:
+                return RateLimitedError(text, provider=self.name, status=status, retry_after=after)
+            if status >= 500:  # 529: overloaded
+                return ProviderUnavailableError(
+                    text, provider=self.name, status=status, retry_after=after
+                )
+            if "prompt is too long" in text or "context window" in text:
+                return ContextTooLongError(text, provider=self.name, status=status)
+            return ProviderRequestError(text, provider=self.name, status=status)
+        return ProviderRequestError(text, provider=self.name)

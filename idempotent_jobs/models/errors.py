@@ -1,0 +1,87 @@
+"""What a provider call can end in, as typed errors a worker and an operator can act on.
+
+Each is a :class:`~idempotent_jobs.core.errors.PaidCallError`: the attempt records the call with
+the usage the provider reported (``answered`` when an answer came and was refused). The
+``transient`` ones (a 429, a 5xx or an overloaded provider, a timeout, a dropped connection) are
+retried inside the attempt, up to a bound, honouring the provider's ``Retry-After``; the others
+end the attempt at once.
+"""
+
+from typing import ClassVar
+
+from idempotent_jobs.core.errors import PaidCallError
+from idempotent_jobs.core.records import ModelUsage
+
+
+class ProviderError(PaidCallError):
+    """A model provider's call failed."""
+
+    transient: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str,
+        usage: ModelUsage | None = None,
+        answered: bool = False,
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(f"{provider}: {message}", usage=usage, answered=answered)
+        self.provider = provider
+        self.status = status
+        #: Seconds the provider asked to wait before the next request (``Retry-After``).
+        self.retry_after = retry_after
+
+
+class RateLimitedError(ProviderError):
+    """The provider refused the request for a rate limit (HTTP 429)."""
+
+    transient = True
+
+
+class ProviderUnavailableError(ProviderError):
+    """The provider failed or was overloaded (HTTP 5xx, 529), or the connection dropped."""
+
+    transient = True
+
+
+class ProviderTimeoutError(ProviderError):
+    """No answer within the timeout: the request may still have been processed (and billed)."""
+
+    transient = True
+
+
+class ContextTooLongError(ProviderError):
+    """The prompt does not fit the model's context window: shorten the input or the prompt."""
+
+
+class RefusalError(ProviderError):
+    """The model refused to answer (a refusal, not an answer outside the schema)."""
+
+
+class ContentFilteredError(ProviderError):
+    """The provider's content filter stopped the answer."""
+
+
+class OutputSchemaError(ProviderError):
+    """The answer stayed outside the output schema after the repair turns it was given."""
+
+
+class ProviderRequestError(ProviderError):
+    """The provider refused the request itself (HTTP 4xx other than 429: a bad key, a model
+    it does not have, a schema it does not accept)."""
+
+
+__all__ = [
+    "ContentFilteredError",
+    "ContextTooLongError",
+    "OutputSchemaError",
+    "ProviderError",
+    "ProviderRequestError",
+    "ProviderTimeoutError",
+    "ProviderUnavailableError",
+    "RateLimitedError",
+    "RefusalError",
+]

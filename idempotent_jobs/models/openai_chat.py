@@ -1,0 +1,134 @@
+"""OpenAI's chat completions (and servers that speak them: Azure OpenAI, vLLM, Ollama,
+llama.cpp) as a :class:`~idempotent_jobs.models.answers.Provider`, with the ``openai`` SDK.
+
+Structured output is ``response_format={"type": "json_schema", ...}``. The usage recorded is
+the response's: the dated model that answered (``gpt-4o-2024-08-06``) beside the one asked for.
+The SDK's own retries are off: a retry is this package's, recorded (``answers``).
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from idempotent_jobs.core.records import ModelUsage
+from idempotent_jobs.models.answers import Finish, Reply
+from idempotent_jobs.models.errors import (
+    ContentFilteredError,
+    ContextTooLongError,
+    ProviderError,
+    ProviderRequestError,
+    ProviderTimeoutError,
+    ProviderUnavailableError,
+    RateLimitedError,
+)
+from idempotent_jobs.models.prompts import Prompt
+from idempotent_jobs.models.schema import OutputSchema
+
+
+def retry_after_seconds(headers: Any) -> float | None:
+    """The wait a response asks for: ``retry-after-ms``, else ``retry-after`` in seconds (an
+    HTTP date is not followed: the backoff applies)."""
+    if headers is None:
+        return None
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value) / scale
+        except ValueError:
+            continue
+        if seconds >= 0:
+            return seconds
+    return None
+
+
+@dataclass
+class OpenAIChat:
+    """Chat completions at ``base_url`` with ``model``."""
+
+    model: str
+    api_key: str = field(repr=False)
+    base_url: str | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+    timeout_seconds: float = 60.0
+    strict_schema: bool = True
+    name: str = "openai"
+
+    def send(self, prompt: Prompt, schema: OutputSchema | None) -> Reply:
+        import openai
+
+        client = openai.OpenAI(
+            base_url=self.base_url,
+            api_key=self.api_key,
+            timeout=self.timeout_seconds,
+            max_retries=0,
+        )
+        messages: list[Any] = (
+            [{"role": "system", "content": "\n\n".join(b.text for b in prompt.system)}]
+            if prompt.system
+            else []
+        )
+        messages += [{"role": m.role, "content": m.content} for m in prompt.messages]
+        options: dict[str, Any] = {}
+        if self.temperature is not None:
+            options["temperature"] = self.temperature
+        if self.max_tokens is not None:
+            options["max_completion_tokens"] = self.max_tokens
+        if schema is not None:
+            options["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": schema.wire_name,
+                    "schema": dict(schema.json_schema),
+                    "strict": self.strict_schema,
+                },
+            }
+        try:
+            response = client.chat.completions.create(
+                model=self.model, messages=messages, **options
+            )
+        except openai.APIError as exc:
+            raise self._error(exc) from None
+        usage = response.usage
+        used = ModelUsage(
+            response.model or self.model,
+            usage.prompt_tokens if usage else None,
+            usage.completion_tokens if usage else None,
+            requested_model=self.model,
+        )
+        if not response.choices:
+            return Reply(None, used)
+        choice = response.choices[0]
+        finish: Finish = (
+            choice.finish_reason if choice.finish_reason in ("length", "content_filter") else "stop"
+        )
+        refusal = getattr(choice.message, "refusal", None)
+        return Reply(choice.message.content, used, "refusal" if refusal else finish, refusal)
+
+    def _error(self, exc: Exception) -> ProviderError:
+        import openai
+
+        text = str(exc)[:500]
+        if isinstance(exc, openai.APITimeoutError):
+            return ProviderTimeoutError(
+                f"no answer within {self.timeout_seconds:g}s", provider=self.name
+            )
+        if isinstance(exc, openai.APIConnectionError):
+            return ProviderUnavailableError(f"connection failed: {text}", provider=self.name)
+        if isinstance(exc, openai.APIStatusError):
+            status = exc.status_code
+            after = retry_after_seconds(exc.response.headers)
+            code = getattr(exc, "code", None) or ""
+            if status == 429:
+                return RateLimitedError(text, provider=self.name, status=status, retry_after=after)
+            if status >= 500:
+                return ProviderUnavailableError(
+                    text, provider=self.name, status=status, retry_after=after
+                )
+            if code == "context_length_exceeded" or "maximum context length" in text:
+                return ContextTooLongError(text, provider=self.name, status=status)
+            if code == "content_filter" or "content management policy" in text:
+                return ContentFilteredError(text, provider=self.name, status=status)
+            return ProviderRequestError(text, provider=self.name, status=status)
+        return ProviderRequestError(text, provider=self.name)

@@ -1,0 +1,305 @@
+"""Real models for a job's own prompt and output shape, against local fake providers that speak
+OpenAI's and Anthropic's documented formats: structured output asked for and checked, repair
+turns paid for and recorded, provider errors typed and retried within bounds, the requested and
+the answering model both kept."""
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from pydantic import BaseModel
+
+from idempotent_jobs import InvalidInputError, ModelAnswer, run_idempotent
+from idempotent_jobs.models import (
+    AnthropicMessages,
+    ContextTooLongError,
+    OpenAIChat,
+    OutputSchema,
+    OutputSchemaError,
+    Prompt,
+    ProviderUnavailableError,
+    RateLimitedError,
+    RefusalError,
+    RetryPolicy,
+    answer,
+    require,
+)
+from idempotent_jobs_tests.helpers import identity
+from idempotent_jobs_tests.ledgers import BothFaces
+from testkit.fake_providers import Answer, FakeProviders, Status
+
+
+class Clause(BaseModel):
+    kind: str
+    risk: int
+
+
+class Clauses(BaseModel):
+    clauses: list[Clause]
+
+
+GOOD = json.dumps({"clauses": [{"kind": "termination", "risk": 3}]})
+BAD = json.dumps({"clauses": [{"kind": "termination"}]})  # risk missing
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeProviders]:
+    with FakeProviders(default=lambda request: Answer(GOOD)) as server:
+        yield server
+
+
+def contracts_prompt(raw: dict[str, Any]) -> Prompt:
+    [contracts] = require(raw, "contracts")
+    return Prompt.of(
+        system="List each clause of the contracts with its risk from 1 to 5.",
+        user=json.dumps(contracts),
+        cache_system=True,
+    )
+
+
+def providers(fake: FakeProviders) -> dict[str, Any]:
+    return {
+        "openai": OpenAIChat(model="gpt-4o", api_key="sk-test", base_url=fake.openai_url),
+        "anthropic": AnthropicMessages(
+            model="claude-sonnet-4-5", api_key="sk-ant-test", base_url=fake.anthropic_url
+        ),
+    }
+
+
+def calls(db: psycopg.Connection, run_id: str) -> list[tuple[Any, ...]]:
+    return db.execute(
+        "SELECT turn, outcome, requested_model, model_name, input_tokens, output_tokens"
+        " FROM idempotent_jobs.model_calls WHERE run_id = %s ORDER BY call_id",
+        (run_id,),
+    ).fetchall()
+
+
+def no_wait() -> RetryPolicy:
+    waits: list[float] = []
+    return RetryPolicy(max_retries=2, sleep=waits.append)
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_the_schema_is_asked_for_and_a_bad_first_answer_is_repaired(
+    api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    provider = providers(fake)[api]
+    answered_by = {"openai": "gpt-4o-2024-08-06", "anthropic": "claude-sonnet-4-5-20250929"}[api]
+    fake.script = [
+        Answer(BAD, 900, 30, model=answered_by),
+        Answer(GOOD, 960, 35, model=answered_by),
+    ]
+    ident = identity(subject=f"contracts-{api}")
+
+    def transform(raw: dict[str, Any]) -> ModelAnswer:
+        return answer(provider, contracts_prompt(raw), OutputSchema.of(Clauses), retry=no_wait())
+
+    outcome = run_idempotent(
+        ledger,
+        ident,
+        collect=lambda i: {"contracts": [{"id": "c-1", "text": "Either party may terminate."}]},
+        transform=transform,
+    )
+    assert outcome.executed and outcome.output == json.loads(GOOD)
+    asked = provider.model
+    assert calls(db, ident.run_id) == [
+        (1, "rejected", asked, answered_by, 900, 30),
+        (None, "accepted", asked, answered_by, 960, 35),
+    ]
+    first, repair = fake.requests
+    if api == "openai":
+        schema = first.body["response_format"]["json_schema"]
+        assert schema["name"] == "Clauses" and schema["schema"] == Clauses.model_json_schema()
+        assert "c-1" in first.body["messages"][-1]["content"]
+        last = repair.body["messages"][-1]["content"]
+    else:
+        assert first.body["output_config"]["format"]["schema"] == Clauses.model_json_schema()
+        assert first.body["system"][0]["cache_control"] == {"type": "ephemeral"}
+        assert "c-1" in first.body["messages"][-1]["content"][0]["text"]
+        last = repair.body["messages"][-1]["content"][0]["text"]
+    assert "clauses/0/risk: Field required" in last  # the repair turn says what was wrong
+    assert repair.body["messages"][-2]["role"] == "assistant"
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_an_answer_that_stays_outside_the_schema_fails_with_every_call_paid_for(
+    api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    provider = providers(fake)[api]
+    fake.default = lambda request: Answer(BAD, 500, 20)
+    ident = identity(subject=f"never-{api}")
+    with pytest.raises(OutputSchemaError, match="after 2 repair turn"):
+        run_idempotent(
+            ledger,
+            ident,
+            collect=lambda i: {"contracts": []},
+            transform=lambda raw: answer(
+                provider, contracts_prompt(raw), OutputSchema.of(Clauses), repair_turns=2
+            ),
+        )
+    assert [c[:2] for c in calls(db, ident.run_id)] == [
+        (1, "rejected"),
+        (2, "rejected"),
+        (None, "rejected"),
+    ]
+    assert all(c[4:] == (500, 20) for c in calls(db, ident.run_id))
+    record = ledger.get(ident.run_id)
+    assert record is not None and record.status == "failed" and record.output is None
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_a_429_is_waited_out_as_the_provider_says_and_recorded(
+    api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    provider = providers(fake)[api]
+    kind = {"openai": "rate_limit_exceeded", "anthropic": "rate_limit_error"}[api]
+    fake.script = [Status(429, "slow down", kind, retry_after="7")]
+    waits: list[float] = []
+    ident = identity(subject=f"throttled-{api}")
+    outcome = run_idempotent(
+        ledger,
+        ident,
+        collect=lambda i: {"contracts": []},
+        transform=lambda raw: answer(
+            provider,
+            contracts_prompt(raw),
+            OutputSchema.of(Clauses),
+            retry=RetryPolicy(sleep=waits.append),
+        ),
+    )
+    assert outcome.executed and waits == [7.0]
+    assert [c[:2] for c in calls(db, ident.run_id)] == [(1, "failed"), (None, "accepted")]
+
+
+def test_transient_errors_are_retried_up_to_the_bound_then_fail_the_attempt(
+    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    provider = providers(fake)["anthropic"]
+    fake.default = lambda request: Status(529, "Overloaded", "overloaded_error")
+    ident = identity(subject="overloaded")
+    with pytest.raises(ProviderUnavailableError, match="Overloaded"):
+        run_idempotent(
+            ledger,
+            ident,
+            collect=lambda i: {"contracts": []},
+            transform=lambda raw: answer(provider, contracts_prompt(raw), None, retry=no_wait()),
+        )
+    assert len(fake.requests) == 3  # the first and two retries
+    assert [c[:2] for c in calls(db, ident.run_id)] == [
+        (1, "failed"),
+        (2, "failed"),
+        (None, "failed"),
+    ]
+
+
+def test_a_retry_after_longer_than_the_bound_ends_the_attempt_at_once(
+    fake: FakeProviders, ledger: BothFaces
+) -> None:
+    provider = providers(fake)["openai"]
+    fake.script = [Status(429, "try tomorrow", "rate_limit_exceeded", retry_after="86400")]
+    with pytest.raises(RateLimitedError) as raised:
+        run_idempotent(
+            ledger,
+            identity(subject="tomorrow"),
+            collect=lambda i: {"contracts": []},
+            transform=lambda raw: answer(provider, contracts_prompt(raw), None, retry=no_wait()),
+        )
+    assert raised.value.retry_after == 86400 and len(fake.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("api", "status", "error"),
+    [
+        (
+            "openai",
+            Status(
+                400,
+                "This model's maximum context length is 128000 tokens",
+                "context_length_exceeded",
+            ),
+            ContextTooLongError,
+        ),
+        (
+            "anthropic",
+            Status(
+                400, "prompt is too long: 250000 tokens > 200000 maximum", "invalid_request_error"
+            ),
+            ContextTooLongError,
+        ),
+        ("openai", Answer("I can't help with that.", stop="refusal"), RefusalError),
+        ("anthropic", Answer("I can't help with that.", stop="refusal"), RefusalError),
+    ],
+)
+def test_errors_that_will_not_pass_are_typed_and_not_retried(
+    api: str, status: Any, error: type[Exception], fake: FakeProviders, ledger: BothFaces
+) -> None:
+    provider = providers(fake)[api]
+    fake.script = [status]
+    with pytest.raises(error):
+        run_idempotent(
+            ledger,
+            identity(subject=f"{api}-{error.__name__}"),
+            collect=lambda i: {"contracts": []},
+            transform=lambda raw: answer(provider, contracts_prompt(raw), OutputSchema.of(Clauses)),
+        )
+    assert len(fake.requests) == 1
+
+
+def test_a_timeout_is_retried_and_the_slow_call_recorded(
+    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    from testkit.fake_providers import Slow
+
+    provider = OpenAIChat(
+        model="gpt-4o", api_key="sk-test", base_url=fake.openai_url, timeout_seconds=0.3
+    )
+    fake.script = [Slow(2.0, Answer(GOOD))]
+    ident = identity(subject="slow")
+    outcome = run_idempotent(
+        ledger,
+        ident,
+        collect=lambda i: {"contracts": []},
+        transform=lambda raw: answer(provider, contracts_prompt(raw), None, retry=no_wait()),
+    )
+    assert outcome.executed
+    assert [c[:2] for c in calls(db, ident.run_id)] == [(1, "failed"), (None, "accepted")]
+
+
+def test_a_missing_input_key_is_refused_before_any_call(
+    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    provider = providers(fake)["openai"]
+    ident = identity(subject="no-contracts")
+    with pytest.raises(InvalidInputError) as refused:
+        run_idempotent(
+            ledger,
+            ident,
+            collect=lambda i: {"documents": ["a"]},
+            transform=lambda raw: answer(provider, contracts_prompt(raw), None),
+        )
+    assert str(refused.value).startswith("raw_input: has no 'contracts'")
+    assert "'documents'" in str(refused.value)
+    assert fake.requests == []
+
+
+def test_a_json_schema_is_checked_as_well_as_a_pydantic_model(fake: FakeProviders) -> None:
+    schema = OutputSchema.of(
+        {
+            "type": "object",
+            "properties": {"score": {"type": "integer", "minimum": 0, "maximum": 100}},
+            "required": ["score"],
+            "additionalProperties": False,
+        },
+        name="score",
+    )
+    fake.script = [Answer('{"score": 140}'), Answer('{"score": 40}')]
+    provider = providers(fake)["openai"]
+    got = answer(provider, Prompt.of(user="score it"), schema, retry=no_wait())
+    assert got.output == {"score": 40}
+    assert "score: 140 is greater than the maximum of 100" in str(
+        fake.requests[1].body["messages"][-1]["content"]
+    )
+    with pytest.raises(InvalidInputError, match="output_schema"):
+        OutputSchema.of({"type": "array"})
