@@ -15,9 +15,9 @@ from pathlib import Path
 import dagster
 
 CHECKOUT = Path(__file__).resolve().parents[1]
-#: What every docs test needs: Dagster and the embedded PostgreSQL, `dg` and `create-dagster`
-#: at the Dagster version the package pins (the one installed here).
-EXTRAS = "dagster,embedded,dg"
+#: What every docs test needs: Dagster and the embedded PostgreSQL, both model steps' SDKs, `dg`
+#: and `create-dagster` at the Dagster version the package pins (the one installed here).
+EXTRAS = "dagster,embedded,dg,openai,anthropic"
 TOOLS = (f"create-dagster=={dagster.__version__}",)
 
 

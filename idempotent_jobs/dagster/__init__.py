@@ -17,11 +17,14 @@ if TYPE_CHECKING:
     from idempotent_jobs.dagster.reconciliation_job import build_reconciliation_job
     from idempotent_jobs.dagster.resource import RunLedgerResource
     from idempotent_jobs.dagster.resources import (
+        AnthropicModel,
         Collector,
         JsonLinesChannel,
         ModelStep,
         NotificationChannel,
+        OpenAICompatibleModel,
         StepContext,
+        StructuredModel,
         WebhookChannel,
     )
     from idempotent_jobs.dagster.retention_job import build_retention_job
@@ -36,11 +39,14 @@ _HOMES = {
     "RunLedgerResource": "resource",
     **dict.fromkeys(
         (
+            "AnthropicModel",
             "Collector",
             "JsonLinesChannel",
             "ModelStep",
             "NotificationChannel",
+            "OpenAICompatibleModel",
             "StepContext",
+            "StructuredModel",
             "WebhookChannel",
         ),
         "resources",
@@ -48,14 +54,17 @@ _HOMES = {
 }
 
 __all__ = [
+    "AnthropicModel",
     "Collector",
     "IdempotentJob",
     "IdempotentJobSpec",
     "JsonLinesChannel",
     "ModelStep",
     "NotificationChannel",
+    "OpenAICompatibleModel",
     "RunLedgerResource",
     "StepContext",
+    "StructuredModel",
     "WebhookChannel",
     "build_idempotent_job",
     "build_reconciliation_job",

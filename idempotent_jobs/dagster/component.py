@@ -238,7 +238,8 @@ class Source(Collector):
 
 
 class Model(ModelStep):
-    """The model call: call your provider here, or use OpenAICompatibleModel in defs.yaml."""
+    """The model call: call your provider here, or use OpenAICompatibleModel or AnthropicModel
+    in defs.yaml (model, api_key, prompt, output_schema)."""
 
     @property
     def model_name(self) -> str:

@@ -42,6 +42,21 @@ def retry_after_seconds(headers: Any) -> float | None:
     return None
 
 
+def strict_json_schema(schema: Any) -> Any:
+    """``schema`` as OpenAI's strict structured output accepts it: every object closed
+    (``additionalProperties: false``) and every property listed as required. A pydantic model's
+    schema has neither; the answer is still checked against the schema as given."""
+    if isinstance(schema, list):
+        return [strict_json_schema(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    strict = {key: strict_json_schema(value) for key, value in schema.items()}
+    if strict.get("type") == "object" and isinstance(strict.get("properties"), dict):
+        strict.setdefault("additionalProperties", False)
+        strict["required"] = list(strict["properties"])
+    return strict
+
+
 @dataclass
 class OpenAIChat:
     """Chat completions at ``base_url`` with ``model``."""
@@ -80,7 +95,9 @@ class OpenAIChat:
                 "type": "json_schema",
                 "json_schema": {
                     "name": schema.wire_name,
-                    "schema": dict(schema.json_schema),
+                    "schema": strict_json_schema(dict(schema.json_schema))
+                    if self.strict_schema
+                    else dict(schema.json_schema),
                     "strict": self.strict_schema,
                 },
             }

@@ -8,6 +8,7 @@ accepted call and one delivered notification per partition, a revision recompute
 once under the ``:r1`` key, and the user's ``dagster.yaml`` unchanged.
 """
 
+import json
 import re
 import shlex
 import subprocess
@@ -24,6 +25,7 @@ from idempotent_jobs_tests.chaos.parts import Receiver
 from idempotent_jobs_tests.helpers import JsonApi
 from idempotent_jobs_tests.installed_wheel import CHECKOUT
 from idempotent_jobs_tests.ledgers import BothFaces
+from testkit.fake_providers import Answer, FakeProviders, Request
 
 pytestmark = [pytest.mark.dagster_instance]
 
@@ -37,30 +39,62 @@ def blocks(text: str) -> list[tuple[str, str, str]]:
     return [(lang, info.strip(), body) for lang, info, body in BLOCK.findall(text)]
 
 
+#: The page's OpenAI model step, replaced by its Anthropic block for the other provider.
+OPENAI_STEP = re.compile(r'^ +"lead_scorer": OpenAICompatibleModel\(\n.*?^ +\),\n', re.M | re.S)
+#: The first answer misses the schema (no "reason"): it is repaired, and paid for twice.
+OUTSIDE_THE_SCHEMA = Answer(json.dumps({"scores": [{"id": "1", "score": 90}]}), 300, 20)
+
+
+def scored(request: Request) -> Answer:
+    """A model that scores the leads it is shown, in either API's request format."""
+    texts = [
+        m["content"] if isinstance(m["content"], str) else m["content"][0]["text"]
+        for m in request.body["messages"]
+    ]
+    [shown] = [t for t in texts if t.startswith("Leads of region")]  # a repair turn repeats it
+    leads = json.loads(shown.split("\n", 1)[1])
+    scores = [
+        {"id": str(lead["id"]), "score": 10 * len(lead["note"].split()), "reason": lead["note"]}
+        for lead in leads
+    ]
+    return Answer(json.dumps({"scores": scores}), 320, 40)
+
+
 @pytest.fixture
-def servers() -> Iterator[tuple[JsonApi, Receiver]]:
+def servers() -> Iterator[tuple[JsonApi, Receiver, FakeProviders]]:
     api, receiver = JsonApi(LEADS, "/api/leads"), Receiver()
+    provider = FakeProviders(default=scored, script=[OUTSIDE_THE_SCHEMA])
     try:
-        yield api, receiver
+        yield api, receiver, provider
     finally:
         api.close()
         receiver.close()
+        provider.close()
 
 
+@pytest.mark.parametrize("model_provider", ["openai", "anthropic"])
 def test_the_quickstart_runs_as_written(
+    model_provider: str,
     installed: Path,
-    servers: tuple[JsonApi, Receiver],
+    servers: tuple[JsonApi, Receiver, FakeProviders],
     fresh_database: str,
     server_url: str,
     tmp_path: Path,
 ) -> None:
-    api, receiver = servers
+    """With the page's OpenAI model step, every command; with its Anthropic block in its place,
+    the runs (the operator commands are the same for both)."""
+    api, receiver, provider = servers
     project = tmp_path / "leads"
     parts = blocks(DOC.read_text(encoding="utf-8"))
     files = {
         info.removeprefix("file="): body for _, info, body in parts if info.startswith("file=")
     }
-    assert set(files) >= {"pyproject.toml", "leads/definitions.py"}
+    assert set(files) >= {"pyproject.toml", "leads/definitions.py", "leads/scoring.py"}
+    if model_provider == "anthropic":
+        [claude] = [body for _, info, body in parts if info == "provider=anthropic"]
+        definitions = files["leads/definitions.py"]
+        assert len(OPENAI_STEP.findall(definitions)) == 1
+        files["leads/definitions.py"] = OPENAI_STEP.sub(lambda _: claude, definitions)
     for name, body in files.items():
         (project / name).parent.mkdir(parents=True, exist_ok=True)
         (project / name).write_text(body, encoding="utf-8")
@@ -73,6 +107,11 @@ def test_the_quickstart_runs_as_written(
         "DAGSTER_HOME": str(project / "dagster_home"),
         "LEADS_API_URL": api.url,
         "SALES_WEBHOOK_URL": receiver.url,
+        # The SDKs' own variables: the page's model steps name no URL.
+        "OPENAI_API_KEY": "sk-test-quickstart",
+        "OPENAI_BASE_URL": provider.openai_url,
+        "ANTHROPIC_API_KEY": "sk-ant-test-quickstart",
+        "ANTHROPIC_BASE_URL": provider.anthropic_url,
     }
     commands = [
         line
@@ -82,6 +121,12 @@ def test_the_quickstart_runs_as_written(
         if line.strip()
     ]
     assert commands[0] == "idempotent-jobs migrate"
+    if model_provider == "anthropic":  # the runs: migrate and the launches
+        commands = [
+            c
+            for c in commands
+            if c.startswith(("idempotent-jobs migrate", "idempotent-jobs launch"))
+        ]
     run_id = ""
     for command in commands:
         if "<run-id>" in command:
@@ -118,19 +163,36 @@ def test_the_quickstart_runs_as_written(
             assert doctor.returncode == 0, doctor.stdout + doctor.stderr
             assert "ok: role leads_worker has every privilege workers need" in doctor.stdout
 
+    assert {r.api for r in provider.requests} == {model_provider}
+    asked = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-4-5"}[model_provider]
+    assert {r.body["model"] for r in provider.requests} == {asked}
     with BothFaces(fresh_database) as ledger:
-        runs = ledger.list_runs(job_name="lead-scoring")
-        assert sorted(r.subject_id for r in runs) == ["amer", "emea"]
-        for run in runs:
-            calls = [c.outcome for c in ledger.model_calls(run.run_id)]
+        runs = {r.subject_id: r for r in ledger.list_runs(job_name="lead-scoring")}
+        assert sorted(runs) == ["amer", "emea"]
+        emea_calls = ledger.model_calls(runs["emea"].run_id)
+        # Launched first, emea met the answer outside the schema: a repair turn, both paid.
+        assert [(c.outcome, c.turn, c.tokens) for c in emea_calls[:2]] == [
+            ("rejected", 1, 320),
+            ("accepted", None, 360),
+        ]
+        assert all(c.requested_model == asked for c in emea_calls)
+        assert [c.outcome for c in ledger.model_calls(runs["amer"].run_id)] == ["accepted"]
+        output = runs["amer"].output
+        assert output is not None and output["scores"][0]["reason"] == LEADS[0]["note"]
+        revised = runs["emea"] if model_provider == "openai" else None
+        for run in runs.values():
             delivered = [o for o in ledger.outbox(run.run_id) if o.delivered_at is not None]
-            revised = run.run_id == run_id
-            assert run.status == "completed" and run.revision == (1 if revised else 0)
-            assert calls == ["accepted"] * (2 if revised else 1)
-            assert len(delivered) == (2 if revised else 1)
+            assert run.status == "completed"
+            assert len(delivered) == (2 if run is revised else 1)
             assert receiver.effects[f"{run.run_id}:sales_webhook"] == 1
-        assert receiver.effects[f"{run_id}:sales_webhook:r1"] == 1
-        assert sum(receiver.effects.values()) == 3
+    if model_provider == "anthropic":
+        assert sum(receiver.effects.values()) == 2
+        assert len(provider.requests) == 3
+        return
+    assert revised is not None and revised.run_id == run_id and revised.revision == 1
+    assert [c.outcome for c in ledger.model_calls(run_id)][2:] == ["accepted"]  # the revision
+    assert receiver.effects[f"{run_id}:sales_webhook:r1"] == 1
+    assert sum(receiver.effects.values()) == 3
     assert len(api.asked) == 2  # collected once per partition: the revision kept its input
     assert (project / "dagster_home" / "dagster.yaml").read_bytes() == user_yaml
     with psycopg.connect(server_url, autocommit=True) as conn:

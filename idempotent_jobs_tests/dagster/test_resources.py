@@ -16,7 +16,7 @@ from idempotent_jobs.dagster.resources import (
     FeedCollector,
     JsonLinesChannel,
     LocalExtractiveSummarizer,
-    OpenAICompatibleModel,
+    OpenAICompatibleSummaryModel,
     SampleDocumentsCollector,
     StepContext,
     WebhookChannel,
@@ -80,9 +80,11 @@ def chat_completions(handler: BaseHTTPRequestHandler, body: bytes) -> tuple[int,
     }
 
 
-def test_openai_compatible_model_speaks_chat_completions() -> None:
+def test_the_openai_compatible_summary_model_speaks_chat_completions() -> None:
     with http_server(chat_completions) as (url, seen):
-        model = OpenAICompatibleModel(base_url=f"{url}/v1", model="llama3", api_key="sk-test-key")
+        model = OpenAICompatibleSummaryModel(
+            base_url=f"{url}/v1", model="llama3", api_key="sk-test-key"
+        )
         answer = model.summarize(
             "Summarise.", {"documents": ["one.", {"title": "t", "text": "two."}]}
         )
@@ -105,39 +107,41 @@ def test_the_prompt_template_is_configuration_and_part_of_the_recorded_config() 
     context = StepContext(identity, "Label the tickets.", identity.run_id)
     template = "You triage the {subject} queue for {window_start}. {instructions}"
     with http_server(chat_completions) as (url, seen):
-        model = OpenAICompatibleModel(base_url=f"{url}/v1", model="m", prompt_template=template)
+        model = OpenAICompatibleSummaryModel(
+            base_url=f"{url}/v1", model="m", prompt_template=template
+        )
         model.generate({"documents": ["x."]}, context)
     system = json.loads(seen[0]["body"])["messages"][0]["content"]
     assert system == (
         "You triage the support queue for 2026-11-02T00:00:00+00:00. Label the tickets."
     )
-    plain = OpenAICompatibleModel(base_url="http://unused/v1", model="m")
+    plain = OpenAICompatibleSummaryModel(base_url="http://unused/v1", model="m")
     assert plain.settings() == {} and set(model.settings()) == {"prompt_template"}
-    reworded = OpenAICompatibleModel(
+    reworded = OpenAICompatibleSummaryModel(
         base_url="http://unused/v1", model="m", prompt_template="{instructions} Be brief."
     )
     assert reworded.settings() != model.settings()
     with pytest.raises(ValueError, match="prompt_template"):
-        OpenAICompatibleModel(
+        OpenAICompatibleSummaryModel(
             base_url="http://unused/v1", model="m", prompt_template="{unknown}"
         ).generate({"documents": ["x."]}, context)
 
 
-def test_openai_compatible_model_refuses_an_empty_answer() -> None:
+def test_the_openai_compatible_summary_model_refuses_an_empty_answer() -> None:
     def empty(handler: BaseHTTPRequestHandler, body: bytes) -> tuple[int, dict[str, Any]]:
         status, answer = chat_completions(handler, body)
         answer["choices"][0]["message"]["content"] = "   "
         return status, answer
 
     with http_server(empty) as (url, _):
-        model = OpenAICompatibleModel(base_url=f"{url}/v1", model="m")
+        model = OpenAICompatibleSummaryModel(base_url=f"{url}/v1", model="m")
         with pytest.raises(ValueError, match="empty answer"):
             model.summarize("p", {"documents": ["x."]})
 
 
-def test_openai_compatible_model_surfaces_server_errors() -> None:
+def test_the_openai_compatible_summary_model_surfaces_server_errors() -> None:
     with http_server(lambda h, b: (500, {"error": {"message": "overloaded"}})) as (url, seen):
-        model = OpenAICompatibleModel(base_url=f"{url}/v1", model="m")
+        model = OpenAICompatibleSummaryModel(base_url=f"{url}/v1", model="m")
         with pytest.raises(Exception, match="overloaded"):
             model.summarize("p", {"documents": ["x."]})
     assert len(seen) == 1  # no hidden SDK retries: the op's RetryPolicy decides

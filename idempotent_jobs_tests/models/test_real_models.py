@@ -111,7 +111,10 @@ def test_the_schema_is_asked_for_and_a_bad_first_answer_is_repaired(
     first, repair = fake.requests
     if api == "openai":
         schema = first.body["response_format"]["json_schema"]
-        assert schema["name"] == "Clauses" and schema["schema"] == Clauses.model_json_schema()
+        assert schema["name"] == "Clauses" and schema["strict"] is True
+        # Strict structured output: every object closed, every property required.
+        clause = schema["schema"]["$defs"]["Clause"]
+        assert clause["additionalProperties"] is False and clause["required"] == ["kind", "risk"]
         assert "c-1" in first.body["messages"][-1]["content"]
         last = repair.body["messages"][-1]["content"]
     else:
@@ -303,3 +306,50 @@ def test_a_json_schema_is_checked_as_well_as_a_pydantic_model(fake: FakeProvider
     )
     with pytest.raises(InvalidInputError, match="output_schema"):
         OutputSchema.of({"type": "array"})
+
+
+def test_the_model_steps_record_their_prompt_builder_and_schema_as_configuration(
+    fake: FakeProviders,
+) -> None:
+    """The resources as a job configures them: by import path. A changed builder or schema
+    changes the recorded configuration (a reused result computed under another says so)."""
+    from datetime import UTC, datetime
+
+    from idempotent_jobs import RunIdentity
+    from idempotent_jobs.core.records import JobConfig
+    from idempotent_jobs.dagster import AnthropicModel, OpenAICompatibleModel, StepContext
+
+    here = "idempotent_jobs_tests.models.test_real_models"
+    ident = RunIdentity("contracts", "acme", datetime(2026, 11, 2, tzinfo=UTC), "v1")
+    context = StepContext(ident, "List the clauses.", ident.run_id)
+    for step in (
+        OpenAICompatibleModel(
+            model="gpt-4o",
+            api_key="k",
+            base_url=fake.openai_url,
+            prompt=f"{here}:builder",
+            output_schema=f"{here}:Clauses",
+        ),
+        AnthropicModel(
+            model="claude-sonnet-4-5",
+            api_key="k",
+            base_url=fake.anthropic_url,
+            prompt=f"{here}:builder",
+            output_schema=f"{here}:Clauses",
+        ),
+    ):
+        settings = step.settings()
+        assert set(settings) == {"prompt_builder", "output_schema"}
+        config = JobConfig.of(prompt="p", model=step.model_name, validator="v", **settings)
+        assert config.parts["model"] == step.model
+        got = step.generate({"contracts": [{"id": "c-9"}]}, context)
+        assert got.output == json.loads(GOOD) and got.usage.requested_model == step.model
+    assert "c-9" in json.dumps(fake.requests[-1].body)
+    with pytest.raises(InvalidInputError, match="^prompt: cannot import 'no_such_module'"):
+        OpenAICompatibleModel(model="m", prompt="no_such_module:x").build_prompt({}, context)
+    with pytest.raises(InvalidInputError, match="^output_schema: module .* has no 'Nope'"):
+        OpenAICompatibleModel(model="m", output_schema=f"{here}:Nope").output_schema_of()
+
+
+def builder(raw: dict[str, Any], context: Any) -> Prompt:
+    return contracts_prompt(raw)

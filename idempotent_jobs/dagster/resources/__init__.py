@@ -12,12 +12,18 @@ from idempotent_jobs.dagster.resources.collectors import (
 )
 from idempotent_jobs.dagster.resources.models import (
     LocalExtractiveSummarizer,
-    OpenAICompatibleModel,
+    OpenAICompatibleSummaryModel,
     SummaryModel,
+)
+from idempotent_jobs.dagster.resources.real_models import (
+    AnthropicModel,
+    OpenAICompatibleModel,
+    StructuredModel,
 )
 from idempotent_jobs.dagster.resources.steps import Collector, ModelStep, StepContext
 
 __all__ = [
+    "AnthropicModel",
     "Collector",
     "ModelStep",
     "StepContext",
@@ -27,7 +33,9 @@ __all__ = [
     "LocalExtractiveSummarizer",
     "NotificationChannel",
     "OpenAICompatibleModel",
+    "OpenAICompatibleSummaryModel",
     "SampleDocumentsCollector",
+    "StructuredModel",
     "SummaryModel",
     "WebhookChannel",
 ]

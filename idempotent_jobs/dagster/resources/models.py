@@ -1,4 +1,8 @@
-"""The model: a local extractive summarizer (default, offline) or any OpenAI-compatible server."""
+"""The sample's summary models: a local extractive summarizer (default, offline) and the same
+summary from any OpenAI-compatible server. They read ``raw_input["documents"]`` and answer
+``{"summary": ...}``; a job with its own prompt and output shape uses
+:class:`~idempotent_jobs.dagster.OpenAICompatibleModel` or
+:class:`~idempotent_jobs.dagster.AnthropicModel` (``real_models.py``)."""
 
 import re
 from abc import abstractmethod
@@ -12,6 +16,7 @@ from idempotent_jobs.core.json_values import json_fingerprint
 from idempotent_jobs.core.records import ModelUsage
 from idempotent_jobs.core.steps import ModelAnswer
 from idempotent_jobs.dagster.resources.steps import ModelStep, StepContext
+from idempotent_jobs.models.prompts import require
 
 _WORD = re.compile(r"[\w'-]+", re.UNICODE)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -78,8 +83,10 @@ class LocalExtractiveSummarizer(SummaryModel):
         )
 
 
-class OpenAICompatibleModel(SummaryModel):
-    """Any server speaking OpenAI's chat-completions protocol: OpenAI, Ollama, vLLM, llama.cpp.
+class OpenAICompatibleSummaryModel(SummaryModel):
+    """The sample's summary from any server speaking OpenAI's chat completions (OpenAI, Ollama,
+    vLLM, llama.cpp): ``raw_input["documents"]`` in, ``{"summary": text}`` out. For your own
+    prompt and output schema, use :class:`~idempotent_jobs.dagster.OpenAICompatibleModel`.
 
     Configure ``api_key=dg.EnvVar("OPENAI_API_KEY")`` (local servers accept any key). The system
     message is ``prompt_template`` with ``{instructions}`` (the job's prompt), ``{subject}`` and
@@ -124,6 +131,9 @@ class OpenAICompatibleModel(SummaryModel):
     def summarize(self, prompt: str, raw_input: dict[str, Any]) -> ModelAnswer:
         from openai import OpenAI
 
+        if "documents" not in raw_input:
+            require(raw_input, "documents")  # one line naming the key, before any call
+
         client = OpenAI(
             base_url=self.base_url,
             api_key=self.api_key,
@@ -152,5 +162,6 @@ class OpenAICompatibleModel(SummaryModel):
                 response.model or self.model,
                 usage.prompt_tokens if usage else None,
                 usage.completion_tokens if usage else None,
+                requested_model=self.model,
             ),
         )
