@@ -5,11 +5,13 @@ chat completions (``POST /v1/chat/completions``) and Anthropic's Messages (``POS
 It answers from a script, one entry per request, then from ``default``: an :class:`Answer`
 (text, usage with cached and reasoning tokens, the dated model that answered, how it stopped),
 a :class:`Status` (a 429 with ``Retry-After``, a 5xx or 529, a 400 such as a context too long),
-or a :class:`Slow` answer (sent after the client's timeout). Every request is kept, parsed.
+a :class:`Slow` answer (sent after the client's timeout), or a :class:`Drop` (cut mid-answer).
+Every request is kept, parsed.
 """
 
 import itertools
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -52,7 +54,15 @@ class Slow:
     then: Answer
 
 
-Scripted = Answer | Status | Slow
+@dataclass(frozen=True)
+class Drop:
+    """``then``'s headers and half its body, then the connection closed: the answer was made
+    (and billed) but never arrived whole."""
+
+    then: Answer
+
+
+Scripted = Answer | Status | Slow | Drop
 
 
 @dataclass
@@ -96,8 +106,21 @@ class FakeProviders:
                 if isinstance(scripted, Slow):
                     time.sleep(scripted.seconds)
                     scripted = scripted.then
+                dropped = isinstance(scripted, Drop)
+                if isinstance(scripted, Drop):
+                    scripted = scripted.then
                 status, headers, payload = fake._reply(api, request, scripted)
                 data = json.dumps(payload).encode()
+                if dropped:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data[: len(data) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 try:
                     self.send_response(status)
                     for name, value in {**headers, "Content-Type": "application/json"}.items():

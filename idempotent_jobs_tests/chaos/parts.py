@@ -153,6 +153,8 @@ def run_worker(spec: dict[str, Any]) -> None:
     def transform(raw: dict[str, Any]) -> Any:
         if crash == "during_model":
             die()
+        if spec.get("provider_url"):  # a real model step against a faulty provider
+            return provider_answer(spec, raw)
         if spec.get("pause_marker"):
             Path(spec["pause_marker"]).touch()
             go = Path(spec["pause_marker"] + ".go")
@@ -240,6 +242,32 @@ def run_worker(spec: dict[str, Any]) -> None:
     report = ledger.deliver_outbox(send, run_id=identity.run_id)
     record({"event": "delivered", "count": len(report.delivered), "failed": len(report.failed)})
     ledger.close()
+
+
+#: The answer's shape in the provider trials (the checker reads ``input``).
+PROVIDER_SCHEMA = {
+    "type": "object",
+    "properties": {"summary": {"type": "string", "minLength": 1}, "input": {"type": "string"}},
+    "required": ["summary", "input"],
+    "additionalProperties": False,
+}
+
+
+def provider_answer(spec: dict[str, Any], raw: dict[str, Any]) -> Any:
+    """The model step of the provider trials: ``idempotent_jobs.models.answer`` on OpenAI's
+    API at the runner's faulty provider, whose requests (each one paid for) it counts itself."""
+    from idempotent_jobs.models import OpenAIChat, OutputSchema, Prompt, RetryPolicy, answer
+
+    provider = OpenAIChat(
+        model="chaos-model", api_key="sk-chaos", base_url=spec["provider_url"], timeout_seconds=2
+    )
+    prompt = Prompt.of(
+        system="Summarise the documents.", user=json.dumps({"trial": spec["trial"], **raw})
+    )
+    retry = RetryPolicy(max_retries=4, max_wait_seconds=1, backoff_seconds=0.02)
+    return answer(
+        provider, prompt, OutputSchema.of(PROVIDER_SCHEMA, "summary"), repair_turns=2, retry=retry
+    )
 
 
 def commit_like_persist(

@@ -18,12 +18,15 @@ its worker fails on its own, or is paused past its lease and overtaken, or a sec
 killed in its model call; then a healthy worker recovers the run), ``answered`` (a worker
 records its paid answer as Dagster's ``transform`` does, then is killed or paused past its lease
 before the commit: the recovery commits that answer with no model call, the paused one is
-fenced). After each trial the
+fenced), ``provider`` (two workers on one run call a real model step, OpenAI's API, at a
+provider that throttles with ``Retry-After``, fails with 5xx, cuts answers off mid-way and
+answers outside the schema: every request it received is one recorded call). After each trial the
 invariants are checked from the database and the receiver, among them: every paid model call is
 recorded once, and no lease outlives its holder's failure. Prints ``N passed, M failed``.
 """
 
 import argparse
+import json
 import multiprocessing
 import os
 import random
@@ -57,6 +60,7 @@ from idempotent_jobs_tests.chaos.parts import (
     trial_identity,
 )
 from idempotent_jobs_tests.ledgers import BothFaces
+from testkit.fake_providers import Answer, Drop, FakeProviders, Request, Scripted, Status
 from testkit.pgbouncer import PgBouncer
 
 KINDS = (
@@ -70,6 +74,7 @@ KINDS = (
     "hostile",
     "budget",
     "answered",
+    "provider",
 )
 # The budget trials: one call's tokens spend a subject's daily budget.
 BUDGET_TOKENS, CALL_TOKENS = 100, 80
@@ -110,6 +115,8 @@ class Chaos:
         self.workdir = workdir
         self.lease = lease_seconds
         self.rng = random.Random(seed)
+        self.provider_rng = random.Random(seed + 1)  # the provider's faults, on its own thread
+        self.provider_lock = threading.Lock()
         self.restarts = 0
         self.killed_in_commit: set[int] = set()  # workers SIGKILLed as their commit went out
         self.pgdata = workdir / "pgdata"
@@ -124,6 +131,7 @@ class Chaos:
         if self.bouncer is not None:
             self.worker_url = self.bouncer.url("postgres")
             self.socket_path = f"{self.bouncer.socket_dir}/.s.PGSQL.{self.bouncer.port}"
+        self.faulty = FakeProviders(default=self.faulty_answer)
         self.trap = Receiver()  # where redirects point: it must never see a request
         self.receiver = Receiver(trap=self.trap, slow_seconds=WEBHOOK_TIMEOUT * 3)
         self.proxy = CommitProxy(self.socket_path, RELAY)
@@ -134,6 +142,7 @@ class Chaos:
         self.ctx.set_forkserver_preload(["idempotent_jobs", "idempotent_jobs_tests.chaos.parts"])
 
     def close(self) -> None:
+        self.faulty.close()
         if self.bouncer is not None:
             self.bouncer.stop()
         self.proxy.close()
@@ -547,6 +556,51 @@ class Chaos:
             if error is not None and ("\x00" in error or len(error) > 4000):
                 verdict.problems.append(f"an unsafe error was stored: {error[:80]!r}")
         return verdict
+
+    def faulty_answer(self, request: Request) -> Scripted:
+        """The provider trials' provider: throttled, failing, cutting answers off, answering
+        outside the schema, or answering well (the input echoed, as the checker reads it)."""
+        asked = json.loads(request.body["messages"][1]["content"])
+        good = json.dumps({"summary": f"trial {asked['trial']}", "input": asked["documents"][0]})
+        with self.provider_lock:
+            roll = self.provider_rng.random()
+        if roll < 0.25:
+            return Status(429, "Rate limit reached", "rate_limit_exceeded", retry_after="0.05")
+        if roll < 0.35:
+            return Status(500, "The server had an error", "server_error")
+        if roll < 0.50:
+            return Drop(Answer(good, 120, 30))
+        if roll < 0.62:
+            return Answer(json.dumps({"summary": ""}), 120, 10)  # outside the schema
+        return Answer(good, 120, 30)
+
+    def provider(self, trial: int) -> Verdict:
+        """Two workers at once on one run, then recovery until it is done: every request the
+        provider received is one recorded model call, one answer accepted and delivered."""
+        extra = {"provider_url": self.faulty.openai_url, "wait_seconds": self.lease * 2}
+        processes = [self.start(self.spec(trial, **extra)) for _ in range(2)]
+        for process in processes:
+            process.join(timeout=120)
+        run_id = trial_identity(trial).run_id
+        for _ in range(6):  # every worker may have spent its retries: a scheduler retries
+            with self.conn() as conn:
+                row = conn.execute(
+                    "SELECT status FROM idempotent_jobs.runs WHERE run_id = %s", (run_id,)
+                ).fetchone()
+            if row == ("completed",):
+                break
+            self.recover(trial, provider_url=self.faulty.openai_url)
+        received = sum(
+            1
+            for r in self.faulty.requests
+            if json.loads(r.body["messages"][1]["content"]).get("trial") == trial
+        )
+        results = self.workdir / f"results-{trial}.jsonl"
+        with results.open("a") as handle:  # each request received was paid for
+            handle.writelines(
+                json.dumps({"event": "paid_call", "pid": 0}) + "\n" for _ in range(received)
+            )
+        return self.verdict(trial, "provider")
 
     def restart(self, trial: int) -> Verdict:
         trials = [trial * 1000 + i for i in range(RESTART_BATCH)]

@@ -270,6 +270,27 @@ def test_a_timeout_is_retried_and_the_slow_call_recorded(
     assert [c[:2] for c in calls(db, ident.run_id)] == [(1, "failed"), (None, "accepted")]
 
 
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_an_answer_cut_off_mid_way_is_retried_and_recorded(
+    api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    from testkit.fake_providers import Drop
+
+    provider = providers(fake)[api]
+    fake.script = [Drop(Answer(GOOD))]
+    ident = identity(subject=f"dropped-{api}")
+    outcome = run_idempotent(
+        ledger,
+        ident,
+        collect=lambda i: {"contracts": []},
+        transform=lambda raw: answer(
+            provider, contracts_prompt(raw), OutputSchema.of(Clauses), retry=no_wait()
+        ),
+    )
+    assert outcome.executed and len(fake.requests) == 2
+    assert [c[:2] for c in calls(db, ident.run_id)] == [(1, "failed"), (None, "accepted")]
+
+
 def test_a_missing_input_key_is_refused_before_any_call(
     fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
 ) -> None:
