@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from idempotent_jobs.core.json_values import UnreadableValue
     from idempotent_jobs.core.ledger import RunLedger
     from idempotent_jobs.core.protocol import ModelAnswer, RunOutcome, run_idempotent
+    from idempotent_jobs.core.rate_limits import RateLimit
     from idempotent_jobs.core.records import (
         AttemptRecord,
         Basis,
@@ -63,6 +64,7 @@ _HOMES = {
         "errors",
     ),
     "TokenBudget": "budgets",
+    "RateLimit": "rate_limits",
     "CallBook": "calls",
     "current_calls": "calls",
     "RunIdentity": "identity",
@@ -119,6 +121,7 @@ __all__ = [
     "OutboxRecord",
     "OutputRejectedError",
     "PaidCallError",
+    "RateLimit",
     "RunIdentity",
     "RunLedger",
     "RunNotFoundError",

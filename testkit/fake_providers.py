@@ -74,14 +74,74 @@ class Request:
 
 
 @dataclass
+class Limit:
+    """A provider's own rate limit per model, as providers enforce it: a token bucket of
+    ``requests`` and ``tokens`` per ``window`` seconds, full at first; a request over it is
+    answered 429 with ``retry-after``. Tokens are counted as OpenAI counts them before the call:
+    the prompt's (a token per 4 characters here) plus the most the answer may take."""
+
+    requests: int | None = None
+    tokens: int | None = None
+    window: float = 60.0
+
+    def __post_init__(self) -> None:
+        self._levels: dict[str, tuple[float, float, float]] = {}
+        self.throttled = 0
+        self.admitted: list[tuple[float, str, int]] = []  # (monotonic time, model, tokens)
+
+    @staticmethod
+    def counted(body: dict[str, Any]) -> int:
+        text = 0
+        for message in body.get("messages", []):
+            content = message.get("content")
+            text += (
+                len(content)
+                if isinstance(content, str)
+                else sum(len(part.get("text", "")) for part in content or [])
+            )
+        for block in body.get("system", []) if isinstance(body.get("system"), list) else []:
+            text += len(block.get("text", ""))
+        most = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+        return text // 4 + int(most)
+
+    def admit(self, model: str, tokens: int) -> float | None:
+        """``None`` when the request fits (and is counted), else the seconds to wait."""
+        now = time.monotonic()
+        requests_level, tokens_level, then = self._levels.get(
+            model, (float(self.requests or 0), float(self.tokens or 0), now)
+        )
+        elapsed = now - then
+        if self.requests:
+            requests_level = min(
+                self.requests, requests_level + elapsed * self.requests / self.window
+            )
+        if self.tokens:
+            tokens_level = min(self.tokens, tokens_level + elapsed * self.tokens / self.window)
+        short = []
+        if self.requests and requests_level < 1:
+            short.append((1 - requests_level) * self.window / self.requests)
+        if self.tokens and tokens_level < tokens:
+            short.append((tokens - tokens_level) * self.window / self.tokens)
+        if short:
+            self._levels[model] = (requests_level, tokens_level, now)
+            self.throttled += 1
+            return max(short)
+        self._levels[model] = (requests_level - 1, tokens_level - tokens, now)
+        self.admitted.append((now, model, tokens))
+        return None
+
+
+@dataclass
 class FakeProviders:
-    """The server; ``script`` is consumed in order, then ``default(request)`` answers."""
+    """The server; ``script`` is consumed in order, then ``default(request)`` answers. With
+    ``limit``, the provider's own rate limit answers 429 first."""
 
     default: Callable[[Request], Scripted] = field(
         default=lambda request: Answer('{"answer": "ok"}')
     )
     script: list[Scripted] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
+    limit: Limit | None = None
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -100,7 +160,16 @@ class FakeProviders:
                 )
                 with fake._lock:
                     fake.requests.append(request)
-                    scripted = fake.script.pop(0) if fake.script else None
+                    wait = (
+                        fake.limit.admit(str(body.get("model")), Limit.counted(body))
+                        if fake.limit is not None
+                        else None
+                    )
+                    scripted = fake.script.pop(0) if fake.script and wait is None else None
+                if wait is not None:
+                    scripted = Status(
+                        429, "Rate limit reached", "rate_limit_exceeded", f"{wait:.3f}"
+                    )
                 if scripted is None:
                     scripted = fake.default(request)
                 if isinstance(scripted, Slow):

@@ -9,6 +9,7 @@ is the other face, :class:`~idempotent_jobs.core.ledger.RunLedger`.
 
 from collections.abc import Collection, Sequence
 from datetime import datetime
+from typing import Any
 
 from psycopg.rows import dict_row
 
@@ -23,6 +24,7 @@ from idempotent_jobs.core.costs import JobHistory, JobSpend, ModelPrice, check_c
 from idempotent_jobs.core.errors import InvalidInputError, RunNotFoundError
 from idempotent_jobs.core.face import LedgerFace
 from idempotent_jobs.core.identity import normalize_text
+from idempotent_jobs.core.rate_limits import RateLimit
 from idempotent_jobs.core.records import (
     AttemptRecord,
     DrillRecord,
@@ -322,6 +324,29 @@ class LedgerAdmin(LedgerFace):
         return self._db.fetch("disarm_drills", params, record_row(DrillRecord))
 
     # -- prices and spend ----------------------------------------------------------------------
+
+    def set_rate_limit(self, limit: RateLimit) -> dict[str, Any]:
+        """Set a provider rate limit as the operator (it stands over a spec's declaration);
+        every worker of every deployment keeps it within half a minute."""
+        params = {
+            "provider": limit.provider,
+            "model": limit.model,
+            "key_name": limit.key_name,
+            "requests": limit.requests_per_minute,
+            "tokens": limit.tokens_per_minute,
+            "window_seconds": limit.window_seconds,
+        }
+        [row] = self._db.fetch("set_rate_limit", params, dict_row)
+        return row
+
+    def delete_rate_limit(self, provider: str, model: str, key_name: str = "") -> bool:
+        """Remove a rate limit; whether there was one."""
+        params = {"provider": provider, "model": model, "key_name": key_name}
+        return bool(self._db.rows("delete_rate_limit", params))
+
+    def rate_limits(self) -> list[dict[str, Any]]:
+        """Every provider rate limit, as rows (who declared it: a job's name, or ``operator``)."""
+        return self._db.fetch("list_rate_limits", {}, dict_row)
 
     def set_price(
         self,

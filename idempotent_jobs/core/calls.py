@@ -19,6 +19,7 @@ carries its usage). Outside :func:`call_model` (a model step called by hand, a t
 current book is a :class:`CallBook` that records nothing.
 """
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -29,6 +30,13 @@ from idempotent_jobs.core.budgets import TokenBudget
 from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.errors import LeaseLostError
 from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.rate_limits import (
+    MIN_POLL_SECONDS,
+    RateRequest,
+    applies,
+    forget_limits,
+    limits_of,
+)
 from idempotent_jobs.core.records import CallOrigin, CallOutcome, Lease, ModelUsage
 
 
@@ -43,22 +51,51 @@ class CallBook:
     budget: TokenBudget | None = None
     #: Raises :class:`LeaseLostError` once the heartbeat found the lease lost.
     lease_check: Callable[[], None] = lambda: None
+    sleep: Callable[[float], None] = time.sleep
     requests: int = 0
     turns: list[CallOutcome] = field(default_factory=list)
+    #: Seconds spent waiting for a place under a provider's rate limit.
+    rate_wait_seconds: float = 0.0
 
-    def before_request(self) -> None:
+    def before_request(self, rate: RateRequest | None = None) -> None:
         """Before each provider request: from the second on, the lease must still be held (one
         fenced renewal, :class:`LeaseLostError` otherwise) and the budget have room (the first
-        was checked by the step before the model ran)."""
+        was checked by the step before the model ran). With ``rate`` (the provider, model and
+        tokens of the request), wait for its place under the ledger's rate limit for that model,
+        if there is one (:mod:`idempotent_jobs.core.rate_limits`)."""
         self.requests += 1
-        if self.requests == 1 or self.ledger is None or self.lease is None:
+        if self.ledger is None or self.lease is None:
             return
-        self.lease_check()
-        if "lease_lost" in self.turns:
-            raise LeaseLostError()
-        self.ledger.renew(self.lease)  # fenced: LeaseLostError if another claim took the run
-        if self.budget is not None:
-            self.ledger.check_budget(self.lease, self.budget)
+        if self.requests > 1:
+            self.lease_check()
+            if "lease_lost" in self.turns:
+                raise LeaseLostError()
+            self.ledger.renew(self.lease)  # fenced: LeaseLostError if another claim took the run
+            if self.budget is not None:
+                self.ledger.check_budget(self.lease, self.budget)
+        if rate is not None:
+            self._wait_for_place(self.ledger, self.lease, rate)
+
+    def _wait_for_place(self, ledger: RunLedger, lease: Lease, rate: RateRequest) -> None:
+        limit = limits_of(ledger).get(rate.key)
+        if limit is None:
+            return
+        tokens = applies(limit, rate)
+        started = time.monotonic()
+        while True:
+            grant = ledger.acquire_rate(lease, rate, tokens)
+            if grant is None:  # the limit was deleted meanwhile
+                forget_limits(ledger)
+                break
+            if grant.granted:
+                if grant.wait_seconds > 0:
+                    self.sleep(grant.wait_seconds)
+                break
+            self.lease_check()  # nothing more is waited for on a lease another worker took
+            self.sleep(max(grant.wait_seconds, MIN_POLL_SECONDS))
+        waited = time.monotonic() - started
+        self.rate_wait_seconds += waited
+        telemetry.record_lease_wait(waited, "rate_limited")
 
     def paid(
         self, usage: ModelUsage | None, call: CallOutcome, error: BaseException | str

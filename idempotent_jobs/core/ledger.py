@@ -38,6 +38,7 @@ from idempotent_jobs.core.errors import (
 )
 from idempotent_jobs.core.identity import RunIdentity, normalize_text
 from idempotent_jobs.core.json_values import dump_json_object
+from idempotent_jobs.core.rate_limits import RateGrant, RateLimit, RateRequest, forget_limits
 from idempotent_jobs.core.records import (
     Basis,
     CallOrigin,
@@ -509,6 +510,44 @@ class RunLedger(OutboxDelivery, StepOutputs):
         """Every model's price per million tokens, as rows (the metrics' money figure; see
         :mod:`idempotent_jobs.core.costs` for the operator's side)."""
         return self._db.fetch("list_prices", {}, dict_row)
+
+    # -- provider rate limits ------------------------------------------------------------------
+
+    def rate_limit_rows(self) -> list[dict[str, Any]]:
+        """Every provider rate limit in the ledger, as rows (read through
+        :func:`~idempotent_jobs.core.rate_limits.limits_of`, which caches them)."""
+        return self._db.fetch("list_rate_limits", {}, dict_row)
+
+    def declare_rate_limit(self, limit: RateLimit, declared_by: str) -> bool:
+        """Record ``limit`` as the job ``declared_by`` declares it (once per process is enough;
+        an operator's limit stands over it). Returns whether the row changed."""
+        params = {
+            "provider": limit.provider,
+            "model": limit.model,
+            "key_name": limit.key_name,
+            "requests": limit.requests_per_minute,
+            "tokens": limit.tokens_per_minute,
+            "window_seconds": limit.window_seconds,
+            "declared_by": check_name("declared_by", declared_by),
+        }
+        changed = bool(self._db.rows("declare_rate_limit", params))
+        if changed:
+            forget_limits(self)
+        return changed
+
+    def acquire_rate(self, lease: Lease, request: RateRequest, tokens: int) -> RateGrant | None:
+        """Reserve a place for ``request`` (``tokens`` as it reserves them) under its limit,
+        for the run under ``lease`` (its subject's share); ``None`` when there is no such
+        limit. See :mod:`idempotent_jobs.core.rate_limits`."""
+        params = {
+            "run_id": lease.run_id,
+            "provider": request.provider,
+            "model": request.model,
+            "key_name": request.key_name,
+            "tokens": tokens,
+        }
+        rows = self._db.rows("acquire_rate", params)
+        return RateGrant(bool(rows[0][0]), float(rows[0][1])) if rows else None
 
     # -- failure drills ------------------------------------------------------------------------
 

@@ -78,6 +78,8 @@ class BoundAnswer:
     #: second serialisation); ``None`` for an answer read back from storage (a ticket, the
     #: ledger), which the commit serialises.
     payload: JsonPayload | None = field(default=None, compare=False, repr=False)
+    #: Seconds the call waited for places under a provider's rate limit (the run's metadata).
+    rate_wait_seconds: float = field(default=0.0, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled without the payload (Dagster's default IO manager pickles the answer between
@@ -271,6 +273,7 @@ def call_model(
         config=config,
         origin=origin,
         payload=payload,
+        rate_wait_seconds=book.rate_wait_seconds,
     )
     if record_answer:
         try:

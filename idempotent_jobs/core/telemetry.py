@@ -453,7 +453,8 @@ def count_tokens_not_accepted(tokens: int, model: str | None, outcome: str) -> N
 
 @best_effort()
 def record_lease_wait(seconds: float, outcome: str) -> None:
-    """A wait for another worker's lease, and how it ended (``claimed``, ``reused``, ``busy``)."""
+    """A wait for another worker's lease, and how it ended (``claimed``, ``reused``, ``busy``),
+    or for a place under a provider's rate limit (``rate_limited``)."""
     found = instruments()
     if found is not None:
         found.lease_waits.record(

@@ -13,6 +13,7 @@ import dagster as dg
 from idempotent_jobs.core.budgets import TokenBudget
 from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.core.identity import RunIdentity, clean_identity_text
+from idempotent_jobs.core.rate_limits import RateLimit
 from idempotent_jobs.core.records import JobConfig
 from idempotent_jobs.core.retention import RetentionPolicy
 from idempotent_jobs.dagster.partitions import identity_for_partition, window_by_subject
@@ -67,6 +68,9 @@ class IdempotentJobSpec:
     long payloads are kept (by default forever); the run rows themselves are never pruned.
     ``budget`` limits the tokens the job's model calls spend per UTC day (in all, and per
     subject), decided in the ledger for every worker: a refused step fails without retry.
+    ``rate_limits`` are the provider limits its model steps keep (:class:`RateLimit`: requests
+    and tokens per minute per provider and model), declared in the ledger when a worker first
+    calls the model and kept by every worker of every deployment sharing it.
     """
 
     name: str
@@ -90,6 +94,7 @@ class IdempotentJobSpec:
     description: str = ""
     retention: RetentionPolicy = RetentionPolicy()
     budget: TokenBudget | None = None
+    rate_limits: Sequence[RateLimit] = ()
 
     def __post_init__(self) -> None:
         """The identity fields are checked when the job is built, by the rules a run applies
@@ -114,6 +119,12 @@ class IdempotentJobSpec:
                     f"{seen[text]!r} and {subject!r} are the same subject once normalised",
                 )
             seen[text] = subject
+        for limit in self.rate_limits:
+            if not isinstance(limit, RateLimit):
+                raise InvalidInputError(
+                    f"IdempotentJobSpec {self.name!r}: rate_limits",
+                    f"must be RateLimit values, got {type(limit).__name__}",
+                )
 
     @property
     def partitions_def(self) -> dg.MultiPartitionsDefinition:

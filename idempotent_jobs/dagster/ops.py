@@ -25,6 +25,7 @@ from idempotent_jobs.core.errors import (
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.leases import Busy, Reused, claim_or_reuse
 from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.rate_limits import declare_rate_limits
 from idempotent_jobs.core.records import (
     CallCosts,
     CallOrigin,
@@ -194,6 +195,7 @@ def transform_step(
     step = StepContext(
         _identity(context, spec), spec.prompt, lease.run_id, context.run_id, context.op.name
     )
+    declare_rate_limits(ledger, spec.rate_limits, spec.identity_job_name)
     try:
         answer = call_model(
             ledger,
@@ -214,6 +216,10 @@ def transform_step(
             allow_retries=False,
         ) from None
     ticket = Ticket.under(lease, context.run_id, StepResult.MODEL_CALLED, answer)
+    if answer.rate_wait_seconds:
+        context.add_output_metadata(
+            {"rate_limit_wait_seconds": dg.MetadataValue.float(round(answer.rate_wait_seconds, 3))}
+        )
     return _report(context, ticket, answer.usage)
 
 

@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol
 
 from idempotent_jobs.core.calls import CallBook, current_calls
 from idempotent_jobs.core.errors import InvalidInputError
+from idempotent_jobs.core.rate_limits import RateRequest
 from idempotent_jobs.core.records import ModelUsage
 from idempotent_jobs.core.steps import ModelAnswer
 from idempotent_jobs.models.errors import (
@@ -47,6 +48,11 @@ class Provider(Protocol):
     def name(self) -> str: ...
 
     def send(self, prompt: Prompt, schema: OutputSchema | None) -> Reply: ...
+
+    def rate_request(self, prompt: Prompt) -> RateRequest:
+        """What sending ``prompt`` takes under the provider's rate limits (the model asked
+        for, the API key's name, the tokens: the prompt's and the most the answer may have)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -87,8 +93,9 @@ def send_with_retries(
 ) -> Reply:
     """``provider.send``, retried on a transient error as ``retry`` says; each failed request
     is recorded before the next (the last one's error propagates, and its attempt records it)."""
+    rate = provider.rate_request(prompt)
     for attempt in range(retry.max_retries + 1):
-        book.before_request()
+        book.before_request(rate)
         try:
             return provider.send(prompt, schema)
         except ProviderError as exc:

@@ -11,6 +11,7 @@ read: uncached, written to the cache, and read from it.
 from dataclasses import dataclass, field
 from typing import Any
 
+from idempotent_jobs.core.rate_limits import RateRequest
 from idempotent_jobs.core.records import ModelUsage
 from idempotent_jobs.models.answers import Reply
 from idempotent_jobs.models.errors import (
@@ -38,17 +39,33 @@ class AnthropicMessages:
     base_url: str | None = None
     temperature: float | None = None
     timeout_seconds: float = 60.0
+    #: The API key's name under the ledger's rate limits (a label, never the key).
+    key_name: str = ""
+    _made: Any = field(default=None, init=False, repr=False, compare=False)
     name: str = "anthropic"
+
+    def rate_request(self, prompt: Prompt) -> RateRequest:
+        return RateRequest(
+            self.name, self.model, prompt.estimated_tokens() + (self.max_tokens), self.key_name
+        )
+
+    def _client(self) -> Any:
+        """The SDK's client, made once (it keeps its connection pool between requests)."""
+        import anthropic
+
+        if self._made is None:
+            self._made = anthropic.Anthropic(
+                base_url=self.base_url,
+                api_key=self.api_key,
+                timeout=self.timeout_seconds,
+                max_retries=0,
+            )
+        return self._made
 
     def send(self, prompt: Prompt, schema: OutputSchema | None) -> Reply:
         import anthropic
 
-        client = anthropic.Anthropic(
-            base_url=self.base_url,
-            api_key=self.api_key,
-            timeout=self.timeout_seconds,
-            max_retries=0,
-        )
+        client = self._client()
         options: dict[str, Any] = {}
         if prompt.system:
             options["system"] = [

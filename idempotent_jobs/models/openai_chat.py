@@ -9,6 +9,7 @@ The SDK's own retries are off: a retry is this package's, recorded (``answers``)
 from dataclasses import dataclass, field
 from typing import Any
 
+from idempotent_jobs.core.rate_limits import RateRequest
 from idempotent_jobs.core.records import ModelUsage
 from idempotent_jobs.models.answers import Finish, Reply
 from idempotent_jobs.models.errors import (
@@ -67,18 +68,37 @@ class OpenAIChat:
     temperature: float | None = None
     max_tokens: int | None = None
     timeout_seconds: float = 60.0
+    #: The API key's name under the ledger's rate limits (a label, never the key).
+    key_name: str = ""
+    _made: Any = field(default=None, init=False, repr=False, compare=False)
     strict_schema: bool = True
     name: str = "openai"
+
+    def rate_request(self, prompt: Prompt) -> RateRequest:
+        return RateRequest(
+            self.name,
+            self.model,
+            prompt.estimated_tokens() + (self.max_tokens or 1024),
+            self.key_name,
+        )
+
+    def _client(self) -> Any:
+        """The SDK's client, made once (it keeps its connection pool between requests)."""
+        import openai
+
+        if self._made is None:
+            self._made = openai.OpenAI(
+                base_url=self.base_url,
+                api_key=self.api_key,
+                timeout=self.timeout_seconds,
+                max_retries=0,
+            )
+        return self._made
 
     def send(self, prompt: Prompt, schema: OutputSchema | None) -> Reply:
         import openai
 
-        client = openai.OpenAI(
-            base_url=self.base_url,
-            api_key=self.api_key,
-            timeout=self.timeout_seconds,
-            max_retries=0,
-        )
+        client = self._client()
         messages: list[Any] = (
             [{"role": "system", "content": "\n\n".join(b.text for b in prompt.system)}]
             if prompt.system

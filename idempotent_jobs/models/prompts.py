@@ -43,6 +43,12 @@ class Prompt:
         blocks = (SystemBlock(system, cache_system),) if isinstance(system, str) else tuple(system)
         return cls((Message("user", user),), tuple(b for b in blocks if b.text))
 
+    def estimated_tokens(self) -> int:
+        """The tokens this prompt may take, generously (a token per 3 characters): what a rate
+        limit reserves for it before it is sent."""
+        text = sum(len(b.text) for b in self.system) + sum(len(m.content) for m in self.messages)
+        return text // 3 + 8 * (len(self.messages) + len(self.system))
+
     def repaired(self, answer: str | None, problems: list[str]) -> "Prompt":
         """This prompt, the answer that missed the schema, and a request to correct it."""
         listed = "\n".join(f"- {p}" for p in problems[:20])

@@ -22,6 +22,7 @@ from idempotent_jobs.operator.commands import (
     drill,
     health,
     launch,
+    limits,
     outbox,
     prune,
     revise,
@@ -32,7 +33,7 @@ from idempotent_jobs.operator.commands.common import Shared, positive
 from idempotent_jobs.operator.render import escape_controls
 
 #: The command modules, in the order ``--help`` lists them.
-COMMANDS = (setup, db, launch, runs, outbox, health, revise, prune, drill, costs)
+COMMANDS = (setup, db, launch, runs, outbox, health, revise, prune, drill, costs, limits)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -48,6 +48,11 @@ UNFENCED_WRITES = {
     "prune_step_outputs": "retention: hand-overs of completed runs only, never leased",
     "record_lost_call": "only the cost of a call whose lease was lost, never the run's state; "
     "only for an epoch the ledger recorded as this worker's",
+    "declare_rate_limit": "the provider limit a job's workers keep; it touches no run",
+    "acquire_rate": "a place under a provider's rate limit (its row locked FOR UPDATE); it "
+    "touches no run, and waiting for it is not paying for anything",
+    "set_rate_limit": "an operator sets a provider's rate limit; it touches no run",
+    "delete_rate_limit": "an operator removes a provider's rate limit; it touches no run",
 }
 _WRITE = re.compile(r"\b(INSERT INTO|UPDATE|DELETE FROM)\s+\{schema\}\.", re.IGNORECASE)
 _FENCE = (
@@ -122,7 +127,13 @@ def test_no_other_module_runs_a_statement() -> None:
 
 def test_a_name_both_faces_hold_is_the_same_read() -> None:
     shared = set(face_statements("worker")) & set(face_statements("admin"))
-    assert shared == {"get_run", "list_model_calls", "list_outbox", "list_prices"}
+    assert shared == {
+        "get_run",
+        "list_model_calls",
+        "list_outbox",
+        "list_prices",
+        "list_rate_limits",
+    }
     for name in shared:
         assert face_statements("worker")[name] == face_statements("admin")[name], name
         assert not _WRITE.search(face_statements("worker")[name].text), name

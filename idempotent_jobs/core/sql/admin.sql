@@ -429,3 +429,25 @@ WITH old AS (
   RETURNING s.dagster_run_id
 )
 SELECT count(*)::bigint, COALESCE(sum(bytes), 0)::bigint FROM old
+
+-- name: set_rate_limit
+-- Set a provider rate limit as an operator (it stands over the one a job's spec declares).
+INSERT INTO {schema}.rate_limits AS l (provider, model, key_name, requests_per_window,
+  tokens_per_window, window_seconds, declared_by)
+VALUES (%(provider)s, %(model)s, %(key_name)s, %(requests)s, %(tokens)s, %(window_seconds)s,
+  'operator')
+ON CONFLICT (provider, model, key_name) DO UPDATE
+  SET requests_per_window = EXCLUDED.requests_per_window,
+    tokens_per_window = EXCLUDED.tokens_per_window, window_seconds = EXCLUDED.window_seconds,
+    declared_by = 'operator', updated_at = now()
+RETURNING l.*
+
+-- name: delete_rate_limit
+-- Remove a provider rate limit (workers stop pacing that model within half a minute).
+DELETE FROM {schema}.rate_limits
+WHERE provider = %(provider)s AND model = %(model)s AND key_name = %(key_name)s
+RETURNING provider
+
+-- name: list_rate_limits
+-- Every provider rate limit, by provider, model and key name.
+SELECT * FROM {schema}.rate_limits ORDER BY provider, model, key_name

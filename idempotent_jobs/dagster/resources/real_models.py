@@ -66,6 +66,10 @@ class StructuredModel(ModelStep):
 
     model: str = Field(description="The model to ask for (recorded and priced as asked)")
     api_key: str = Field(default="", repr=False, description="API key; use a dg.EnvVar")
+    api_key_name: str = Field(
+        default="",
+        description="The key's name under the ledger's rate limits (a label, never the key)",
+    )
     prompt: str = Field(
         default="",
         description=(
@@ -174,6 +178,7 @@ class OpenAICompatibleModel(StructuredModel):
             max_tokens=self.max_tokens,
             timeout_seconds=self.timeout_seconds,
             strict_schema=self.strict_schema,
+            key_name=self.api_key_name,
         )
 
 
@@ -193,4 +198,5 @@ class AnthropicModel(StructuredModel):
             base_url=self.base_url,
             temperature=self.temperature,
             timeout_seconds=self.timeout_seconds,
+            key_name=self.api_key_name,
         )

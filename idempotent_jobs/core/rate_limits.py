@@ -1,0 +1,166 @@
+"""Provider rate limits, decided in the ledger for every worker of every deployment.
+
+A :class:`RateLimit` caps the requests and the tokens a provider takes for one model (and API
+key name) per window, a minute unless said. It is declared by a job's spec (written when its
+workers start; an operator's ``idempotent-jobs limits set`` stands over it) or by an operator.
+Before each request to a limited model a worker reserves its place in the ledger, on the
+database clock (``acquire_rate`` in ``sql/worker.sql``, one statement), and waits until then
+instead of meeting a 429. The tokens a request takes are estimated before it is sent, as
+providers count them: its prompt's length (a token per 3 characters, generous) plus the most
+it may answer (``max_tokens``).
+
+Fairness: a subject whose earlier reservation is still pending may reserve at most half a
+window ahead, and asks again past that, while a subject with none may reserve a whole window
+ahead: a backfill of one subject does not push another subject's run more than a window out.
+"""
+
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from idempotent_jobs.core.errors import InvalidInputError
+
+#: How long a worker's copy of the ledger's limits is trusted before it is read again.
+LIMITS_TTL_SECONDS = 30.0
+#: The shortest wait between two asks of a subject told to ask again.
+MIN_POLL_SECONDS = 0.02
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """At most ``requests_per_minute`` requests and ``tokens_per_minute`` tokens per
+    ``window_seconds`` (60: a minute) to ``model`` of ``provider`` (``openai``,
+    ``anthropic``), for the API key named ``key_name`` (a label, never the key; empty: any)."""
+
+    provider: str
+    model: str
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    key_name: str = ""
+    window_seconds: int = 60
+
+    def __post_init__(self) -> None:
+        for name in ("provider", "model"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip() or len(value) > 200:
+                raise InvalidInputError(
+                    name, f"must be a name of 1 to 200 characters, got {value!r}"
+                )
+        if not isinstance(self.key_name, str) or len(self.key_name) > 200:
+            raise InvalidInputError("key_name", f"must be a name, got {self.key_name!r}")
+        for name, top in (("requests_per_minute", 2**31 - 1), ("tokens_per_minute", 2**62)):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top
+            ):
+                raise InvalidInputError(name, f"must be a whole number from 1, got {value!r}")
+        if self.requests_per_minute is None and self.tokens_per_minute is None:
+            raise InvalidInputError(
+                "requests_per_minute", "a rate limit needs requests or tokens per minute"
+            )
+        seconds = self.window_seconds
+        if isinstance(seconds, bool) or not isinstance(seconds, int) or not 1 <= seconds <= 86400:
+            raise InvalidInputError("window_seconds", f"must be 1 to 86400, got {seconds!r}")
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.provider, self.model, self.key_name)
+
+
+@dataclass(frozen=True)
+class RateRequest:
+    """One request about to be sent: whose limit it falls under and the tokens it may take."""
+
+    provider: str
+    model: str
+    tokens: int = 0
+    key_name: str = ""
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.provider, self.model, self.key_name)
+
+
+@dataclass(frozen=True)
+class RateGrant:
+    """The ledger's answer: ``granted`` (go after ``wait_seconds``), else ask again then."""
+
+    granted: bool
+    wait_seconds: float
+
+
+class LimitSource(Protocol):
+    def rate_limit_rows(self) -> list[dict[str, Any]]: ...
+
+
+_known: "weakref.WeakKeyDictionary[Any, tuple[float, dict[tuple[str, str, str], RateLimit]]]" = (
+    weakref.WeakKeyDictionary()
+)
+_lock = threading.Lock()
+
+
+def limits_of(source: LimitSource) -> dict[tuple[str, str, str], RateLimit]:
+    """The limits in the ledger, by (provider, model, key name), read at most every
+    :data:`LIMITS_TTL_SECONDS` per ledger: a model with none costs no statement."""
+    now = time.monotonic()
+    with _lock:
+        cached = _known.get(source)
+    if cached is not None and now - cached[0] < LIMITS_TTL_SECONDS:
+        return cached[1]
+    table = {}
+    for row in source.rate_limit_rows():
+        limit = RateLimit(
+            row["provider"],
+            row["model"],
+            row["requests_per_window"],
+            row["tokens_per_window"],
+            row["key_name"],
+            row["window_seconds"],
+        )
+        table[limit.key] = limit
+    with _lock:
+        _known[source] = (now, table)
+    return table
+
+
+class Declarer(Protocol):
+    def declare_rate_limit(self, limit: RateLimit, declared_by: str) -> bool: ...
+
+
+_declared: "weakref.WeakKeyDictionary[Any, set[tuple[RateLimit, str]]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def declare_rate_limits(ledger: Declarer, limits: Sequence[RateLimit], job_name: str) -> None:
+    """Declare a job's limits in the ledger, once per process and ledger (a statement each,
+    the first time only)."""
+    if not limits:
+        return
+    with _lock:
+        done = _declared.setdefault(ledger, set())
+        todo = [limit for limit in limits if (limit, job_name) not in done]
+    for limit in todo:
+        ledger.declare_rate_limit(limit, job_name)
+        with _lock:
+            done.add((limit, job_name))
+
+
+def forget_limits(source: LimitSource) -> None:
+    """Read the limits afresh at the next request (after this process declared one)."""
+    with _lock:
+        _known.pop(source, None)
+
+
+def applies(limit: RateLimit, request: RateRequest) -> int:
+    """The tokens ``request`` reserves under ``limit``: never more than nine tenths of the
+    window's tokens, the most one reservation can take (a bigger request is paced as that)."""
+    if limit.tokens_per_minute is None:
+        return 0
+    return min(max(0, request.tokens), int(limit.tokens_per_minute * 0.9))
+
+
+__all__ = ["RateGrant", "RateLimit", "RateRequest", "limits_of"]

@@ -1,0 +1,105 @@
+"""Eight worker processes of two deployments share one provider's rate limit through the ledger,
+against a fake provider that enforces the same limit itself (429 above it): almost no request
+meets a 429, the limit is used at 90% or more, and the second deployment's scheduled runs are
+not held back by the first one's backfill for more than a window."""
+
+import multiprocessing
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from idempotent_jobs_tests.ledgers import BothFaces
+from testkit.fake_providers import Answer, FakeProviders, Limit
+
+pytestmark = pytest.mark.slow
+
+WINDOW = 2
+REQUESTS = 20  # per window: 10 a second
+TOKENS = 24_000  # per window; each request counts about 1,030
+MAX_TOKENS = 1000
+
+
+def worker(conninfo: str, url: str, job: str, runs: list[tuple[str, int]], out: Any) -> None:
+    """One worker process of one deployment: its runs, one model call each, keeping the limit
+    its deployment's spec declares."""
+    from idempotent_jobs import RateLimit, RunIdentity, RunLedger, run_idempotent
+    from idempotent_jobs.core.rate_limits import declare_rate_limits
+    from idempotent_jobs.models import OpenAIChat, Prompt, RetryPolicy, answer
+
+    provider = OpenAIChat(model="gpt-4o", api_key="sk", base_url=url, max_tokens=MAX_TOKENS)
+    limit = RateLimit(
+        "openai", "gpt-4o", REQUESTS, TOKENS, window_seconds=WINDOW
+    )  # as each deployment's spec declares it
+    waits: list[float] = []
+    with RunLedger(conninfo, pool_max_size=2) as ledger:
+        declare_rate_limits(ledger, [limit], job)
+
+        def transform(raw: dict[str, Any]) -> Any:
+            started = time.monotonic()
+            got = answer(provider, Prompt.of(user=f"summarise {raw}"), None, retry=RetryPolicy())
+            waits.append(time.monotonic() - started)
+            return got
+
+        for subject, n in runs:
+            window = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(hours=n)
+            run_idempotent(
+                ledger,
+                RunIdentity(job, subject, window, "v1"),
+                collect=lambda identity: {"n": identity.scheduled_at.hour},
+                transform=transform,
+            )
+    out.put((job, waits))
+
+
+def test_eight_workers_of_two_deployments_share_the_limit_fairly(database: str) -> None:
+    BothFaces(database).migrate()
+    limit = Limit(requests=REQUESTS, tokens=TOKENS, window=WINDOW)
+    with FakeProviders(default=lambda request: Answer("a summary", 30, 10), limit=limit) as fake:
+        context = multiprocessing.get_context("spawn")
+        out = context.Queue()
+        backfill = [
+            context.Process(
+                target=worker,
+                args=(
+                    database,
+                    fake.openai_url,
+                    "backfill",
+                    [("big", n * 10 + i) for i in range(10)],
+                    out,
+                ),
+            )
+            for n in range(6)
+        ]
+        for process in backfill:
+            process.start()
+        while len(limit.admitted) < REQUESTS:  # the backfill has taken the burst: it queues
+            time.sleep(0.05)
+        scheduled = [
+            context.Process(
+                target=worker,
+                args=(
+                    database,
+                    fake.openai_url,
+                    "daily",
+                    [(f"region-{n}", h) for h in range(3)],
+                    out,
+                ),
+            )
+            for n in range(2)
+        ]
+        for process in scheduled:
+            process.start()
+        results = [out.get(timeout=240) for _ in range(8)]
+        for process in backfill + scheduled:
+            process.join(60)
+    requests = len(fake.requests)
+    assert requests == 66 + limit.throttled
+    assert limit.throttled <= requests * 0.01, f"{limit.throttled} of {requests} met a 429"
+    times = [t for t, _, _ in limit.admitted]
+    busy = times[-1] - times[0]
+    paced = len(times) - int(REQUESTS * 0.9)  # past the first burst
+    assert paced / busy >= 0.9 * REQUESTS / WINDOW, f"{paced} requests in {busy:.2f}s"
+    daily = [w for job, waits in results if job == "daily" for w in waits]
+    assert len(daily) == 6 and max(daily) <= WINDOW + 0.5, daily
