@@ -87,6 +87,7 @@ class Limit:
     def __post_init__(self) -> None:
         self._levels: dict[str, tuple[float, float, float]] = {}
         self.throttled = 0
+        self.refused: list[tuple[float, float, float, int]] = []
         self.admitted: list[tuple[float, str, int]] = []  # (monotonic time, model, tokens)
 
     @staticmethod
@@ -125,6 +126,7 @@ class Limit:
         if short:
             self._levels[model] = (requests_level, tokens_level, now)
             self.throttled += 1
+            self.refused.append((now, requests_level, tokens_level, tokens))
             return max(short)
         self._levels[model] = (requests_level - 1, tokens_level - tokens, now)
         self.admitted.append((now, model, tokens))

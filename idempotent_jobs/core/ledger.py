@@ -38,7 +38,14 @@ from idempotent_jobs.core.errors import (
 )
 from idempotent_jobs.core.identity import RunIdentity, normalize_text
 from idempotent_jobs.core.json_values import dump_json_object
-from idempotent_jobs.core.rate_limits import RateGrant, RateLimit, RateRequest, forget_limits
+from idempotent_jobs.core.rate_limits import (
+    BURST_SHARE,
+    PACE_SHARE,
+    RateGrant,
+    RateLimit,
+    RateRequest,
+    forget_limits,
+)
 from idempotent_jobs.core.records import (
     Basis,
     CallOrigin,
@@ -545,6 +552,8 @@ class RunLedger(OutboxDelivery, StepOutputs):
             "model": request.model,
             "key_name": request.key_name,
             "tokens": tokens,
+            "burst": BURST_SHARE,
+            "pace": PACE_SHARE,
         }
         rows = self._db.rows("acquire_rate", params)
         return RateGrant(bool(rows[0][0]), float(rows[0][1])) if rows else None

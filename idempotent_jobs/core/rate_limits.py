@@ -5,9 +5,11 @@ key name) per window, a minute unless said. It is declared by a job's spec (writ
 workers start; an operator's ``idempotent-jobs limits set`` stands over it) or by an operator.
 Before each request to a limited model a worker reserves its place in the ledger, on the
 database clock (``acquire_rate`` in ``sql/worker.sql``, one statement), and waits until then
-instead of meeting a 429. The tokens a request takes are estimated before it is sent, as
-providers count them: its prompt's length (a token per 3 characters, generous) plus the most
-it may answer (``max_tokens``).
+instead of meeting a 429. It paces at :data:`PACE_SHARE` of the limit, with bursts of
+:data:`BURST_SHARE` of a window: the provider's own bucket keeps the difference against the
+jitter between a reservation and the request's arrival. The tokens a request takes are
+estimated before it is sent, as providers count them: its prompt's length (a token per 3
+characters, generous) plus the most it may answer (``max_tokens``).
 
 Fairness: a subject whose earlier reservation is still pending may reserve at most half a
 window ahead, and asks again past that, while a subject with none may reserve a whole window
@@ -27,6 +29,13 @@ from idempotent_jobs.core.errors import InvalidInputError
 LIMITS_TTL_SECONDS = 30.0
 #: The shortest wait between two asks of a subject told to ask again.
 MIN_POLL_SECONDS = 0.02
+#: How much of a window's worth the ledger lets go at once. The provider's bucket keeps the rest
+#: against the jitter between a reservation and the request's arrival: a new process's first
+#: request (the SDK's first call) arrives up to half a second after its place.
+BURST_SHARE = 0.6
+#: The rate the ledger paces at, as a share of the limit: the provider's bucket slowly refills
+#: under it, so a late request followed by a punctual one never finds it empty.
+PACE_SHARE = 0.95
 
 
 @dataclass(frozen=True)
@@ -156,11 +165,11 @@ def forget_limits(source: LimitSource) -> None:
 
 
 def applies(limit: RateLimit, request: RateRequest) -> int:
-    """The tokens ``request`` reserves under ``limit``: never more than nine tenths of the
-    window's tokens, the most one reservation can take (a bigger request is paced as that)."""
+    """The tokens ``request`` reserves under ``limit``: never more than the burst's share of
+    the window's tokens, the most one reservation can take (a bigger one is paced as that)."""
     if limit.tokens_per_minute is None:
         return 0
-    return min(max(0, request.tokens), int(limit.tokens_per_minute * 0.9))
+    return min(max(0, request.tokens), int(limit.tokens_per_minute * BURST_SHARE * PACE_SHARE))
 
 
 __all__ = ["RateGrant", "RateLimit", "RateRequest", "limits_of"]

@@ -45,6 +45,9 @@ class AnthropicMessages:
     name: str = "anthropic"
 
     def rate_request(self, prompt: Prompt) -> RateRequest:
+        # The client is made (the SDK imported) before a place is reserved, not after: the
+        # request then goes at its place, as the provider's bucket expects it.
+        self._client()
         return RateRequest(
             self.name, self.model, prompt.estimated_tokens() + (self.max_tokens), self.key_name
         )

@@ -75,6 +75,9 @@ class OpenAIChat:
     name: str = "openai"
 
     def rate_request(self, prompt: Prompt) -> RateRequest:
+        # The client is made (the SDK imported) before a place is reserved, not after: the
+        # request then goes at its place, as the provider's bucket expects it.
+        self._client()
         return RateRequest(
             self.name,
             self.model,

@@ -3,9 +3,8 @@
 -- requests and tokens per window (a minute, unless said) per provider, model and API key name,
 -- decided on the database clock. Expand only: the previous release's workers never read them.
 --
--- Each measure is a token bucket kept as a theoretical arrival time (GCRA): the bucket holds a
--- window's worth (less a tenth kept for the provider's own jitter) and refills at the limit's
--- rate. A worker reserves its request's place (`acquire_rate`) and waits until then instead of
+-- Each measure is a token bucket kept as a theoretical arrival time (GCRA), a little shallower
+-- and slower than the provider's own (core/rate_limits.py says by how much). A worker reserves its request's place (`acquire_rate`) and waits until then instead of
 -- meeting a 429. Fair between subjects: one whose earlier reservation is still pending may
 -- reserve at most half a window ahead, and polls past that; one with none, a whole window.
 -- So a backfill of one subject never pushes another subject's request more than one window out.

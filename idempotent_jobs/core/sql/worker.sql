@@ -612,7 +612,8 @@ SELECT * FROM {schema}.rate_limits ORDER BY provider, model, key_name
 -- name: acquire_rate
 -- Reserve one request's place under a provider's rate limit; say how long to wait for it.
 -- Each measure (requests, tokens) is a token bucket kept as its theoretical arrival time
--- (GCRA): the bucket holds nine tenths of a window's worth and refills at the limit's rate. A
+-- (GCRA): the bucket holds `burst` of a window's worth and refills at `pace` of the limit's rate
+-- (both a little under the provider's, so arrival jitter never meets its own bucket empty). A
 -- request may start once every bucket has room for it; reserving moves each time on by what it
 -- takes. The limit row is locked for the decision, so reservations are serialised per limit.
 -- Fairness: a subject whose last reservation has not started yet may reserve at most half a
@@ -623,10 +624,11 @@ WITH run AS (
 ), lim AS (
   SELECT l.provider, l.model, l.key_name, l.requests_tat, l.tokens_tat, now() AS now,
     make_interval(secs => l.window_seconds) AS win,
-    make_interval(secs => l.window_seconds * 0.9) AS room,
-    make_interval(secs => l.window_seconds::float8 / l.requests_per_window) AS req_step,
-    make_interval(secs => l.window_seconds::float8 * %(tokens)s::bigint
-      / l.tokens_per_window) AS tok_step
+    make_interval(secs => l.window_seconds * %(burst)s::float8) AS room,
+    make_interval(secs => l.window_seconds / (l.requests_per_window * %(pace)s::float8))
+      AS req_step,
+    make_interval(secs => l.window_seconds * %(tokens)s::bigint
+      / (l.tokens_per_window * %(pace)s::float8)) AS tok_step
   FROM {schema}.rate_limits AS l
   WHERE l.provider = %(provider)s AND l.model = %(model)s AND l.key_name = %(key_name)s
   FOR UPDATE
