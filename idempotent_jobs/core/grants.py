@@ -27,6 +27,9 @@ WORKER_PRIVILEGES: dict[str, tuple[str, ...]] = {
     "spend_days": ("SELECT", "INSERT", "UPDATE"),  # model_calls' trigger keeps it
     "model_prices": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # operators set, workers read
     "step_outputs": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # the ledger IO manager's
+    # Workers declare limits and reserve places; operators set and delete them.
+    "rate_limits": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "rate_subjects": ("SELECT", "INSERT", "UPDATE"),  # each subject's latest reservation
     "attempts": ("SELECT",),
     "schema_migrations": ("SELECT",),
 }

@@ -223,6 +223,7 @@ def test_the_reader_role_runs_every_read_of_the_operator_face(
         )
         reader.storage()
         reader.prices()
+        reader.rate_limits()
         reader.spend_by_job()
         reader.job_history("competitor-summary")
         reader.run_statuses([run_id])
