@@ -56,6 +56,8 @@ class CallBook:
     turns: list[CallOutcome] = field(default_factory=list)
     #: Seconds spent waiting for a place under a provider's rate limit.
     rate_wait_seconds: float = 0.0
+    #: Whether a request was refused before it was sent (a lost lease, a spent budget).
+    refused: bool = False
 
     def before_request(self, rate: RateRequest | None = None) -> None:
         """Before each provider request: from the second on, the lease must still be held (one
@@ -66,15 +68,19 @@ class CallBook:
         self.requests += 1
         if self.ledger is None or self.lease is None:
             return
-        if self.requests > 1:
-            self.lease_check()
-            if "lease_lost" in self.turns:
-                raise LeaseLostError()
-            self.ledger.renew(self.lease)  # fenced: LeaseLostError if another claim took the run
-            if self.budget is not None:
-                self.ledger.check_budget(self.lease, self.budget)
-        if rate is not None:
-            self._wait_for_place(self.ledger, self.lease, rate)
+        try:
+            if self.requests > 1:
+                self.lease_check()
+                if "lease_lost" in self.turns:
+                    raise LeaseLostError()
+                self.ledger.renew(self.lease)  # fenced: LeaseLostError if another claim took it
+                if self.budget is not None:
+                    self.ledger.check_budget(self.lease, self.budget)
+            if rate is not None:
+                self._wait_for_place(self.ledger, self.lease, rate)
+        except BaseException:
+            self.refused = True  # this request was never sent: no call to record for it
+            raise
 
     def _wait_for_place(self, ledger: RunLedger, lease: Lease, rate: RateRequest) -> None:
         limit = limits_of(ledger).get(rate.key)

@@ -254,10 +254,9 @@ def call_model(
         except BaseException as exc:
             if isinstance(exc, PaidCallError):  # the last request's cost, as the step knew it
                 usage, answered = recordable_usage(exc.usage), exc.answered
-            # Refused before a further request was sent (the book's budget or lease check):
+            # Refused before its request was sent (the book's lease, budget or rate check):
             # the requests that were sent are recorded already.
-            unsent = isinstance(exc, BudgetExceededError | LeaseLostError) and book.requests > 1
-            outcome = None if unsent else call_outcome(called, answered)
+            outcome = None if book.refused else call_outcome(called, answered)
             end_attempt(ledger, lease, exc, usage, call=outcome, origin=origin)
             raise
     if heartbeat.lost:  # the call was paid for: record it though the run moved on
