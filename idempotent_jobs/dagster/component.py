@@ -25,6 +25,7 @@ from pydantic import Field, field_validator
 from idempotent_jobs.core.budgets import TokenBudget
 from idempotent_jobs.core.constants import DATABASE_URL_ENV
 from idempotent_jobs.core.errors import InvalidInputError
+from idempotent_jobs.core.rate_limits import RateLimit
 from idempotent_jobs.core.retention import PARTS, RetentionPolicy
 from idempotent_jobs.dagster.job_factory import build_idempotent_job
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec, default_payload, default_validate
@@ -65,6 +66,17 @@ class BudgetDecl(dg.Model):
     tokens_per_subject_per_day: int | None = None
 
 
+class RateLimitDecl(dg.Model):
+    """A provider's rate limit the job's model calls keep, with every worker on the ledger."""
+
+    provider: str = Field(description="openai or anthropic")
+    model: str = Field(description="the model asked for")
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    key_name: str = ""
+    window_seconds: int = 60
+
+
 class IdempotentJob(dg.Component, dg.Model, dg.Resolvable):
     """A scheduled AI job run at most once per partition (time window x subject): one run
     record, one accepted answer, each notification sent once. Builds the partitioned job, its
@@ -93,6 +105,9 @@ class IdempotentJob(dg.Component, dg.Model, dg.Resolvable):
         description=f"RunLedgerResource settings (default: ${DATABASE_URL_ENV})",
     )
     budget: BudgetDecl | None = None
+    rate_limits: list[RateLimitDecl] = Field(
+        default_factory=list, description="provider rate limits, kept by every worker"
+    )
     retention_days: dict[str, float | None] = Field(
         default_factory=dict, description=f"days kept per part ({', '.join(PARTS)})"
     )
@@ -149,6 +164,7 @@ class IdempotentJob(dg.Component, dg.Model, dg.Resolvable):
                 description=self.description,
                 retention=RetentionPolicy.of_days(**self.retention_days),
                 budget=TokenBudget(**self.budget.model_dump()) if self.budget else None,
+                rate_limits=[RateLimit(**limit.model_dump()) for limit in self.rate_limits],
             )
         except (InvalidInputError, dg.DagsterInvalidDefinitionError, ValueError) as exc:
             raise InvalidInputError(where, str(exc)) from None

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from idempotent_jobs import RateLimit
 from idempotent_jobs.operator.cli import main
 from idempotent_jobs.operator.code_location import CodeLocationError, find_targets, load_workspace
 from idempotent_jobs_tests.ledgers import BothFaces
@@ -56,6 +57,8 @@ attributes:
   model_step: {{type: .steps.Model}}
   channels:
     {job}_file: {{type: JsonLinesChannel, config: {{path: {notifications}}}}}
+  rate_limits:
+    - {{provider: openai, model: gpt-4o-mini, requests_per_minute: 500, tokens_per_minute: 200000}}
 """
 
 
@@ -110,6 +113,9 @@ def test_a_create_dagster_project_is_found_and_its_component_loaded(
     )
     assert list(spec.subjects) == ["north", "south"]
     assert spec.collector == "churn_alerts_collector" and spec.channels == ("churn_alerts_file",)
+    assert list(spec.rate_limits) == [
+        RateLimit("openai", "gpt-4o-mini", requests_per_minute=500, tokens_per_minute=200_000)
+    ]
     resources = workspace.locations[0].resources
     assert {"ledger", "churn_alerts_collector", "churn_alerts_model"} <= set(resources)
 
