@@ -1,0 +1,85 @@
+"""A job's spec declares its provider's rate limit; the transform step of each partition waits
+for its place in the ledger before its request, and says how long in its metadata."""
+
+from collections.abc import Iterator
+from typing import Any, cast
+
+import dagster as dg
+import pytest
+
+from idempotent_jobs import RateLimit, RunIdentity
+from idempotent_jobs.core.constants import DATABASE_URL_ENV
+from idempotent_jobs.dagster import (
+    IdempotentJobSpec,
+    OpenAICompatibleModel,
+    RunLedgerResource,
+    build_idempotent_job,
+)
+from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel
+from idempotent_jobs_tests.ledgers import BothFaces
+from testkit.dagster_harness import DagsterTestEnv
+from testkit.fake_providers import Answer, FakeProviders
+
+#: Two requests per 4-second window: the first goes at once, the second waits for its place
+#: (about 1.8 s after the first, less the time the first run took).
+LIMIT = RateLimit("openai", "gpt-4o-mini", requests_per_minute=2, window_seconds=4)
+
+
+class Subject(Collector):
+    def collect(self, identity: RunIdentity) -> dict[str, Any]:
+        return {"subject": identity.subject_id}
+
+
+def has_text(output: dict[str, Any]) -> bool:
+    return bool(output.get("text"))
+
+
+SPEC = IdempotentJobSpec(
+    name="limited_summary",
+    identity_job_name="limited-summary",
+    version="v1",
+    window=dg.DailyPartitionsDefinition(start_date="2026-08-01"),
+    subjects=["first", "second"],
+    lease_seconds=30.0,
+    validate=has_text,
+    rate_limits=[LIMIT],
+)
+JOB, _ = build_idempotent_job(SPEC)
+
+
+@pytest.fixture
+def provider() -> Iterator[FakeProviders]:
+    with FakeProviders(default=lambda request: Answer("a summary", 20, 5)) as fake:
+        yield fake
+
+
+def test_the_spec_declares_the_limit_and_the_step_reports_its_wait(
+    dagster_env: DagsterTestEnv, ledger: BothFaces, provider: FakeProviders
+) -> None:
+    defs = dg.Definitions(
+        jobs=[JOB],
+        resources={
+            "ledger": RunLedgerResource(database_url=dg.EnvVar(DATABASE_URL_ENV)),
+            "collector": Subject(),
+            "model": OpenAICompatibleModel(
+                model="gpt-4o-mini", api_key="sk-test", base_url=provider.openai_url
+            ),
+            "report_file": JsonLinesChannel(path=str(dagster_env.notifications)),
+        },
+    )
+    job = defs.resolve_job_def(SPEC.name)
+    waits: list[float] = []
+    for subject in ("first", "second"):
+        result = job.execute_in_process(partition_key=f"{subject}|2026-08-07")
+        assert result.success
+        [transform] = [
+            e
+            for e in result.all_events
+            if e.step_key == "transform" and e.event_type_value == "STEP_OUTPUT"
+        ]
+        found = transform.step_output_data.metadata.get("rate_limit_wait_seconds")
+        waits.append(0.0 if found is None else float(cast(float, found.value)))
+    [row] = ledger.admin.rate_limits()
+    assert (row["requests_per_window"], row["declared_by"]) == (2, "limited-summary")
+    assert waits[0] < 0.5 and waits[1] > 0.3, waits  # the second waited for its place
+    assert len(provider.requests) == 2
