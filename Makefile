@@ -6,10 +6,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install demo dev test check lint chromium tools bench bench-capacity bench-peers clean
 
+# uv (from PyPI, into the venv) installs what pip would, from the same pins, in seconds.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --upgrade pip uv
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
