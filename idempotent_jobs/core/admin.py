@@ -328,15 +328,7 @@ class LedgerAdmin(LedgerFace):
     def set_rate_limit(self, limit: RateLimit) -> dict[str, Any]:
         """Set a provider rate limit as the operator (it stands over a spec's declaration);
         every worker of every deployment keeps it within half a minute."""
-        params = {
-            "provider": limit.provider,
-            "model": limit.model,
-            "key_name": limit.key_name,
-            "requests": limit.requests_per_minute,
-            "tokens": limit.tokens_per_minute,
-            "window_seconds": limit.window_seconds,
-        }
-        [row] = self._db.fetch("set_rate_limit", params, dict_row)
+        [row] = self._db.fetch("set_rate_limit", limit.params(), dict_row)
         return row
 
     def delete_rate_limit(self, provider: str, model: str, key_name: str = "") -> bool:

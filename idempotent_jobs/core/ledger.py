@@ -528,15 +528,7 @@ class RunLedger(OutboxDelivery, StepOutputs):
     def declare_rate_limit(self, limit: RateLimit, declared_by: str) -> bool:
         """Record ``limit`` as the job ``declared_by`` declares it (once per process is enough;
         an operator's limit stands over it). Returns whether the row changed."""
-        params = {
-            "provider": limit.provider,
-            "model": limit.model,
-            "key_name": limit.key_name,
-            "requests": limit.requests_per_minute,
-            "tokens": limit.tokens_per_minute,
-            "window_seconds": limit.window_seconds,
-            "declared_by": check_name("declared_by", declared_by),
-        }
+        params = {**limit.params(), "declared_by": check_name("declared_by", declared_by)}
         changed = bool(self._db.rows("declare_rate_limit", params))
         if changed:
             forget_limits(self)

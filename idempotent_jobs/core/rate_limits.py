@@ -78,6 +78,17 @@ class RateLimit:
     def key(self) -> tuple[str, str, str]:
         return (self.provider, self.model, self.key_name)
 
+    def params(self) -> dict[str, Any]:
+        """The limit as the statements that write it take it (both faces write one)."""
+        return {
+            "provider": self.provider,
+            "model": self.model,
+            "key_name": self.key_name,
+            "requests": self.requests_per_minute,
+            "tokens": self.tokens_per_minute,
+            "window_seconds": self.window_seconds,
+        }
+
 
 @dataclass(frozen=True)
 class RateRequest:

@@ -195,7 +195,6 @@ def transform_step(
     step = StepContext(
         _identity(context, spec), spec.prompt, lease.run_id, context.run_id, context.op.name
     )
-    declare_rate_limits(ledger, spec.rate_limits, spec.identity_job_name)
     try:
         answer = call_model(
             ledger,
@@ -207,6 +206,11 @@ def transform_step(
             heartbeat_seconds=spec.lease_seconds / 3,
             drill_job=spec.identity_job_name,
             budget=spec.budget,
+            # Inside the call's guard: a ledger that cannot take the declaration ends the
+            # attempt (lease given back, no call recorded) instead of leaving the lease held.
+            before_call=lambda: declare_rate_limits(
+                ledger, spec.rate_limits, spec.identity_job_name
+            ),
             record_answer=True,  # before the answer goes to the IO manager
         )
     except BudgetExceededError as exc:  # retrying today would be refused again: no retry

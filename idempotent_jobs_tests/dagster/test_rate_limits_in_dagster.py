@@ -7,7 +7,7 @@ from typing import Any, cast
 import dagster as dg
 import pytest
 
-from idempotent_jobs import RateLimit, RunIdentity
+from idempotent_jobs import LedgerPermissionError, RateLimit, RunIdentity
 from idempotent_jobs.core.constants import DATABASE_URL_ENV
 from idempotent_jobs.dagster import (
     IdempotentJobSpec,
@@ -42,6 +42,7 @@ SPEC = IdempotentJobSpec(
     subjects=["first", "second"],
     lease_seconds=30.0,
     validate=has_text,
+    model_retry=dg.RetryPolicy(max_retries=1, delay=0.1),
     rate_limits=[LIMIT],
 )
 JOB, _ = build_idempotent_job(SPEC)
@@ -83,3 +84,37 @@ def test_the_spec_declares_the_limit_and_the_step_reports_its_wait(
     assert (row["requests_per_window"], row["declared_by"]) == (2, "limited-summary")
     assert waits[0] < 0.5 and waits[1] > 0.3, waits  # the second waited for its place
     assert len(provider.requests) == 2
+
+
+class NoDeclarations(BothFaces):
+    """A ledger that cannot take the spec's limits (a role without the privilege, an outage)."""
+
+    def declare_rate_limit(self, limit: RateLimit, declared_by: str) -> bool:
+        raise LedgerPermissionError("permission denied for table rate_limits")
+
+
+class DeclaringFails(RunLedgerResource):
+    ledger_class = NoDeclarations
+
+
+def test_a_declaration_that_fails_ends_the_attempt_and_frees_the_lease(
+    dagster_env: DagsterTestEnv, ledger: BothFaces, provider: FakeProviders
+) -> None:
+    defs = dg.Definitions(
+        jobs=[JOB],
+        resources={
+            "ledger": DeclaringFails(database_url=dg.EnvVar(DATABASE_URL_ENV)),
+            "collector": Subject(),
+            "model": OpenAICompatibleModel(
+                model="gpt-4o-mini", api_key="sk-test", base_url=provider.openai_url
+            ),
+            "report_file": JsonLinesChannel(path=str(dagster_env.notifications)),
+        },
+    )
+    job = defs.resolve_job_def(SPEC.name)
+    result = job.execute_in_process(partition_key="first|2026-08-07", raise_on_error=False)
+    assert not result.success
+    [run] = ledger.list_runs(job_name=SPEC.identity_job_name)
+    assert run.status == "failed" and run.lease_owner is None  # given back, not held
+    assert "permission denied for table rate_limits" in (run.last_error or "")
+    assert ledger.model_calls(run.run_id) == [] and provider.requests == []
