@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -36,6 +37,28 @@ HOSTS = {"db": 2, "broker": 3, "dep1": 11, "dep2": 12, "w1": 21, "w2": 22}
 SKEW = {"w1": "+3h", "w2": "-3h"}
 DEPLOYMENTS = ("dep1", "dep2")
 LOCATION = "idempotent_jobs_tests"
+
+
+_TERMINATED = threading.Event()
+
+
+def exit_on_sigterm() -> None:
+    """A SIGTERM (a CI timeout, a test's kill) unwinds like Ctrl-C, so every host is torn down.
+
+    The handler's ``SystemExit`` can be swallowed when the signal lands inside a garbage
+    collection callback or a ``__del__`` ("Exception ignored in ..."), so it also leaves a flag
+    that every wait of the harness checks: the exit is delayed by one poll, never lost."""
+
+    def handler(_signum: int, _frame: object) -> None:
+        _TERMINATED.set()
+        raise SystemExit(143)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def exit_if_terminated() -> None:
+    if _TERMINATED.is_set():
+        raise SystemExit(143)
 
 
 def postgres_bin() -> tuple[Path, str]:
@@ -379,6 +402,7 @@ class Hosts:
     def wait_for(self, condition: Callable[[], bool], what: str, seconds: float = 120) -> None:
         deadline = time.monotonic() + seconds
         while not condition():
+            exit_if_terminated()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"timed out after {seconds:g}s waiting for {what}")
             time.sleep(0.1)
@@ -388,6 +412,7 @@ class Hosts:
 
     def query(self, statement: str, *params: Any) -> list[tuple[Any, ...]]:
         for attempt in range(60):  # the server may be restarting under a trial
+            exit_if_terminated()
             try:
                 with self.conn() as conn:
                     return conn.execute(statement.encode(), params).fetchall()

@@ -25,7 +25,6 @@ Prints ``N passed, M failed`` last.
 
 import argparse
 import json
-import signal
 import sys
 import tempfile
 import time
@@ -34,7 +33,13 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from idempotent_jobs_tests.chaos.parts import Verdict, check_invariants, read_results
-from idempotent_jobs_tests.cluster.hosts import DEPLOYMENTS, SKEW, Hosts
+from idempotent_jobs_tests.cluster.hosts import (
+    DEPLOYMENTS,
+    SKEW,
+    Hosts,
+    exit_if_terminated,
+    exit_on_sigterm,
+)
 from idempotent_jobs_tests.cluster.location import LEASE_SECONDS, partition_of
 
 KINDS = ("worker", "broker", "deployment", "restart", "clock")
@@ -91,6 +96,7 @@ class Cluster(Hosts):
         relaunches = 0
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
+            exit_if_terminated()
             runs = self.dagster_runs(trial)
             in_flight = [status for _, status in runs if status not in TERMINAL]
             if not in_flight:
@@ -298,6 +304,7 @@ def run(
         try:
             cluster.start()
             for number in range(1, trials + 1):
+                exit_if_terminated()
                 kind = kinds[(number - 1) % len(kinds)]
                 started = time.monotonic()
                 try:
@@ -351,8 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(kinds) - set(KINDS)
     if unknown:
         parser.error(f"unknown kinds: {sorted(unknown)}")
-    # A SIGTERM (a CI timeout, a test's kill) unwinds like Ctrl-C: every host is torn down.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    exit_on_sigterm()
     started = time.monotonic()
     verdicts = run(args.trials, kinds, args.seed, args.pgbouncer, args.keep)
     print(f"({time.monotonic() - started:.0f} s)", file=sys.stderr)
