@@ -13,9 +13,10 @@ except PackageNotFoundError:  # imported from a checkout that was never installe
 
 if TYPE_CHECKING:
     from idempotent_jobs.core.admin import LedgerAdmin
-    from idempotent_jobs.core.budgets import TokenBudget
+    from idempotent_jobs.core.budgets import Budget, TokenBudget
     from idempotent_jobs.core.calls import CallBook, current_calls
     from idempotent_jobs.core.errors import (
+        BudgetConflictError,
         BudgetExceededError,
         IdentityConflictError,
         InvalidInputError,
@@ -56,14 +57,15 @@ if TYPE_CHECKING:
 _HOMES = {
     **dict.fromkeys(
         (
-            "BudgetExceededError IdentityConflictError InvalidInputError LeaseBusyError "
-            "LeaseLostError LedgerConnectionError LedgerError LedgerPermissionError "
+            "BudgetConflictError BudgetExceededError IdentityConflictError InvalidInputError "
+            "LeaseBusyError LeaseLostError LedgerConnectionError LedgerError LedgerPermissionError "
             "OutputRejectedError PaidCallError RunNotFoundError SchemaNotMigratedError "
             "StaleCandidateError"
         ).split(),
         "errors",
     ),
     "TokenBudget": "budgets",
+    "Budget": "budgets",
     "RateLimit": "rate_limits",
     "CallBook": "calls",
     "current_calls": "calls",
@@ -97,6 +99,8 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AttemptRecord",
     "Basis",
+    "Budget",
+    "BudgetConflictError",
     "BudgetExceededError",
     "CallBook",
     "CallCosts",

@@ -7,7 +7,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from idempotent_jobs import RunIdentity, RunLedger, run_idempotent
+from idempotent_jobs import JobConfig, RunIdentity, RunLedger, run_idempotent
 from idempotent_jobs_tests.helpers import identity
 from idempotent_jobs_tests.ledgers import BothFaces
 
@@ -191,20 +191,22 @@ def live_runs_while_pruning(
 def spend_until_refused(
     conninfo: str,
     worker: int,
-    budget_tokens: int,
+    budget: Any,
     call_tokens: int,
     start: multiprocessing.synchronize.Barrier,
     in_flight: multiprocessing.synchronize.Barrier | None,
     out: "multiprocessing.Queue[dict[str, Any]]",
+    max_tokens_per_call: int | None = None,
+    model: str = "m",
 ) -> None:
-    """Run new runs of one job (a subject per run) until the job's token budget refuses one.
+    """Run new runs of one job (a subject per run) until a budget refuses one.
 
-    Each model call reports ``call_tokens``. With ``in_flight``, the first call of every worker
-    waits there until all workers are inside their calls: each has passed the budget check
-    before any has recorded its spend (the worst case the bound allows)."""
-    from idempotent_jobs import BudgetExceededError, ModelAnswer, ModelUsage, TokenBudget
+    Each model call reports ``call_tokens``. ``max_tokens_per_call``: the step's declared
+    worst case, reserved before each call. With ``in_flight``, the first call of every worker
+    waits there until all workers are inside their calls (each admitted before any has
+    recorded its spend)."""
+    from idempotent_jobs import BudgetExceededError, ModelAnswer, ModelUsage
 
-    budget = TokenBudget(tokens_per_day=budget_tokens)
     calls = 0
 
     def transform(raw: dict[str, Any]) -> ModelAnswer:
@@ -212,7 +214,7 @@ def spend_until_refused(
         calls += 1
         if in_flight is not None and calls == 1:
             in_flight.wait(timeout=120)
-        usage = ModelUsage(model_name="m", input_tokens=call_tokens - 1, output_tokens=1)
+        usage = ModelUsage(model_name=model, input_tokens=call_tokens - 1, output_tokens=1)
         return ModelAnswer({"summary": f"call {calls} of worker {worker}"}, usage)
 
     refused: dict[str, Any] | None = None
@@ -229,8 +231,14 @@ def spend_until_refused(
                     collect=lambda i: {"s": i.subject_id},
                     transform=transform,
                     budget=budget,
+                    max_tokens_per_call=max_tokens_per_call,
+                    config=JobConfig.of(prompt="", model=model, validator=""),
                 )
             except BudgetExceededError as exc:
-                refused = {"spent": exc.spent, "budget": exc.budget, "run_id": ident.run_id}
+                refused = {
+                    "spent": str(exc.spent),
+                    "budget": str(exc.budget),
+                    "run_id": ident.run_id,
+                }
                 break
     out.put({"worker": worker, "calls": calls, "refused": refused})

@@ -7,12 +7,16 @@ migrate and upgrade, privileges, prices and spend, and retention's batches. Its 
 is the other face, :class:`~idempotent_jobs.core.ledger.RunLedger`.
 """
 
+import os
 from collections.abc import Collection, Sequence
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
+import psycopg
 from psycopg.rows import dict_row
 
+from idempotent_jobs.core.budgets import Budget, BudgetStanding
 from idempotent_jobs.core.checks import (
     MAX_REASON_CHARS,
     check_channel,
@@ -20,7 +24,14 @@ from idempotent_jobs.core.checks import (
     check_limit,
     optional_name,
 )
-from idempotent_jobs.core.costs import JobHistory, JobSpend, ModelPrice, check_currency, check_price
+from idempotent_jobs.core.costs import (
+    STANDARD_TIER,
+    JobHistory,
+    JobSpend,
+    ModelPrice,
+    check_currency,
+    check_price,
+)
 from idempotent_jobs.core.errors import InvalidInputError, RunNotFoundError
 from idempotent_jobs.core.face import LedgerFace
 from idempotent_jobs.core.identity import normalize_text
@@ -347,44 +358,142 @@ class LedgerAdmin(LedgerFace):
         output_per_million: object,
         *,
         currency: str = "USD",
+        cache_read_per_million: object = None,
+        cache_write_per_million: object = None,
+        cache_write_1h_per_million: object = None,
+        reasoning_per_million: object = None,
+        tier: str = STANDARD_TIER,
+        prefix: bool = False,
+        effective_from: datetime | None = None,
         set_by: str | None = None,
     ) -> ModelPrice:
-        """Set ``model_name``'s price per million input and output tokens. Every price is in
-        one currency, so sums stay meaningful: another currency than the prices set so far is
-        refused."""
+        """Set ``model_name``'s price per million tokens of each kind (the parts left ``None``
+        fall back to the input or output price), in force from ``effective_from`` (now) on:
+        earlier calls keep the price they were made under. ``prefix``: for every model whose
+        name starts with ``model_name`` (an exact name's price wins over it). ``tier``: a
+        service tier's own price (``batch``). Every price is in the ledger's one currency: the
+        first sets it, and another is refused (by the database, whatever races it)."""
         name = model_name.strip()
         if not name or len(name) > 200 or not name.isprintable():
             raise InvalidInputError("model", f"must be a printable model name, got {model_name!r}")
+        tier_name = tier.strip()
+        if not tier_name or len(tier_name) > 40 or not tier_name.isprintable():
+            raise InvalidInputError("tier", f"must be a tier name such as batch, got {tier!r}")
         code = check_currency(currency)
-        others = {p.currency for p in self.prices().values() if p.model_name != name}
-        if others and code not in others:
-            raise InvalidInputError(
-                "currency", f"prices are kept in {', '.join(sorted(others))}; got {code}"
-            )
+        parts = {
+            "cache_read_per_million": cache_read_per_million,
+            "cache_write_per_million": cache_write_per_million,
+            "cache_write_1h_per_million": cache_write_1h_per_million,
+            "reasoning_per_million": reasoning_per_million,
+        }
         params = {
-            "model_name": name,
+            "model_pattern": name,
+            "match_kind": "prefix" if prefix else "exact",
+            "tier": tier_name,
+            "effective_from": effective_from,
             "input_per_million": check_price("input_per_million", input_per_million),
             "output_per_million": check_price("output_per_million", output_per_million),
+            **{k: None if v is None else check_price(k, v) for k, v in parts.items()},
             "currency": code,
             "set_by": set_by,
         }
-        [price] = self._db.fetch("set_price", params, record_row(ModelPrice))
+        try:
+            [price] = self._db.fetch("set_price", params, record_row(ModelPrice))
+        except psycopg.errors.ForeignKeyViolation:
+            held = self.currency()
+            raise InvalidInputError(
+                "currency", f"the ledger's prices are in {held}; got {code}"
+            ) from None
         return price
 
-    def prices(self) -> dict[str, ModelPrice]:
-        """Every model's price, by model name."""
-        rows = self._db.fetch("list_prices", {}, record_row(ModelPrice))
-        return {p.model_name: p for p in rows}
+    def currency(self) -> str | None:
+        """The ledger's currency (``None`` before the first price is set)."""
+        rows = self._db.rows("ledger_currency", {})
+        return str(rows[0][0]) if rows else None
+
+    def delete_prices(
+        self, model_name: str, *, prefix: bool = False, tier: str | None = None
+    ) -> list[ModelPrice]:
+        """Remove a model's (or prefix's) prices with their history, of ``tier`` or every
+        tier: its calls are unpriced from then on. Returns what was removed."""
+        params = {
+            "model_pattern": model_name.strip(),
+            "match_kind": "prefix" if prefix else "exact",
+            "tier": tier,
+        }
+        return self._db.fetch("delete_prices", params, record_row(ModelPrice))
+
+    def prices(self) -> list[ModelPrice]:
+        """Every price with its history, by model, tier and the time it applies from."""
+        return self._db.fetch("list_prices", {}, record_row(ModelPrice))
+
+    def price_matches(self, days: int = 30) -> list[dict[str, Any]]:
+        """Which calls of the last ``days`` days each price priced (a row whose
+        ``model_pattern`` is ``None``: calls no price covers, and their models)."""
+        return self._db.fetch("price_matches", {"days": days}, dict_row)
+
+    def call_costs(self, run_id: str) -> dict[int, Decimal | None]:
+        """What each of a run's calls cost, by call id, at the price in force when it was made
+        (``None``: unknown)."""
+        rows = self._db.rows("call_costs", {"run_id": run_id})
+        return {int(call_id): cost for call_id, cost in rows}
 
     def spend_by_job(self, day: datetime | None = None) -> list[JobSpend]:
         """Each job's spend in the UTC day holding ``day`` (today, by the database clock)."""
         return self._db.fetch("spend_by_job", {"day": day}, record_row(JobSpend))
+
+    def budgets(self, job_name: str | None = None) -> list[BudgetStanding]:
+        """Every budget the ledger holds (those covering ``job_name``), with where its
+        current period stands: what every worker enforces."""
+        return self._db.fetch(
+            "budget_standings", {"job_name": job_name}, record_row(BudgetStanding)
+        )
+
+    def set_budget(
+        self, budget: Budget, *, job_name: str | None = None, jobs: Sequence[str] = ()
+    ) -> BudgetStanding:
+        """Set a budget as the operator (it stands over a spec's declaration): of ``job_name``
+        for a job or subject budget, of the group's ``jobs`` for a group budget. A new budget
+        starts with what its period has spent already."""
+        if budget.scope == "group":
+            members = sorted({normalize_text(j) for j in jobs})
+            if not members:
+                raise InvalidInputError("jobs", "a group budget needs the jobs it covers")
+            name = budget.scope_name("")
+        else:
+            if not job_name or not job_name.strip():
+                raise InvalidInputError("job", f"a {budget.scope} budget needs its job's name")
+            name = normalize_text(job_name)
+            members = [name]
+        params = {
+            "budget_id": budget.budget_id(name),
+            "scope": budget.scope,
+            "scope_name": budget.scope_name(name),
+            "unit": budget.unit,
+            "period": budget.period,
+            "amount": budget.amount,
+            "jobs": members,
+            "set_by": os.environ.get("USER"),
+        }
+        [(budget_key, _inserted)] = self._db.rows("set_budget", params)
+        [standing] = [b for b in self.budgets() if b.budget_id == budget_key]
+        return standing
+
+    def clear_budget(self, budget_id: str) -> bool:
+        """Remove a budget (``job:tokens/day:<job>``): whether there was one."""
+        return bool(self._db.rows("clear_budget", {"budget_id": budget_id}))
 
     def job_history(self, job_name: str, *, sample: int = 1000) -> JobHistory:
         """:class:`JobHistory` of identity job ``job_name``."""
         params = {"job_name": job_name, "sample": sample}
         [row] = self._db.fetch("job_history", params, dict_row)
         return JobHistory(**row)
+
+    def run_sizes(self, run_ids: list[str]) -> dict[str, tuple[str, int | None]]:
+        """The status of each of ``run_ids`` the ledger holds and the bytes of its raw-input
+        checkpoint (``None``: none kept); unregistered ids are left out."""
+        rows = self._db.rows("run_sizes", {"run_ids": run_ids})
+        return {run_id: (status, size) for run_id, status, size in rows}
 
     def run_statuses(self, run_ids: list[str]) -> dict[str, str]:
         """The status of each of ``run_ids`` the ledger holds (unregistered ids are left out)."""

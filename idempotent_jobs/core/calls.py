@@ -7,8 +7,9 @@ must not lose it. While :func:`~idempotent_jobs.core.steps.call_model` runs the 
 :class:`CallBook` of that call is the current one (:func:`current_calls`); a model step:
 
 - calls :meth:`CallBook.before_request` before each request: from the second on, the lease must
-  still be held (nothing more is paid for a run another worker took over) and the job's token
-  budget must have room (:class:`BudgetExceededError`);
+  still be held (nothing more is paid for a run another worker took over); under a budget, the
+  request's worst case is reserved (:class:`BudgetExceededError` when it does not fit; see
+  :mod:`idempotent_jobs.core.budgets`);
 - calls :meth:`CallBook.paid` after each request that did not give the final answer: the call
   is recorded at once as a *turn* of the attempt (``rejected`` or ``failed``, with its usage),
   counted in the day's spend.
@@ -26,7 +27,6 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from idempotent_jobs.core import telemetry
-from idempotent_jobs.core.budgets import TokenBudget
 from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.errors import LeaseLostError
 from idempotent_jobs.core.ledger import RunLedger
@@ -48,7 +48,10 @@ class CallBook:
     ledger: RunLedger | None = None
     lease: Lease | None = None
     origin: CallOrigin | None = None
-    budget: TokenBudget | None = None
+    #: Whether a budget covers the run's job: each request's worst case is reserved.
+    budgeted: bool = False
+    #: The step's declared most tokens per call, for a request that does not say its own.
+    max_tokens_per_call: int | None = None
     #: Raises :class:`LeaseLostError` once the heartbeat found the lease lost.
     lease_check: Callable[[], None] = lambda: None
     sleep: Callable[[float], None] = time.sleep
@@ -61,10 +64,11 @@ class CallBook:
 
     def before_request(self, rate: RateRequest | None = None) -> None:
         """Before each provider request: from the second on, the lease must still be held (one
-        fenced renewal, :class:`LeaseLostError` otherwise) and the budget have room (the first
-        was checked by the step before the model ran). With ``rate`` (the provider, model and
-        tokens of the request), wait for its place under the ledger's rate limit for that model,
-        if there is one (:mod:`idempotent_jobs.core.rate_limits`)."""
+        fenced renewal, :class:`LeaseLostError` otherwise). Under a budget, the request's worst
+        case (``rate``'s most input and output tokens, else the step's ``max_tokens_per_call``)
+        is reserved, or the request refused (:class:`BudgetExceededError`). With ``rate`` (the
+        provider, model and tokens of the request), wait for its place under the ledger's rate
+        limit for that model, if there is one (:mod:`idempotent_jobs.core.rate_limits`)."""
         self.requests += 1
         if self.ledger is None or self.lease is None:
             return
@@ -74,13 +78,23 @@ class CallBook:
                 if "lease_lost" in self.turns:
                     raise LeaseLostError()
                 self.ledger.renew(self.lease)  # fenced: LeaseLostError if another claim took it
-                if self.budget is not None:
-                    self.ledger.check_budget(self.lease, self.budget)
+            if self.budgeted:
+                self._reserve(self.ledger, self.lease, rate)
             if rate is not None:
                 self._wait_for_place(self.ledger, self.lease, rate)
         except BaseException:
             self.refused = True  # this request was never sent: no call to record for it
             raise
+
+    def _reserve(self, ledger: RunLedger, lease: Lease, rate: RateRequest | None) -> None:
+        output = rate.max_output_tokens if rate is not None else None
+        ledger.reserve_budget(
+            lease,
+            max_input_tokens=rate.max_input_tokens if rate is not None else None,
+            max_output_tokens=output,
+            max_tokens=self.max_tokens_per_call if output is None else None,
+            requested_model=rate.model if rate is not None else None,
+        )
 
     def _wait_for_place(self, ledger: RunLedger, lease: Lease, rate: RateRequest) -> None:
         limit = limits_of(ledger).get(rate.key)

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from idempotent_jobs.core.budgets import TokenBudget
 from idempotent_jobs.core.errors import (
     IdentityConflictError,
     InvalidInputError,
@@ -190,13 +189,6 @@ def check_job_names(names: Collection[str] | None) -> list[str] | None:
     return sorted({normalize_text(name) for name in names})
 
 
-def budget_params(budget: TokenBudget) -> dict[str, Any]:
-    return {
-        "tokens_per_day": budget.tokens_per_day,
-        "tokens_per_subject_per_day": budget.tokens_per_subject_per_day,
-    }
-
-
 def usage_params(usage: ModelUsage | None) -> dict[str, Any]:
     """The columns of a call's usage: only believable counts (a bad one is stored as NULL, so
     recording a paid call never fails on it; see :mod:`idempotent_jobs.core.usage`)."""
@@ -206,4 +198,10 @@ def usage_params(usage: ModelUsage | None) -> dict[str, Any]:
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
         "requested_model": model_name(usage.requested_model),
+        "cache_read_tokens": usage.cache_read_tokens,
+        "cache_write_tokens": usage.cache_write_tokens,
+        "cache_write_1h_tokens": usage.cache_write_1h_tokens,
+        "reasoning_tokens": usage.reasoning_tokens,
+        "provider_name": model_name(usage.provider_name),
+        "tier": model_name(usage.tier),
     }

@@ -3,6 +3,7 @@
 Each subclass's docstring is also its default message.
 """
 
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from idempotent_jobs.core.values import Basis, ModelUsage
@@ -101,12 +102,15 @@ class LedgerPermissionError(LedgerError):
 
 
 class BudgetExceededError(LedgerError):
-    """The job's token budget is spent: the model call was refused before it was made.
+    """A budget has no room for the model call: it was refused before it was made.
 
-    ``scope`` is ``day`` (the job's budget for the UTC day) or ``subject`` (its budget per
-    subject per day); ``spent`` is what the job (or the subject) has spent in recorded model
-    calls since ``day_start``, ``budget`` the limit. The attempt ends with the outcome
-    ``budget``; no model call is recorded (none was made).
+    ``budget_id`` names the budget (``job:tokens/day:<job>``; see
+    :mod:`idempotent_jobs.core.budgets`) and ``scope`` its scope (``job``, ``subject`` or
+    ``group``); ``spent`` is what its period has spent in recorded calls since ``day_start``
+    (the period's start), ``reserved`` what calls in flight hold, ``wanted`` this call's worst
+    case and ``budget`` the cap, in ``unit`` (``tokens`` or ``money``). ``unpriced``: a money
+    budget refused a model that has no price. The attempt ends with the outcome ``budget``; no
+    model call is recorded (none was made).
     """
 
     def __init__(
@@ -115,21 +119,72 @@ class BudgetExceededError(LedgerError):
         job_name: str,
         subject_id: str,
         scope: str,
-        spent: int,
-        budget: int,
+        spent: Any,
+        budget: Any,
         day_start: "datetime",
+        budget_id: str | None = None,
+        unit: str = "tokens",
+        reserved: Any = 0,
+        wanted: Any = 0,
+        unpriced: str | None = None,
     ) -> None:
         self.job_name = job_name
         self.subject_id = subject_id
         self.scope = scope
+        self.budget_id = budget_id or scope
+        self.unit = unit
         self.spent = spent
+        self.reserved = reserved
+        self.wanted = wanted
         self.budget = budget
         self.day_start = day_start
-        where = f"job {job_name}" if scope == "day" else f"job {job_name}, subject {subject_id}"
+        self.unpriced = unpriced
+        if unpriced is not None:
+            super().__init__(
+                f"budget {self.budget_id} is in money and model {unpriced} has no price "
+                "(idempotent-jobs prices set): a call that cannot be priced cannot be capped; "
+                "the model call was not made"
+            )
+            return
+        where = f"job {job_name}" + (f", subject {subject_id}" if scope == "subject" else "")
+        what = "tokens" if unit == "tokens" else "in money"
+        held = f", {_figure(reserved)} held by calls in flight" if reserved else ""
+        wants = f"; this call may take up to {_figure(wanted)}" if wanted else ""
         super().__init__(
-            f"token budget spent: {where} has spent {spent:,} of {budget:,} tokens "
-            f"since {day_start:%Y-%m-%d} 00:00 UTC; the model call was not made"
+            f"budget {self.budget_id} has no room ({where}): {_figure(spent)} of "
+            f"{_figure(budget)} {what} spent since {day_start:%Y-%m-%d} 00:00 UTC{held}{wants}; "
+            "the model call was not made"
         )
+
+
+class BudgetConflictError(LedgerError):
+    """A job's spec declares a budget other than the one the ledger holds: the ledger's is the
+    one every deployment enforces, so the spec's workers do not start on another. Change the
+    spec, change the ledger's (``idempotent-jobs budgets set`` or ``clear``), or let the spec
+    follow the ledger (``follow_ledger_budget=True``)."""
+
+    def __init__(self, budget_id: str, declared: Any, held: Any, held_by: str) -> None:
+        self.budget_id = budget_id
+        self.declared = declared
+        self.held = held
+        super().__init__(
+            f"budget {budget_id}: the spec declares {_figure(declared)}, the ledger holds "
+            f"{_figure(held)} (set by {held_by}); change one of them, or set "
+            "follow_ledger_budget=True to enforce the ledger's"
+        )
+
+
+def _figure(value: Any) -> str:
+    """``1,234`` for a whole number, ``0.0123`` for money (no trailing zeros)."""
+    if isinstance(value, int):
+        return f"{value:,}"
+    try:
+        number = Decimal(str(value))
+    except Exception:
+        return str(value)
+    if number == number.to_integral_value():
+        return f"{int(number):,}"
+    return f"{number.normalize():f}"
 
 
 class PaidCallError(Exception):

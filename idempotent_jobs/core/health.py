@@ -2,10 +2,11 @@
 alone (no Dagster, so ``doctor`` starts as fast as the other ledger commands)."""
 
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Literal
 
 from idempotent_jobs.core.admin import LedgerAdmin
-from idempotent_jobs.core.costs import JobSpend
+from idempotent_jobs.core.budgets import BudgetStanding
 from idempotent_jobs.core.schema import code_version
 
 Severity = Literal["info", "problem"]
@@ -38,28 +39,45 @@ def _bounded(kind: str, found: list[Finding], more: str) -> list[Finding]:
     return [*found[:MAX_FINDINGS_PER_CHECK], left_out]
 
 
-def budget_findings(spend: list[JobSpend]) -> list[Finding]:
-    """Each budgeted job's spend today against its budget: ``budget_spent`` (a problem: its
-    model calls are refused until the UTC day turns) or ``budget`` (informational)."""
+def figure(amount: Decimal, unit: str, currency: str | None) -> str:
+    """``1,234 tokens`` or ``1.25 USD`` (money as the ledger holds it, no trailing zeros)."""
+    if unit == "tokens":
+        return f"{int(amount):,} tokens"
+    return f"{amount.normalize():f} {currency or ''}".rstrip()
+
+
+def budget_findings(budgets: list[BudgetStanding]) -> list[Finding]:
+    """Each budget in the ledger (what every worker enforces) and where its current period
+    stands: ``budget_spent`` (a problem: no call fits until the period turns or the budget is
+    raised) or ``budget`` (informational); ``usage_unknown`` when calls of the period reported
+    no usage (each charged its reservation in full)."""
     found = []
-    for s in spend:
-        limits = [
-            ("per day", s.tokens, s.tokens_per_day),
-            ("per subject (the top subject)", s.top_subject_tokens, s.tokens_per_subject_per_day),
-        ]
-        set_limits = [(what, used, limit) for what, used, limit in limits if limit is not None]
-        if not set_limits:
-            continue
-        spent = [f"{used:,} of {limit:,} tokens {what}" for what, used, limit in set_limits]
-        over = any(used >= limit for _, used, limit in set_limits)
+    for b in budgets:
+        whose = f" (subject {b.subject_id}, the one that spent most)" if b.subject_id else ""
+        detail = (
+            f"budget {b.budget_id}{whose}: {figure(b.spent, b.unit, b.currency)} spent and "
+            f"{figure(b.reserved, b.unit, b.currency)} held by calls in flight, of "
+            f"{figure(b.amount, b.unit, b.currency)} since {b.period_start:%Y-%m-%d} (UTC); "
+            f"set by {b.declared_by}"
+        )
+        if b.refusing:
+            detail += f": model calls of {', '.join(b.jobs)} are refused until the {b.period} turns"
         found.append(
             Finding(
-                "budget_spent" if over else "budget",
-                "problem" if over else "info",
-                f"{s.job_name} spent {'; '.join(spent)} on {s.day_start:%Y-%m-%d} (UTC)"
-                + (": its model calls are refused until the day turns" if over else ""),
+                "budget_spent" if b.refusing else "budget",
+                "problem" if b.refusing else "info",
+                detail,
             )
         )
+        if b.unknown_calls:
+            found.append(
+                Finding(
+                    "usage_unknown",
+                    "info",
+                    f"budget {b.budget_id}: {b.unknown_calls:,} call(s) this {b.period} reported "
+                    "no usage; each was charged its reservation in full",
+                )
+            )
     return found
 
 
@@ -124,7 +142,7 @@ def ledger_findings(
     return [
         *ahead,
         *drills,
-        *budget_findings(admin.spend_by_job()),
+        *budget_findings(admin.budgets()),
         *_bounded("expired_lease", expired, "`runs list --status running`"),
         *_bounded("undelivered_outbox", undelivered, "`outbox list --pending`"),
         *_bounded("failed_past_retries", failed, "`runs list --status failed`"),

@@ -5,16 +5,15 @@ statements: ``sql/worker.sql``, this face's only). Each method is one statement 
 connection, so one round trip and one transaction, safe to retry when the connection drops.
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, cast
 
 from psycopg.rows import dict_row
 
-from idempotent_jobs.core.budgets import BudgetSpend, TokenBudget
+from idempotent_jobs.core.budgets import Budget, budget_refusal, declared_budget_params
 from idempotent_jobs.core.checks import (
     JsonPayload,
-    budget_params,
     caller_params,
     check_identity,
     check_lease_seconds,
@@ -30,6 +29,7 @@ from idempotent_jobs.core.checks import (
 from idempotent_jobs.core.delivery import OutboxDelivery
 from idempotent_jobs.core.error_text import safe_text
 from idempotent_jobs.core.errors import (
+    BudgetConflictError,
     IdentityConflictError,
     InvalidInputError,
     LeaseLostError,
@@ -91,7 +91,7 @@ class RunLedger(OutboxDelivery, StepOutputs):
 
     def __init__(self, settings: LedgerSettings | str, **options: Any) -> None:
         super().__init__(settings, **options)  # pool=, and any setting
-        self._declared_budgets: set[tuple[str, TokenBudget]] = set()
+        self._declared_budgets: set[tuple[str, tuple[Budget, ...], bool]] = set()
 
     def __getattr__(self, name: str) -> Any:  # only for a name the class does not have
         if name in OPERATOR_METHODS:
@@ -171,6 +171,7 @@ class RunLedger(OutboxDelivery, StepOutputs):
             revision=record.revision,
             input_fingerprint=record.input_fingerprint,
             drill_armed=rows[0]["drill_armed"],
+            budgeted=rows[0]["budgeted"],
         )
         return record, lease
 
@@ -495,23 +496,66 @@ class RunLedger(OutboxDelivery, StepOutputs):
 
     # -- budgets -------------------------------------------------------------------------------
 
-    def check_budget(self, lease: Lease, budget: TokenBudget) -> BudgetSpend:
-        """What the run's job and subject have spent today against ``budget``; raise
-        :class:`BudgetExceededError` when a limit is spent (see :mod:`.budgets`). The first
-        check of a job by this ledger records the budget its workers enforce."""
-        rows = self._db.fetch(
-            "budget_check", {"run_id": lease.run_id, **budget_params(budget)}, dict_row
-        )
+    def declare_budgets(
+        self, lease: Lease, budgets: Sequence[Budget], *, follow_ledger: bool = False
+    ) -> None:
+        """Declare the budgets a job's spec names (once per process and job): one the ledger
+        does not hold is added, with its period's spend so far; a group budget gains the job;
+        one the ledger holds at another amount raises :class:`BudgetConflictError` naming both,
+        unless ``follow_ledger`` (the ledger's is enforced either way)."""
+        rows = self._db.fetch("run_job", {"run_id": lease.run_id}, dict_row)
         if not rows:
             raise RunNotFoundError(f"run {lease.run_id} is not registered")
-        spend = BudgetSpend(budget=budget, **rows[0])
-        declared = (spend.job_name, budget)
-        if declared not in self._declared_budgets:
-            self._db.rows("declare_budget", {"job_name": spend.job_name, **budget_params(budget)})
-            self._declared_budgets.add(declared)
-        if spend.refused is not None:
-            raise spend.error()
-        return spend
+        job_name = rows[0]["job_name"]
+        key = (job_name, tuple(budgets), follow_ledger)
+        if key in self._declared_budgets:
+            return
+        params = declared_budget_params(job_name, budgets)
+        conflicts = self._db.fetch("declare_budgets", params, dict_row)
+        if conflicts and not follow_ledger:
+            first = conflicts[0]
+            raise BudgetConflictError(
+                first["budget_id"], first["declared"], first["held"], first["held_by"]
+            )
+        self._declared_budgets.add(key)
+
+    def reserve_budget(
+        self,
+        lease: Lease,
+        *,
+        max_input_tokens: int | None = None,
+        max_output_tokens: int | None = None,
+        max_tokens: int | None = None,
+        requested_model: str | None = None,
+        model_name: str | None = None,
+        tier: str | None = None,
+    ) -> None:
+        """Admit one request of the run under every budget that covers its job, holding its
+        worst case until its call is recorded: ``max_input_tokens`` at the dearest input price,
+        ``max_output_tokens`` at the dearest output price, ``max_tokens`` (a ceiling of either)
+        at the dearest of all. Raise :class:`BudgetExceededError` when one has no room (nothing
+        is held then), :class:`LeaseLostError` when the lease is not held. With no worst case
+        the request is only checked: admitted while spent and held are under each cap (see
+        :mod:`.budgets`)."""
+        params = {
+            **fence_params(lease),
+            "max_input": max_input_tokens,
+            "max_output": max_output_tokens,
+            "max_total": max_tokens,
+            "requested": requested_model,
+            "answered": model_name,
+            "tier": tier,
+        }
+        [row] = self._db.fetch("reserve_budget", params, dict_row)
+        if row["outcome"] == "admitted":
+            return
+        if row["outcome"] == "lease_lost":
+            raise LeaseLostError()
+        raise budget_refusal(row, requested_model or model_name)
+
+    def release_budget(self, lease: Lease) -> None:
+        """Give back what the attempt's unsent request holds of its budgets."""
+        self._db.rows("release_budget", fence_params(lease))
 
     def price_rows(self) -> list[dict[str, Any]]:
         """Every model's price per million tokens, as rows (the metrics' money figure; see

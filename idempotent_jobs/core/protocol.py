@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from idempotent_jobs.core import telemetry
-from idempotent_jobs.core.budgets import TokenBudget
+from idempotent_jobs.core.budgets import BudgetSpec, check_call_ceiling
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.leases import Busy, Reused, claim_or_reuse
 from idempotent_jobs.core.ledger import RunLedger
@@ -78,7 +78,9 @@ class RunOptions:
     wait_seconds: float = 0.0
     origin: CallOrigin = CallOrigin()
     config: JobConfig = JobConfig()
-    budget: TokenBudget | None = None
+    budget: BudgetSpec | None = None
+    follow_ledger_budget: bool = False
+    max_tokens_per_call: int | None = None
 
 
 def run_idempotent(
@@ -95,7 +97,9 @@ def run_idempotent(
     wait_seconds: float = 0.0,
     origin: CallOrigin | None = None,
     config: JobConfig | None = None,
-    budget: TokenBudget | None = None,
+    budget: BudgetSpec | None = None,
+    follow_ledger_budget: bool = False,
+    max_tokens_per_call: int | None = None,
 ) -> RunOutcome:
     """Run one logical run at most once to completion, however often it is called.
 
@@ -111,8 +115,13 @@ def run_idempotent(
     - The answer is bound to the revision and checkpoint it was computed on; ``config`` (the
       prompt, model and validator) is recorded with it, and a reused result computed under
       another configuration says so in ``config_changed``.
-    - With ``budget``, a model call is refused once the job's token budget for the day is
-      spent (:class:`BudgetExceededError`, decided in the ledger; see :mod:`.budgets`).
+    - Every budget the ledger holds for the job caps its model calls: a call that does not fit
+      is refused before it is made (:class:`BudgetExceededError`, decided in the ledger; see
+      :mod:`.budgets`). ``budget`` declares the job's (a :class:`Budget`, a list of them, or a
+      :class:`TokenBudget`), held against the ledger's (:class:`BudgetConflictError` when they
+      differ, unless ``follow_ledger_budget``). ``max_tokens_per_call``: the most tokens one
+      call of ``transform`` takes, reserved before it runs, so racing workers never overshoot
+      a budget (without it a call is only checked against what is spent and held).
     - ``origin`` names the caller's run and step (a scheduler's run id, its step): recorded
       with the claim, its attempt and its model calls.
 
@@ -127,6 +136,8 @@ def run_idempotent(
         origin=origin or CallOrigin(),
         config=config or JobConfig(),
         budget=budget,
+        follow_ledger_budget=follow_ledger_budget,
+        max_tokens_per_call=check_call_ceiling(max_tokens_per_call),
     )
     if not telemetry.active():  # no SDK: not even a span's context manager
         return _run(ledger, identity, steps, options)
@@ -190,6 +201,8 @@ def _run(
         origin=options.origin,
         heartbeat_seconds=options.heartbeat_seconds or options.lease_seconds / 3,
         budget=options.budget,
+        follow_ledger_budget=options.follow_ledger_budget,
+        max_tokens_per_call=options.max_tokens_per_call,
         drill_job=identity.job_name,
     )
     completion = commit(ledger, lease, answer, steps.notifications)

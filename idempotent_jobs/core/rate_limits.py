@@ -92,12 +92,19 @@ class RateLimit:
 
 @dataclass(frozen=True)
 class RateRequest:
-    """One request about to be sent: whose limit it falls under and the tokens it may take."""
+    """One request about to be sent: whose limit it falls under and the tokens it may take.
+
+    ``tokens`` is the estimate a rate limit reserves (as providers count them); the budget's
+    worst case is ``max_input_tokens`` (an upper bound: a token is at least a byte of the
+    request) and ``max_output_tokens`` (the request's ``max_tokens``), ``None`` where unknown.
+    """
 
     provider: str
     model: str
     tokens: int = 0
     key_name: str = ""
+    max_input_tokens: int | None = None
+    max_output_tokens: int | None = None
 
     @property
     def key(self) -> tuple[str, str, str]:

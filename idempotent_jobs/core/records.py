@@ -52,6 +52,9 @@ class Lease:
     #: Whether a failure drill of the run's job was armed when ``begin`` claimed it (``None``:
     #: not known, the model call asks the ledger).
     drill_armed: bool | None = None
+    #: Whether a budget covered the run's job when ``begin`` claimed it (``None``: not known,
+    #: the model call asks the ledger).
+    budgeted: bool | None = None
 
     @property
     def basis(self) -> Basis:
@@ -98,6 +101,29 @@ class ModelCallRecord:
     #: Set for a call recorded while its attempt went on (a repair turn followed it, or it
     #: failed and was retried), numbered within the attempt; ``None`` for the attempt's last.
     turn: int | None = None
+    #: The parts of the usage the provider broke out (see :class:`ModelUsage`).
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    cache_write_1h_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    provider_name: str | None = None
+    tier: str | None = None
+
+    @property
+    def usage(self) -> ModelUsage:
+        """The call's usage, as it was recorded."""
+        return ModelUsage(
+            self.model_name,
+            self.input_tokens,
+            self.output_tokens,
+            requested_model=self.requested_model,
+            cache_read_tokens=self.cache_read_tokens,
+            cache_write_tokens=self.cache_write_tokens,
+            cache_write_1h_tokens=self.cache_write_1h_tokens,
+            reasoning_tokens=self.reasoning_tokens,
+            provider_name=self.provider_name,
+            tier=self.tier,
+        )
 
     @property
     def priced_model(self) -> str | None:

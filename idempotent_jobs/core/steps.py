@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from idempotent_jobs.core import telemetry
-from idempotent_jobs.core.budgets import TokenBudget
+from idempotent_jobs.core.budgets import BudgetSpec, budgets_of
 from idempotent_jobs.core.calls import CallBook, keeping
 from idempotent_jobs.core.checks import JsonPayload
 from idempotent_jobs.core.drills import take_drill
@@ -85,6 +85,18 @@ class BoundAnswer:
         """Pickled without the payload (Dagster's default IO manager pickles the answer between
         steps): a step of another release unpickles it, and the commit serialises again."""
         return {k: v for k, v in self.__dict__.items() if k != "payload"}
+
+
+#: The columns of a recorded call's usage beside its model and its two token counts.
+_USAGE_PARTS = (
+    "requested_model",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "cache_write_1h_tokens",
+    "reasoning_tokens",
+    "provider_name",
+    "tier",
+)
 
 
 def end_attempt(
@@ -174,15 +186,8 @@ def _record_usage(ledger: RunLedger, span: Any, usage: ModelUsage | None) -> Non
     """The call's usage on its span (GenAI attributes) and in the metrics."""
     if usage is None:
         return
-    telemetry.annotate(
-        span,
-        **{
-            "gen_ai.response.model": usage.model_name,
-            "gen_ai.usage.input_tokens": usage.input_tokens,
-            "gen_ai.usage.output_tokens": usage.output_tokens,
-        },
-    )
-    telemetry.record_usage(usage.priced_model, usage.input_tokens, usage.output_tokens, ledger)
+    telemetry.annotate(span, **telemetry.usage_attributes(usage))
+    telemetry.record_usage(usage, ledger)
 
 
 def call_model(
@@ -195,7 +200,10 @@ def call_model(
     heartbeat_seconds: float,
     validate: Callable[[JSONDict], object] | None = None,
     before_call: Callable[[], None] | None = None,
-    budget: TokenBudget | None = None,
+    budget: BudgetSpec | None = None,
+    follow_ledger_budget: bool = False,
+    max_tokens_per_call: int | None = None,
+    announces_requests: bool = False,
     record_answer: bool = False,
     drill_job: str | None = None,
 ) -> BoundAnswer:
@@ -205,9 +213,16 @@ def call_model(
     The answer must be storable (a JSON object within the ledger's limits), its usage believable
     and ``validate`` must accept it; otherwise the attempt ends with the call ``rejected``. A
     ``model`` that raises ends it with the call ``failed``; ``before_call`` raising (a drill)
-    ends it with no call recorded. So does ``budget`` once the job's token budget is spent
+    ends it with no call recorded. So does a budget with no room for the call
     (:class:`BudgetExceededError`, decided in the ledger; the attempt ends ``budget``). A lease
     lost meanwhile raises :class:`LeaseLostError`.
+
+    Budgets (:mod:`idempotent_jobs.core.budgets`): ``budget`` is what the job's spec declares
+    (held against the ledger's, :class:`BudgetConflictError` when they differ, unless
+    ``follow_ledger_budget``); whatever the ledger holds for the job is enforced. A model step
+    that ``announces_requests`` (calls :meth:`CallBook.before_request` with each request's
+    worst case, as the provider models do) has each request reserved there; any other is
+    reserved once before it runs, at ``max_tokens_per_call`` (none: only checked).
 
     ``drill_job``: the identity job whose armed failure drill this call takes
     (:mod:`idempotent_jobs.core.drills`), the same way through either driver.
@@ -235,15 +250,29 @@ def call_model(
         telemetry.span(f"chat {model_name}".strip(), attributes, client=True) as span,
         LeaseHeartbeat(ledger, lease, heartbeat_seconds) as heartbeat,
     ):
+        budgeted = False
         try:
-            if budget is not None:
-                ledger.check_budget(lease, budget)
+            declared = budgets_of(budget)
+            if declared or follow_ledger_budget:
+                ledger.declare_budgets(lease, declared, follow_ledger=follow_ledger_budget)
+            budgeted = bool(declared) or lease.budgeted is not False
+            if budgeted and not announces_requests:
+                ledger.reserve_budget(
+                    lease, max_tokens=max_tokens_per_call, requested_model=model_name or None
+                )
             if drill_job is not None:
                 take_drill(ledger, lease, drill_job)
             if before_call is not None:
                 before_call()
             called = True
-            book = CallBook(ledger, lease, origin, budget, heartbeat.raise_if_lost)
+            book = CallBook(
+                ledger,
+                lease,
+                origin,
+                budgeted=budgeted,
+                max_tokens_per_call=max_tokens_per_call,
+                lease_check=heartbeat.raise_if_lost,
+            )
             with keeping(book):
                 output, reported = _unpack(model(raw_input))
             answered = True
@@ -257,6 +286,8 @@ def call_model(
             # Refused before its request was sent (the book's lease, budget or rate check):
             # the requests that were sent are recorded already.
             outcome = None if book.refused else call_outcome(called, answered)
+            if outcome is None and budgeted:  # a request held and never sent gives it back
+                _release_budget(ledger, lease)
             end_attempt(ledger, lease, exc, usage, call=outcome, origin=origin)
             raise
     if heartbeat.lost:  # the call was paid for: record it though the run moved on
@@ -294,6 +325,13 @@ def call_model(
     return answer
 
 
+def _release_budget(ledger: RunLedger, lease: Lease) -> None:
+    try:
+        ledger.release_budget(lease)
+    except Exception:  # an outage: the hold lapses with its period; the first error is raised
+        pass
+
+
 def recorded_answer(ledger: RunLedger, lease: Lease, config: JobConfig) -> BoundAnswer | None:
     """The answer an earlier attempt paid for and recorded (:func:`call_model` with
     ``record_answer``) but never committed, when it is still valid: on the lease's revision and
@@ -306,7 +344,7 @@ def recorded_answer(ledger: RunLedger, lease: Lease, config: JobConfig) -> Bound
         row["model_name"],
         row["input_tokens"],
         row["output_tokens"],
-        requested_model=row["requested_model"],
+        **{name: row.get(name) for name in _USAGE_PARTS},
     )
     origin = CallOrigin(
         caller_step=row["caller_step"],

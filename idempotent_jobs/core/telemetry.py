@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
-from decimal import Decimal
+from datetime import UTC, datetime
 from typing import Any, ParamSpec, Protocol, TypeVar
 
 
@@ -478,55 +478,73 @@ class PriceSource(Protocol):
     def price_rows(self) -> list[dict[str, Any]]: ...
 
 
-_prices: "weakref.WeakKeyDictionary[PriceSource, tuple[float, dict[str, Any]]]" = (
+_prices: "weakref.WeakKeyDictionary[PriceSource, tuple[float, list[Any]]]" = (
     weakref.WeakKeyDictionary()
 )
 
 
-def _price_of(model: str, source: PriceSource) -> tuple[Decimal, Decimal, str] | None:
-    """``model``'s price per million tokens (input, output, currency), read from the ledger at
-    most every :data:`PRICE_CACHE_SECONDS` per ledger."""
+def prices_of(source: PriceSource) -> list[Any]:
+    """The ledger's prices with their history (:class:`~idempotent_jobs.core.costs.ModelPrice`),
+    read at most every :data:`PRICE_CACHE_SECONDS` per ledger."""
+    from idempotent_jobs.core.costs import ModelPrice  # imported as the module's others are
+
     now = time.monotonic()
     cached = _prices.get(source)
     if cached is None or now - cached[0] > PRICE_CACHE_SECONDS:
-        table = {
-            r["model_name"]: (r["input_per_million"], r["output_per_million"], r["currency"])
-            for r in source.price_rows()
-        }
-        cached = _prices[source] = (now, table)
-    found: tuple[Decimal, Decimal, str] | None = cached[1].get(model)
-    return found
+        rows = [ModelPrice(**row) for row in source.price_rows()]
+        cached = _prices[source] = (now, rows)
+    return cached[1]
+
+
+def usage_attributes(usage: Any) -> dict[str, Any]:
+    """A model call's usage as the GenAI conventions name it (a part the provider did not
+    report is left out: ``None`` values are dropped by :func:`annotate`)."""
+    return {
+        "gen_ai.provider.name": usage.provider_name,
+        "gen_ai.response.model": usage.model_name,
+        "gen_ai.usage.input_tokens": usage.input_tokens,
+        "gen_ai.usage.output_tokens": usage.output_tokens,
+        "gen_ai.usage.cache_read.input_tokens": usage.cache_read_tokens,
+        "gen_ai.usage.cache_creation.input_tokens": usage.cache_write_tokens,
+        "gen_ai.usage.reasoning.output_tokens": usage.reasoning_tokens,
+    }
 
 
 @best_effort()
-def record_usage(
-    model: str | None, input_tokens: int | None, output_tokens: int | None, prices: PriceSource
-) -> None:
-    """A model call's tokens (``gen_ai.client.token.usage``) and, when its model has a price
-    (read from ``prices``, the ledger), its money (``idempotent_jobs.model.cost``)."""
+def record_usage(usage: Any, prices: PriceSource) -> None:
+    """A model call newly made: its tokens by type (``gen_ai.client.token.usage``) and, when its
+    model has a price (read from ``prices``, the ledger), its money
+    (``idempotent_jobs.model.cost``). A reused answer or run is never recorded here: the
+    conventions count an effect once, when it is executed."""
     found = instruments()
     if found is None:
         return
+    model = usage.priced_model
     base = {
         "gen_ai.operation.name": "chat",
         "gen_ai.request.model": model or "",
         "idempotent_jobs.job": current_job(),
     }
-    for token_type, tokens in (("input", input_tokens), ("output", output_tokens)):
+    if usage.provider_name:
+        base["gen_ai.provider.name"] = usage.provider_name
+    for token_type, tokens in (("input", usage.input_tokens), ("output", usage.output_tokens)):
         if tokens is not None:
             found.token_usage.record(tokens, {**base, "gen_ai.token.type": token_type})
     try:
-        price = _price_of(model, prices) if model else None
+        from idempotent_jobs.core.costs import price_in_force
+
+        price = price_in_force(
+            prices_of(prices), model, usage.model_name, usage.tier, datetime.now(UTC)
+        )
     except Exception:  # the prices could not be read (an outage): the call is not failed for it
         price = None
-    if price is not None:
-        from idempotent_jobs.core.costs import money  # imported as the module's others are
-
+    cost = None if price is None else price.cost(usage)
+    if cost is not None and price is not None:
         found.cost.add(
-            float(money(input_tokens, output_tokens, price[0], price[1])),
+            float(cost),
             {
                 "gen_ai.request.model": model or "",
                 "idempotent_jobs.job": current_job(),
-                "idempotent_jobs.currency": price[2],
+                "idempotent_jobs.currency": price.currency,
             },
         )

@@ -15,7 +15,20 @@ from idempotent_jobs.core.records import ModelUsage
 #: More tokens than any model reads or writes in one call (context windows are ~10^6-10^7): a
 #: count above this is a provider's bug or a hostile answer, not a cost.
 MAX_TOKENS_PER_CALL = 1_000_000_000
-_COUNTS = ("input_tokens", "output_tokens")
+_COUNTS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "cache_write_1h_tokens",
+    "reasoning_tokens",
+)
+#: Each part and the whole it is part of: a part larger than its whole is not believable.
+_PARTS = (
+    (("cache_read_tokens", "cache_write_tokens"), "input_tokens"),
+    (("cache_write_1h_tokens",), "cache_write_tokens"),
+    (("reasoning_tokens",), "output_tokens"),
+)
 
 
 def _problem(name: str, value: object) -> str | None:
@@ -30,14 +43,28 @@ def _problem(name: str, value: object) -> str | None:
     return None
 
 
+def _part_problems(usage: ModelUsage) -> list[tuple[tuple[str, ...], str]]:
+    """The parts (cache reads and writes, reasoning) that add up to more than their whole."""
+    found: list[tuple[tuple[str, ...], str]] = []
+    for parts, whole in _PARTS:
+        total = getattr(usage, whole)
+        counted = [getattr(usage, part) for part in parts]
+        if total is not None and sum(c for c in counted if isinstance(c, int)) > total:
+            found.append((parts, whole))
+    return found
+
+
 def recordable_usage(usage: ModelUsage | None) -> ModelUsage | None:
-    """``usage`` with every count that is not believable left out (``None``): what is stored."""
+    """``usage`` with every count that is not believable left out (``None``): what is stored.
+    Parts that add up to more than their whole are left out, the whole kept."""
     if usage is None:
         return None
     if not isinstance(usage, ModelUsage):
         return None
     kept = {name: None for name in _COUNTS if _problem(name, getattr(usage, name)) is not None}
-    return replace(usage, **kept) if kept else usage
+    usage = replace(usage, **kept) if kept else usage
+    dropped = {part: None for parts, _ in _part_problems(usage) for part in parts}
+    return replace(usage, **dropped) if dropped else usage
 
 
 def check_usage(usage: object) -> ModelUsage | None:
@@ -50,6 +77,10 @@ def check_usage(usage: object) -> ModelUsage | None:
             f"usage must be a ModelUsage, got {type(usage).__name__}", recorded=None
         )
     problems = [p for name in _COUNTS if (p := _problem(name, getattr(usage, name)))]
+    if not problems:
+        problems = [
+            f"{' + '.join(parts)} is more than {whole}" for parts, whole in _part_problems(usage)
+        ]
     if problems:
         raise UsageRejectedError(
             "the provider's usage is not believable: " + "; ".join(problems),

@@ -28,23 +28,50 @@ class Basis:
 
 @dataclass(frozen=True)
 class ModelUsage:
-    """What a model call cost, recorded on the attempt that made it.
+    """What a model call cost, recorded on the attempt that made it, as the provider reported it.
 
     ``model_name`` is the model the provider says answered (a dated name such as
     ``gpt-4o-2024-08-06``); ``requested_model`` the one the call asked for (``gpt-4o``), which
-    prices and metrics key on (``model_name`` when it is not given). A usage pickled by an
-    earlier release, without it, reads it as ``None`` (the class default).
+    prices and metrics key on (``model_name`` when it is not given).
+
+    ``input_tokens`` counts every input token, cached or not, and ``output_tokens`` every output
+    token, reasoning included (as OpenTelemetry's GenAI conventions count them). The parts are
+    broken out where the provider reports them, each priced at its own price:
+    ``cache_read_tokens`` (input read from the provider's prompt cache), ``cache_write_tokens``
+    (input written to it), ``cache_write_1h_tokens`` (the part of those written for an hour,
+    where the provider has a longer cache at a higher price) and ``reasoning_tokens`` (output
+    the model spent thinking). ``provider_name`` is the provider (``openai``, ``anthropic``)
+    and ``tier`` its service tier when not the standard one (``batch``, ``flex``).
+
+    A usage pickled by an earlier release, without the later fields, reads them as ``None``
+    (the class defaults).
     """
 
     model_name: str | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
     requested_model: str | None = None
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    cache_write_1h_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    provider_name: str | None = None
+    tier: str | None = None
 
     @property
     def priced_model(self) -> str | None:
         """The model prices and metrics key on: the requested one, else the response's."""
         return self.requested_model or self.model_name
+
+    @property
+    def tokens(self) -> int:
+        """Input and output tokens together (what a token budget counts); 0 when unknown."""
+        return (self.input_tokens or 0) + (self.output_tokens or 0)
+
+    @property
+    def unknown(self) -> bool:
+        """Whether the provider reported no token counts at all."""
+        return self.input_tokens is None and self.output_tokens is None
 
 
 for _value in (Basis, ModelUsage):

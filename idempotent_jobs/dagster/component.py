@@ -22,7 +22,7 @@ import dagster as dg
 import yaml
 from pydantic import Field, field_validator
 
-from idempotent_jobs.core.budgets import TokenBudget
+from idempotent_jobs.core.budgets import Budget, TokenBudget
 from idempotent_jobs.core.constants import DATABASE_URL_ENV
 from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.core.rate_limits import RateLimit
@@ -66,6 +66,17 @@ class BudgetDecl(dg.Model):
     tokens_per_subject_per_day: int | None = None
 
 
+class BudgetItemDecl(dg.Model):
+    """One budget in the ledger: tokens or money (the ledger's currency) per UTC day or month,
+    for the job, for each of its subjects, or for a group of jobs."""
+
+    amount: str = Field(description="the cap: a whole number of tokens, or an amount of money")
+    unit: Literal["tokens", "money"] = "tokens"
+    period: Literal["day", "month"] = "day"
+    scope: Literal["job", "subject", "group"] = "job"
+    group: str | None = Field(default=None, description="the group's name (scope: group)")
+
+
 class RateLimitDecl(dg.Model):
     """A provider's rate limit the job's model calls keep, with every worker on the ledger."""
 
@@ -105,6 +116,15 @@ class IdempotentJob(dg.Component, dg.Model, dg.Resolvable):
         description=f"RunLedgerResource settings (default: ${DATABASE_URL_ENV})",
     )
     budget: BudgetDecl | None = None
+    budgets: list[BudgetItemDecl] = Field(
+        default_factory=list, description="budgets in tokens or money, kept in the ledger"
+    )
+    follow_ledger_budget: bool = Field(
+        default=False, description="enforce the ledger's budgets even where they differ"
+    )
+    max_tokens_per_call: int | None = Field(
+        default=None, description="the most one model call takes (reserved before it runs)"
+    )
     rate_limits: list[RateLimitDecl] = Field(
         default_factory=list, description="provider rate limits, kept by every worker"
     )
@@ -163,7 +183,12 @@ class IdempotentJob(dg.Component, dg.Model, dg.Resolvable):
                 wait_seconds=self.wait_seconds,
                 description=self.description,
                 retention=RetentionPolicy.of_days(**self.retention_days),
-                budget=TokenBudget(**self.budget.model_dump()) if self.budget else None,
+                budget=[
+                    *(TokenBudget(**self.budget.model_dump()).budgets() if self.budget else ()),
+                    *(Budget(**item.model_dump()) for item in self.budgets),
+                ],
+                follow_ledger_budget=self.follow_ledger_budget,
+                max_tokens_per_call=self.max_tokens_per_call,
                 rate_limits=[RateLimit(**limit.model_dump()) for limit in self.rate_limits],
             )
         except (InvalidInputError, dg.DagsterInvalidDefinitionError, ValueError) as exc:

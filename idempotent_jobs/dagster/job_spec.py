@@ -10,7 +10,7 @@ from typing import Any
 
 import dagster as dg
 
-from idempotent_jobs.core.budgets import TokenBudget
+from idempotent_jobs.core.budgets import BudgetSpec, budgets_of, check_call_ceiling
 from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.core.identity import RunIdentity, clean_identity_text
 from idempotent_jobs.core.rate_limits import RateLimit
@@ -66,8 +66,13 @@ class IdempotentJobSpec:
     exception or ``False`` rejects it); ``payload`` builds the notification of an accepted one.
     ``channels`` are resource keys of ``NotificationChannel`` resources. ``retention`` says how
     long payloads are kept (by default forever); the run rows themselves are never pruned.
-    ``budget`` limits the tokens the job's model calls spend per UTC day (in all, and per
-    subject), decided in the ledger for every worker: a refused step fails without retry.
+    ``budget`` declares the job's budgets (:class:`Budget`: tokens or money per UTC day or
+    month, for the job, each subject or a group of jobs; or a :class:`TokenBudget`), held
+    against the ledger's when a worker first calls the model: the ledger's is enforced by every
+    worker, and a spec that differs fails its step naming both, unless ``follow_ledger_budget``.
+    A refused step fails without retry. ``max_tokens_per_call``: the most one call of the
+    model step takes, reserved before it runs (the provider models reserve each request's own
+    worst case).
     ``rate_limits`` are the provider limits its model steps keep (:class:`RateLimit`: requests
     and tokens per minute per provider and model), declared in the ledger when a worker first
     calls the model and kept by every worker of every deployment sharing it.
@@ -93,7 +98,9 @@ class IdempotentJobSpec:
     )
     description: str = ""
     retention: RetentionPolicy = RetentionPolicy()
-    budget: TokenBudget | None = None
+    budget: BudgetSpec | None = None
+    follow_ledger_budget: bool = False
+    max_tokens_per_call: int | None = None
     rate_limits: Sequence[RateLimit] = ()
 
     def __post_init__(self) -> None:
@@ -119,6 +126,13 @@ class IdempotentJobSpec:
                     f"{seen[text]!r} and {subject!r} are the same subject once normalised",
                 )
             seen[text] = subject
+        try:
+            budgets_of(self.budget)
+            check_call_ceiling(self.max_tokens_per_call)
+        except InvalidInputError as exc:
+            raise InvalidInputError(
+                f"IdempotentJobSpec {self.name!r}: {exc.field}", exc.reason
+            ) from None
         for limit in self.rate_limits:
             if not isinstance(limit, RateLimit):
                 raise InvalidInputError(

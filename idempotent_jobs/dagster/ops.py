@@ -206,6 +206,9 @@ def transform_step(
             heartbeat_seconds=spec.lease_seconds / 3,
             drill_job=spec.identity_job_name,
             budget=spec.budget,
+            follow_ledger_budget=spec.follow_ledger_budget,
+            max_tokens_per_call=spec.max_tokens_per_call,
+            announces_requests=bool(getattr(model, "announces_requests", False)),
             # Inside the call's guard: a ledger that cannot take the declaration ends the
             # attempt (lease given back, no call recorded) instead of leaving the lease held.
             before_call=lambda: declare_rate_limits(
@@ -228,14 +231,23 @@ def transform_step(
 
 
 def budget_metadata(run_id: str, exc: BudgetExceededError) -> dict[str, Any]:
-    """The metadata of a step the token budget refused: what was spent against what limit."""
+    """The metadata of a step a budget refused: which budget, what it holds, what was wanted."""
+
+    def figure(value: object) -> Any:
+        number = float(str(value))
+        return dg.MetadataValue.int(int(number)) if exc.unit == "tokens" else number
+
     return {
         "ledger_run_id": run_id,
         "result": "refused by budget",
+        "budget": exc.budget_id,
         "budget_scope": exc.scope,
-        "tokens_spent": dg.MetadataValue.int(exc.spent),
-        "token_budget": dg.MetadataValue.int(exc.budget),
-        "budget_day": exc.day_start.date().isoformat(),
+        "budget_unit": exc.unit,
+        "budget_spent": figure(exc.spent),
+        "budget_reserved": figure(exc.reserved),
+        "budget_wanted": figure(exc.wanted),
+        "budget_amount": figure(exc.budget),
+        "budget_period_start": exc.day_start.date().isoformat(),
     }
 
 

@@ -12,6 +12,7 @@ import dagster as dg
 from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.constants import DEFAULT_MAX_ATTEMPTS, DEFAULT_OUTBOX_AGE_SECONDS
 from idempotent_jobs.core.face import LedgerFace
+from idempotent_jobs.core.health import figure
 from idempotent_jobs.dagster.health import dagster_findings, drift_findings, ledger_findings
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 
@@ -22,18 +23,31 @@ class ReconcileConfig(dg.Config):
 
 
 def spend_table(admin: LedgerAdmin) -> str:
-    """Each job's spend today (UTC) against its token budget, as a Markdown table."""
+    """Each job's spend today (UTC), and each budget in force against its period's spend, as
+    Markdown tables (money at the price in force when each call was made; ``unknown`` where a
+    call had no price or no usage)."""
+    currency = admin.currency() or ""
     lines = [
-        "| job | calls | tokens | not accepted | cost | budget/day | top subject "
-        "| budget/subject |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| job | calls | tokens | not accepted | cost | usage unknown |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for s in admin.spend_by_job():
-        cost = "-" if s.cost is None else f"{s.cost:.6f}{'' if s.priced else '+'}"
+        cost = "unknown" if s.cost is None else f"{s.cost:.6f}{'' if s.priced else '+'}"
         lines.append(
-            f"| {s.job_name} | {s.calls:,} | {s.tokens:,} | {s.wasted_tokens:,} | {cost} "
-            f"| {s.tokens_per_day or '-'} | {s.top_subject_tokens:,} "
-            f"| {s.tokens_per_subject_per_day or '-'} |"
+            f"| {s.job_name} | {s.calls:,} | {s.tokens:,} | {s.wasted_tokens:,} "
+            f"| {cost} {currency} | {s.unknown_calls:,} |"
+        )
+    lines += [
+        "",
+        "| budget | jobs | since | spent | held | cap | left | refusing |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for b in admin.budgets():
+        lines.append(
+            f"| {b.budget_id} | {', '.join(b.jobs)} | {b.period_start:%Y-%m-%d} "
+            f"| {figure(b.spent, b.unit, b.currency)} | {figure(b.reserved, b.unit, b.currency)} "
+            f"| {figure(b.amount, b.unit, b.currency)} | {figure(b.left, b.unit, b.currency)} "
+            f"| {'yes' if b.refusing else 'no'} |"
         )
     return "\n".join(lines)
 

@@ -129,7 +129,11 @@ def ticket_to_json(ticket: Ticket) -> dict[str, Any]:
         "lease": None
         if lease is None
         else {
-            k: v for k, v in asdict(lease).items() if k not in ("expires_at", "stored_raw_input")
+            k: v
+            for k, v in asdict(lease).items()
+            # `budgeted` stays behind: an earlier release's reader takes only its own fields,
+            # and the next step asks the ledger instead.
+            if k not in ("expires_at", "stored_raw_input", "budgeted")
         },
         "answer": None
         if answer is None
@@ -139,6 +143,7 @@ def ticket_to_json(ticket: Ticket) -> dict[str, Any]:
             # where an earlier release's reader, which builds ModelUsage(**usage), ignores it.
             "usage": None if answer.usage is None else _counts(answer.usage),
             "requested_model": None if answer.usage is None else answer.usage.requested_model,
+            "usage_parts": None if answer.usage is None else _parts(answer.usage),
             "basis": asdict(answer.basis),
             "config": dict(answer.config.parts),
             "origin": asdict(answer.origin),
@@ -151,6 +156,21 @@ def _counts(usage: ModelUsage) -> dict[str, Any]:
         "model_name": usage.model_name,
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
+    }
+
+
+def _parts(usage: ModelUsage) -> dict[str, Any]:
+    """The usage's parts beside the counts (cache, reasoning, provider, tier)."""
+    return {
+        name: getattr(usage, name)
+        for name in (
+            "cache_read_tokens",
+            "cache_write_tokens",
+            "cache_write_1h_tokens",
+            "reasoning_tokens",
+            "provider_name",
+            "tier",
+        )
     }
 
 
@@ -175,7 +195,11 @@ def ticket_from_json(value: dict[str, Any]) -> Ticket:
             output=answer["output"],
             usage=None
             if answer["usage"] is None
-            else ModelUsage(**answer["usage"], requested_model=answer.get("requested_model")),
+            else ModelUsage(
+                **answer["usage"],
+                requested_model=answer.get("requested_model"),
+                **(answer.get("usage_parts") or {}),
+            ),
             basis=Basis(**answer["basis"]),
             config=JobConfig(answer["config"]),
             origin=CallOrigin(**answer["origin"]),

@@ -7,10 +7,11 @@ the answer is in hand, only a repair turn (a new, paid request that shows the mo
 and what was wrong with it) follows.
 """
 
+import json
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 from idempotent_jobs.core.calls import CallBook, current_calls
@@ -94,6 +95,9 @@ def send_with_retries(
     """``provider.send``, retried on a transient error as ``retry`` says; each failed request
     is recorded before the next (the last one's error propagates, and its attempt records it)."""
     rate = provider.rate_request(prompt)
+    if schema is not None and rate.max_input_tokens is not None:  # the schema is input too
+        schema_bytes = len(json.dumps(dict(schema.json_schema)).encode())
+        rate = replace(rate, max_input_tokens=rate.max_input_tokens + 2 * schema_bytes + 512)
     for attempt in range(retry.max_retries + 1):
         book.before_request(rate)
         try:

@@ -49,7 +49,12 @@ class AnthropicMessages:
         # request then goes at its place, as the provider's bucket expects it.
         self._client()
         return RateRequest(
-            self.name, self.model, prompt.estimated_tokens() + (self.max_tokens), self.key_name
+            self.name,
+            self.model,
+            prompt.estimated_tokens() + self.max_tokens,
+            self.key_name,
+            max_input_tokens=prompt.max_input_tokens(),
+            max_output_tokens=self.max_tokens,
         )
 
     def _client(self) -> Any:
@@ -100,15 +105,7 @@ class AnthropicMessages:
             )
         except anthropic.APIError as exc:
             raise self._error(exc) from None
-        usage = response.usage
-        read = (
-            usage.input_tokens
-            + (usage.cache_creation_input_tokens or 0)
-            + (usage.cache_read_input_tokens or 0)
-        )
-        used = ModelUsage(
-            response.model or self.model, read, usage.output_tokens, requested_model=self.model
-        )
+        used = anthropic_usage(response, self.model, self.name)
         text = "".join(getattr(block, "text", "") for block in response.content) or None
         stop = response.stop_reason
         if stop == "refusal":
@@ -138,3 +135,37 @@ class AnthropicMessages:
                 return ContextTooLongError(text, provider=self.name, status=status)
             return ProviderRequestError(text, provider=self.name, status=status)
         return ProviderRequestError(text, provider=self.name)
+
+
+def anthropic_usage(response: Any, requested: str, provider: str = "anthropic") -> ModelUsage:
+    """A message's usage as the provider reports it. Anthropic counts ``input_tokens`` without
+    the cached ones; recorded here as the whole input (``input_tokens`` plus
+    ``cache_read_input_tokens`` plus ``cache_creation_input_tokens``), with the parts broken
+    out: cache reads, cache writes, and of those the ones written for an hour
+    (``cache_creation.ephemeral_1h_input_tokens``). ``service_tier`` other than ``standard``
+    (``priority``, ``batch``) is the tier."""
+    usage = getattr(response, "usage", None)
+    if usage is None:
+        return ModelUsage(
+            getattr(response, "model", None) or requested,
+            requested_model=requested,
+            provider_name=provider,
+        )
+    plain = getattr(usage, "input_tokens", None)
+    read = getattr(usage, "cache_read_input_tokens", None)
+    written = getattr(usage, "cache_creation_input_tokens", None)
+    creation = getattr(usage, "cache_creation", None)
+    hour = getattr(creation, "ephemeral_1h_input_tokens", None)
+    tier = getattr(usage, "service_tier", None)
+    counts = [c for c in (plain, read, written) if isinstance(c, int)]
+    return ModelUsage(
+        getattr(response, "model", None) or requested,
+        sum(counts) if plain is not None else None,
+        getattr(usage, "output_tokens", None),
+        requested_model=requested,
+        cache_read_tokens=read,
+        cache_write_tokens=written,
+        cache_write_1h_tokens=hour,
+        provider_name=provider,
+        tier=None if tier in (None, "standard") else str(tier),
+    )

@@ -83,6 +83,8 @@ class OpenAIChat:
             self.model,
             prompt.estimated_tokens() + (self.max_tokens or 1024),
             self.key_name,
+            max_input_tokens=prompt.max_input_tokens(),
+            max_output_tokens=self.max_tokens,
         )
 
     def _client(self) -> Any:
@@ -130,13 +132,7 @@ class OpenAIChat:
             )
         except openai.APIError as exc:
             raise self._error(exc) from None
-        usage = response.usage
-        used = ModelUsage(
-            response.model or self.model,
-            usage.prompt_tokens if usage else None,
-            usage.completion_tokens if usage else None,
-            requested_model=self.model,
-        )
+        used = openai_usage(response, self.model, self.name)
         if not response.choices:
             return Reply(None, used)
         choice = response.choices[0]
@@ -172,3 +168,28 @@ class OpenAIChat:
                 return ContentFilteredError(text, provider=self.name, status=status)
             return ProviderRequestError(text, provider=self.name, status=status)
         return ProviderRequestError(text, provider=self.name)
+
+
+#: OpenAI's name for its standard tier (``auto`` resolves to it); recorded as no tier.
+_STANDARD_TIERS = {None, "default", "auto", "standard"}
+
+
+def openai_usage(response: Any, requested: str, provider: str = "openai") -> ModelUsage:
+    """A chat completion's usage as the provider reports it: ``prompt_tokens`` (cached ones
+    included, ``prompt_tokens_details.cached_tokens`` of them read from the cache),
+    ``completion_tokens`` (``completion_tokens_details.reasoning_tokens`` of them reasoning),
+    and the response's ``service_tier`` (``flex``, ``priority``; ``default`` is standard)."""
+    usage = getattr(response, "usage", None)
+    prompt = getattr(usage, "prompt_tokens_details", None)
+    completion = getattr(usage, "completion_tokens_details", None)
+    tier = getattr(response, "service_tier", None)
+    return ModelUsage(
+        getattr(response, "model", None) or requested,
+        getattr(usage, "prompt_tokens", None),
+        getattr(usage, "completion_tokens", None),
+        requested_model=requested,
+        cache_read_tokens=getattr(prompt, "cached_tokens", None),
+        reasoning_tokens=getattr(completion, "reasoning_tokens", None),
+        provider_name=provider,
+        tier=None if tier in _STANDARD_TIERS else str(tier),
+    )

@@ -9,6 +9,9 @@ from typing import Any, Literal, Protocol
 from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.core.identity import RunIdentity
 
+#: What a message's framing (role, separators) may cost, in tokens, at most.
+FRAMING_TOKENS = 16
+
 
 @dataclass(frozen=True)
 class Message:
@@ -48,6 +51,14 @@ class Prompt:
         limit reserves for it before it is sent."""
         text = sum(len(b.text) for b in self.system) + sum(len(m.content) for m in self.messages)
         return text // 3 + 8 * (len(self.messages) + len(self.system))
+
+    def max_input_tokens(self) -> int:
+        """The most tokens this prompt can take: a token is at least one byte of its text (as
+        byte-level tokenizers cut it), plus what each message's framing costs. The worst case a
+        budget reserves for it (the structured output's schema is added by the request)."""
+        text = sum(len(b.text.encode()) for b in self.system)
+        text += sum(len(m.content.encode()) for m in self.messages)
+        return text + FRAMING_TOKENS * (len(self.messages) + len(self.system) + 1)
 
     def repaired(self, answer: str | None, problems: list[str]) -> "Prompt":
         """This prompt, the answer that missed the schema, and a request to correct it."""

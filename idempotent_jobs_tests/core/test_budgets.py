@@ -1,49 +1,75 @@
-"""Token budgets decided in the ledger: a call that would start once the job's (or the
-subject's) budget for the UTC day is spent is refused before it is made; concurrent workers
-overshoot by at most one call each (real processes)."""
+"""Budgets decided in the ledger: tokens or money, per UTC day or month, for a job, each subject
+or a group of jobs. A request's worst case is reserved before it is sent, so racing workers end
+at or under the budget; the budget a ledger enforces is the ledger's, not a worker's."""
 
 import multiprocessing
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import psycopg
 import pytest
 
 from idempotent_jobs import (
+    Budget,
+    BudgetConflictError,
     BudgetExceededError,
     InvalidInputError,
+    JobConfig,
+    LedgerAdmin,
     ModelAnswer,
     ModelUsage,
     RunIdentity,
     TokenBudget,
     run_idempotent,
 )
+from idempotent_jobs.core.budgets import BudgetSpec
+from idempotent_jobs.core.health import budget_findings
 from idempotent_jobs_tests import workers
 from idempotent_jobs_tests.ledgers import BothFaces
 
 SPAWN = multiprocessing.get_context("spawn")
+JOB = "budgeted-job"
 
 
-def _ident(subject: str, hour: int = 9, job: str = "budgeted-job") -> RunIdentity:
+def _ident(subject: str, hour: int = 9, job: str = JOB) -> RunIdentity:
     return RunIdentity(job, subject, datetime(2026, 8, 7, hour, tzinfo=UTC), "v1")
 
 
 def _run(
-    ledger: BothFaces, ident: RunIdentity, tokens: int, budget: TokenBudget | None
+    ledger: BothFaces,
+    ident: RunIdentity,
+    tokens: int | None,
+    budget: BudgetSpec | None,
+    *,
+    ceiling: int | None = None,
+    follow: bool = False,
+    model: str = "m",
 ) -> list[str]:
-    """Run ``ident`` with a model reporting ``tokens``; return what the model saw called."""
+    """Run ``ident`` with a model reporting ``tokens`` (``None``: no usage); return what the
+    model saw called."""
     called: list[str] = []
 
-    def model(raw: dict[str, Any]) -> ModelAnswer:
+    def transform(raw: dict[str, Any]) -> ModelAnswer:
         called.append(ident.subject_id)
-        return ModelAnswer({"summary": "ok"}, ModelUsage("m", tokens - 10, 10))
+        usage = ModelUsage(model) if tokens is None else ModelUsage(model, tokens - 10, 10)
+        return ModelAnswer({"summary": "ok"}, usage)
 
-    run_idempotent(ledger, ident, collect=lambda _: {"x": 1}, transform=model, budget=budget)
+    run_idempotent(
+        ledger,
+        ident,
+        collect=lambda _: {"x": 1},
+        transform=transform,
+        budget=budget,
+        max_tokens_per_call=ceiling,
+        follow_ledger_budget=follow,
+        config=JobConfig.of(prompt="", model=model, validator=""),
+    )
     return called
 
 
-def _spent_today(db: psycopg.Connection, job: str = "budgeted-job") -> int:
-    """What ``model_calls`` records for ``job`` (the budget reads the trigger's rollup of it)."""
+def _spent(db: psycopg.Connection, job: str = JOB) -> int:
+    """What ``model_calls`` records for ``job``."""
     row = db.execute(
         "SELECT COALESCE(sum(input_tokens + output_tokens), 0) FROM idempotent_jobs.model_calls"
         " JOIN idempotent_jobs.runs USING (run_id) WHERE job_name = %s",
@@ -53,17 +79,33 @@ def _spent_today(db: psycopg.Connection, job: str = "budgeted-job") -> int:
     return int(row[0])
 
 
-def test_a_call_is_refused_once_the_days_budget_is_spent(
+def _counter(db: psycopg.Connection, budget_id: str) -> tuple[Decimal, Decimal, int, int]:
+    row = db.execute(
+        "SELECT sum(spent), sum(reserved), sum(calls), sum(unknown_calls)"
+        " FROM idempotent_jobs.budget_counters WHERE budget_id = %s",
+        (budget_id,),
+    ).fetchone()
+    assert row is not None
+    return row[0], row[1], int(row[2] or 0), int(row[3] or 0)
+
+
+def test_a_call_with_no_declared_worst_case_is_refused_once_the_days_budget_is_spent(
     ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     budget = TokenBudget(tokens_per_day=250)
     assert _run(ledger, _ident("a"), 100, budget) == ["a"]
     assert _run(ledger, _ident("b"), 100, budget) == ["b"]
-    assert _run(ledger, _ident("c"), 100, budget) == ["c"]  # 200 < 250: allowed, ends at 300
+    assert _run(ledger, _ident("c"), 100, budget) == ["c"]  # 200 < 250: checked, ends at 300
     with pytest.raises(BudgetExceededError) as refused:
         _run(ledger, _ident("d"), 100, budget)
     exc = refused.value
-    assert (exc.scope, exc.spent, exc.budget, exc.job_name) == ("day", 300, 250, "budgeted-job")
+    assert (exc.scope, exc.budget_id, exc.spent, exc.budget, exc.job_name) == (
+        "job",
+        f"job:tokens/day:{JOB}",
+        300,
+        250,
+        JOB,
+    )
     assert exc.day_start.tzinfo is not None and exc.day_start.hour == 0
     assert "300 of 250 tokens" in str(exc)
     run_id = _ident("d").run_id
@@ -72,21 +114,30 @@ def test_a_call_is_refused_once_the_days_budget_is_spent(
     assert record.lease_owner is None  # the lease was given back at once
     assert [a.outcome for a in ledger.attempts(run_id)] == ["budget"]
     assert ledger.model_calls(run_id) == []  # no call was made, none recorded
-    assert _spent_today(db) == 300
-    rollup = db.execute(
-        "SELECT sum(tokens), sum(calls) FROM idempotent_jobs.spend_days"
-        " WHERE job_name = 'budgeted-job'"
-    ).fetchone()
-    assert rollup == (300, 3)  # the budget's rollup is what model_calls records
-    # Another job has its own budget; a job without a budget is never refused.
+    assert _spent(db) == 300
+    assert _counter(db, f"job:tokens/day:{JOB}") == (300, 0, 3, 0)
+    # Another job has its own budget; a job the ledger holds none for is never refused.
     assert _run(ledger, _ident("d", job="other-job"), 100, budget) == ["d"]
-    assert _run(ledger, _ident("e"), 100, None) == ["e"]
-    # The budget its workers enforce is declared in the ledger for the operator's commands.
-    row = db.execute(
-        "SELECT tokens_per_day, tokens_per_subject_per_day FROM idempotent_jobs.budgets"
-        " WHERE job_name = 'budgeted-job'"
-    ).fetchone()
-    assert row == (250, None)
+    assert _run(ledger, _ident("e", job="free-job"), 100, None) == ["e"]
+    # The budget is the ledger's now: the same job declaring none is still refused by it.
+    with pytest.raises(BudgetExceededError):
+        _run(ledger, _ident("e"), 100, None)
+
+
+def test_a_declared_worst_case_is_reserved_so_the_budget_is_never_overshot(
+    ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    budget = Budget(amount=250)
+    assert _run(ledger, _ident("a"), 100, budget, ceiling=100) == ["a"]
+    assert _run(ledger, _ident("b"), 100, budget, ceiling=100) == ["b"]
+    with pytest.raises(BudgetExceededError) as refused:  # 200 + 100 > 250: not made
+        _run(ledger, _ident("c"), 100, budget, ceiling=100)
+    assert (refused.value.spent, refused.value.wanted) == (200, 100)
+    assert "this call may take up to 100" in str(refused.value)
+    assert _spent(db) == 200 <= 250
+    # A call that fits is made, and settled to what it really cost.
+    assert _run(ledger, _ident("c"), 40, budget, ceiling=50) == ["c"]
+    assert _counter(db, f"job:tokens/day:{JOB}") == (240, 0, 3, 0)
 
 
 def test_the_per_subject_budget_refuses_that_subject_only(ledger: BothFaces) -> None:
@@ -103,18 +154,125 @@ def test_the_per_subject_budget_refuses_that_subject_only(ledger: BothFaces) -> 
     assert _run(ledger, _ident("globex", 11), 100, budget) == ["globex"]
 
 
-def test_only_todays_calls_count_and_a_refused_run_runs_once_the_day_turns(
+def test_only_the_periods_calls_count_and_a_refused_run_runs_once_the_day_turns(
     ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     budget = TokenBudget(tokens_per_day=100)
     _run(ledger, _ident("a"), 100, budget)
     with pytest.raises(BudgetExceededError):
         _run(ledger, _ident("b"), 100, budget)
-    # The day turns (by the database clock): yesterday's spend no longer counts.
-    db.execute("UPDATE idempotent_jobs.model_calls SET called_at = called_at - interval '1 day'")
-    db.execute("UPDATE idempotent_jobs.spend_days SET day = day - 1")
+    # The day turns (by the database clock): yesterday's counter no longer counts.
+    db.execute("UPDATE idempotent_jobs.budget_counters SET period_start = period_start - 1")
     assert _run(ledger, _ident("b"), 100, budget) == ["b"]
     assert [a.outcome for a in ledger.attempts(_ident("b").run_id)] == ["budget", "completed"]
+
+
+def test_a_monthly_group_budget_is_shared_by_every_job_of_the_group(
+    ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    team = Budget(amount=250, period="month", scope="group", group="team-a")
+    assert _run(ledger, _ident("a", job="job-one"), 100, team, ceiling=100) == ["a"]
+    assert _run(ledger, _ident("a", job="job-two"), 100, team, ceiling=100) == ["a"]
+    with pytest.raises(BudgetExceededError) as refused:
+        _run(ledger, _ident("b", job="job-one"), 100, team, ceiling=100)
+    assert refused.value.budget_id == "group:tokens/month:team-a"
+    assert refused.value.day_start.day == 1  # the calendar month's start
+    row = db.execute(
+        "SELECT jobs FROM idempotent_jobs.spend_budgets WHERE budget_id = %s",
+        ("group:tokens/month:team-a",),
+    ).fetchone()
+    assert row is not None and sorted(row[0]) == ["job-one", "job-two"]
+    assert _run(ledger, _ident("b", job="job-three"), 100, None) == ["b"]  # not in the group
+
+
+def test_a_money_budget_caps_what_calls_cost_at_the_prices_in_force(
+    ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    with LedgerAdmin.beside(ledger) as admin:
+        admin.set_price("gpt-priced", "2", "10")  # USD per million: 100 tokens ~ 0.00028
+    budget = Budget(amount="0.0015", unit="money")
+    assert _run(ledger, _ident("a"), 100, budget, ceiling=100, model="gpt-priced") == ["a"]
+    assert _run(ledger, _ident("b"), 100, budget, ceiling=100, model="gpt-priced") == ["b"]
+    # Worst case: 100 tokens at the dearest price (10/M) = 0.001 > what is left.
+    with pytest.raises(BudgetExceededError) as refused:
+        _run(ledger, _ident("c"), 100, budget, ceiling=100, model="gpt-priced")
+    exc = refused.value
+    assert exc.unit == "money" and exc.wanted == Decimal("0.001")
+    # Each call: 90 input tokens at 2/M and 10 output tokens at 10/M.
+    assert exc.spent == 2 * (Decimal(90) * 2 + Decimal(10) * 10) / 1_000_000
+    assert "in money spent" in str(exc)
+    # A model with no price cannot be capped in money: refused, never made.
+    with pytest.raises(BudgetExceededError) as unpriced:
+        _run(ledger, _ident("d"), 1, budget, ceiling=1, model="gpt-unpriced")
+    assert unpriced.value.unpriced == "gpt-unpriced" and "has no price" in str(unpriced.value)
+    assert ledger.model_calls(_ident("d").run_id) == []
+
+
+def test_a_call_that_reports_no_usage_is_charged_its_reservation_and_counted(
+    ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    budget = Budget(amount=10_000)
+    for n in range(3):
+        assert _run(ledger, _ident(f"s{n}"), None, budget, ceiling=1_000) == [f"s{n}"]
+    key = f"job:tokens/day:{JOB}"
+    assert _counter(db, key) == (3_000, 0, 3, 3)
+    with LedgerAdmin.beside(ledger) as admin:
+        [standing] = admin.budgets(JOB)
+        findings = budget_findings([standing])
+    assert standing.spent == 3_000 and standing.unknown_calls == 3
+    assert [f.kind for f in findings] == ["budget", "usage_unknown"]
+    assert "3 call(s) this day reported no usage" in findings[1].detail
+
+
+def test_a_1_token_budget_lets_one_call_with_no_usage_through_not_25(
+    ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    """Calls reporting no usage used to spend nothing: a 1-token budget let 25 through."""
+    budget = Budget(amount=1)
+    with pytest.raises(BudgetExceededError):  # a declared worst case of 10 does not fit
+        _run(ledger, _ident("a"), None, budget, ceiling=10)
+    assert ledger.model_calls(_ident("a").run_id) == []
+    # With no worst case declared the call is only checked; reporting no usage, it is
+    # charged all the room left, and the next is refused.
+    assert _run(ledger, _ident("b"), None, budget) == ["b"]
+    with pytest.raises(BudgetExceededError):
+        _run(ledger, _ident("c"), None, budget)
+    assert _counter(db, f"job:tokens/day:{JOB}") == (1, 0, 1, 1)
+
+
+def test_a_spec_that_declares_another_budget_than_the_ledgers_fails_naming_both(
+    ledger: BothFaces,
+) -> None:
+    with LedgerAdmin.beside(ledger) as admin:
+        admin.set_budget(Budget(amount=100), job_name=JOB)
+    with pytest.raises(BudgetConflictError) as conflict:
+        _run(ledger, _ident("a"), 10, Budget(amount=150))
+    text = str(conflict.value)
+    assert f"job:tokens/day:{JOB}" in text and "150" in text and "100" in text
+    assert "\n" not in text
+    assert ledger.model_calls(_ident("a").run_id) == []
+    # Following the ledger, the ledger's is enforced.
+    assert _run(ledger, _ident("a"), 60, Budget(amount=150), follow=True) == ["a"]
+    assert _run(ledger, _ident("b"), 60, Budget(amount=150), follow=True) == ["b"]
+    with pytest.raises(BudgetExceededError) as refused:
+        _run(ledger, _ident("c"), 60, Budget(amount=150), follow=True)
+    assert refused.value.budget == 100
+
+
+def test_a_budget_set_by_the_operator_holds_for_a_deployment_that_declares_none(
+    ledger: BothFaces,
+) -> None:
+    """Deployment A enforced 150 tokens a day; deployment B, with no budget, kept calling."""
+    assert _run(ledger, _ident("a"), 100, Budget(amount=150)) == ["a"]  # A declares it
+    assert _run(ledger, _ident("b"), 100, None) == ["b"]  # B, 100 < 150: checked, made
+    with pytest.raises(BudgetExceededError):
+        _run(ledger, _ident("c"), 100, None)  # B again: the ledger's budget refuses it
+    with LedgerAdmin.beside(ledger) as admin:
+        [standing] = admin.budgets()
+        assert standing.refusing and standing.spent == 200
+        assert admin.clear_budget(standing.budget_id)  # a stale budget can be cleared
+        assert admin.budgets() == []
+    assert _run(ledger, _ident("c"), 100, None) == ["c"]
 
 
 def test_a_completed_run_is_reused_even_when_the_budget_is_spent(ledger: BothFaces) -> None:
@@ -124,30 +282,48 @@ def test_a_completed_run_is_reused_even_when_the_budget_is_spent(ledger: BothFac
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "field"),
+    ("kwargs", "field", "words"),
     [
-        ({}, "budget"),
-        ({"tokens_per_day": 0}, "tokens_per_day"),
-        ({"tokens_per_day": 1.5}, "tokens_per_day"),
-        ({"tokens_per_subject_per_day": True}, "tokens_per_subject_per_day"),
+        ({}, "budget", "set tokens_per_day"),
+        ({"tokens_per_day": 0}, "tokens_per_day", "more than 0"),
+        ({"tokens_per_day": 1.5}, "tokens_per_day", "whole number"),
+        ({"tokens_per_subject_per_day": True}, "tokens_per_subject_per_day", "whole number"),
+        ({"tokens_per_day": 10**30}, "tokens_per_day", "at most 10^18 tokens"),
     ],
 )
-def test_a_bad_budget_names_the_field(kwargs: dict[str, Any], field: str) -> None:
+def test_a_bad_budget_names_the_field(kwargs: dict[str, Any], field: str, words: str) -> None:
     with pytest.raises(InvalidInputError) as bad:
         TokenBudget(**kwargs)
+    assert bad.value.field == field and words in bad.value.reason
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"amount": "1.5"}, "amount"),
+        ({"amount": "-1", "unit": "money"}, "amount"),
+        ({"amount": 10, "unit": "euros"}, "unit"),
+        ({"amount": 10, "period": "week"}, "period"),
+        ({"amount": 10, "scope": "group"}, "group"),
+        ({"amount": 10, "group": "team"}, "group"),
+    ],
+)
+def test_a_bad_budget_of_either_unit_names_the_field(kwargs: dict[str, Any], field: str) -> None:
+    with pytest.raises(InvalidInputError) as bad:
+        Budget(**kwargs)
     assert bad.value.field == field
 
 
 def _race(
-    database: str, workers_count: int, budget: int, call_tokens: int, *, worst_case: bool
+    url: str, workers_count: int, budget: Any, call_tokens: int, **options: Any
 ) -> list[dict[str, Any]]:
     start = SPAWN.Barrier(workers_count)
-    in_flight = SPAWN.Barrier(workers_count) if worst_case else None
     out: multiprocessing.Queue[dict[str, Any]] = SPAWN.Queue()
     procs = [
         SPAWN.Process(
             target=workers.spend_until_refused,
-            args=(database, n, budget, call_tokens, start, in_flight, out),
+            args=(url, n, budget, call_tokens, start, None, out),
+            kwargs=options,
         )
         for n in range(workers_count)
     ]
@@ -161,16 +337,18 @@ def _race(
 
 
 @pytest.mark.slow
-def test_n_processes_overshoot_the_budget_by_at_most_one_call_each(
-    database: str, db: psycopg.Connection
+def test_16_processes_racing_on_one_budget_never_overshoot_it(
+    racer_url: str, db: psycopg.Connection
 ) -> None:
-    n, budget, call = 6, 5_000, 100
-    results = _race(database, n, budget, call, worst_case=False)
-    spent = _spent_today(db)
+    """Directly and through PgBouncer (transaction mode): in tokens, then in money."""
+    n, budget, call = 16, 6_000, 100
+    results = _race(racer_url, n, Budget(amount=budget), call, max_tokens_per_call=call)
+    spent = _spent(db)
     calls = sum(r["calls"] for r in results)
     assert spent == calls * call  # spend is exactly what model_calls records
     assert all(r["refused"] is not None for r in results)  # every worker was stopped
-    assert budget <= spent <= budget - 1 + n * call
+    assert budget - call < spent <= budget  # every token of room used, none over
+    assert _counter(db, f"job:tokens/day:{JOB}") == (spent, 0, calls, 0)
     refused_runs = [r["refused"]["run_id"] for r in results]
     row = db.execute(
         "SELECT count(*) FROM idempotent_jobs.model_calls WHERE run_id = ANY(%s)",
@@ -180,14 +358,16 @@ def test_n_processes_overshoot_the_budget_by_at_most_one_call_each(
 
 
 @pytest.mark.slow
-def test_the_bound_is_reached_when_every_worker_is_in_flight_at_once(
-    ledger: BothFaces, database: str, db: psycopg.Connection
+def test_16_processes_racing_on_a_money_budget_never_overshoot_it(
+    racer_url: str, db: psycopg.Connection
 ) -> None:
-    n, budget, call = 6, 1_000, 100
-    _run(ledger, _ident("warm-up"), budget - 1, None)  # 1 token left
-    results = _race(database, n, budget, call, worst_case=True)
-    # Every worker passed the check with 1 token left, then all were in their calls at once:
-    # each overshoots by exactly its one call, and nobody makes a second.
-    assert sorted(r["calls"] for r in results) == [1] * n
-    assert _spent_today(db) == budget - 1 + n * call
-    assert all(budget <= r["refused"]["spent"] <= budget - 1 + n * call for r in results)
+    with LedgerAdmin(racer_url) as admin:
+        admin.set_price("gpt-race", "1", "1")  # 100 tokens = 0.0001 USD
+        admin.set_budget(Budget(amount="0.005", unit="money", period="month"), job_name=JOB)
+    results = _race(
+        racer_url, 16, None, 100, max_tokens_per_call=100, model="gpt-race"
+    )
+    calls = sum(r["calls"] for r in results)
+    spent, reserved, counted, _ = _counter(db, f"job:money/month:{JOB}")
+    assert (calls, spent, reserved, counted) == (50, Decimal("0.005"), 0, 50)
+    assert all(r["refused"] is not None for r in results)

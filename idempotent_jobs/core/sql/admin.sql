@@ -20,44 +20,86 @@ DELETE FROM {schema}.drills WHERE job_name = %(job_name)s OR %(job_name)s::text 
 RETURNING job_name, remaining, expires_at, armed_by, armed_at
 
 -- name: set_price
--- Set a model's price per million input and output tokens (an operator's write; no run).
-INSERT INTO {schema}.model_prices AS p (model_name, input_per_million, output_per_million,
-  currency, set_by)
-VALUES (%(model_name)s, %(input_per_million)s, %(output_per_million)s, %(currency)s,
-  %(set_by)s)
-ON CONFLICT (model_name) DO UPDATE SET input_per_million = EXCLUDED.input_per_million,
-  output_per_million = EXCLUDED.output_per_million, currency = EXCLUDED.currency,
-  set_at = now(), set_by = EXCLUDED.set_by
+-- Set a model's price per million tokens of each kind, in force from `effective_from` (now when
+-- NULL) on, for the model's exact name or every name under a prefix, in a tier. Earlier prices
+-- stay: a call is priced at the price in force when it was made. The first price sets the
+-- ledger's currency; a price in another is refused by the foreign key, whatever races it.
+WITH currency AS (
+  INSERT INTO {schema}.ledger_currency (currency) VALUES (%(currency)s) ON CONFLICT DO NOTHING
+)
+INSERT INTO {schema}.price_history AS p (model_pattern, match_kind, tier, effective_from,
+  currency, input_per_million, output_per_million, cache_read_per_million,
+  cache_write_per_million, cache_write_1h_per_million, reasoning_per_million, set_by)
+VALUES (%(model_pattern)s, %(match_kind)s, %(tier)s,
+  COALESCE(%(effective_from)s::timestamptz, now()), %(currency)s, %(input_per_million)s,
+  %(output_per_million)s, %(cache_read_per_million)s, %(cache_write_per_million)s,
+  %(cache_write_1h_per_million)s, %(reasoning_per_million)s, %(set_by)s)
+ON CONFLICT (model_pattern, match_kind, tier, effective_from) DO UPDATE
+SET currency = EXCLUDED.currency, input_per_million = EXCLUDED.input_per_million,
+  output_per_million = EXCLUDED.output_per_million,
+  cache_read_per_million = EXCLUDED.cache_read_per_million,
+  cache_write_per_million = EXCLUDED.cache_write_per_million,
+  cache_write_1h_per_million = EXCLUDED.cache_write_1h_per_million,
+  reasoning_per_million = EXCLUDED.reasoning_per_million, set_at = now(),
+  set_by = EXCLUDED.set_by
 RETURNING p.*
 
+-- name: ledger_currency
+-- The ledger's currency (no row before the first price).
+SELECT currency FROM {schema}.ledger_currency
+
+-- name: delete_prices
+-- Remove a model's (or prefix's) prices, of one tier or every tier: its calls become unpriced.
+DELETE FROM {schema}.price_history
+WHERE model_pattern = %(model_pattern)s AND match_kind = %(match_kind)s
+  AND (%(tier)s::text IS NULL OR tier = %(tier)s)
+RETURNING *
+
 -- name: list_prices
--- Every model's price, by model name.
-SELECT * FROM {schema}.model_prices ORDER BY model_name
+-- Every price with its history, by model, tier and the time it applies from.
+SELECT * FROM {schema}.price_history
+ORDER BY model_pattern, match_kind, tier, effective_from
+
+-- name: price_matches
+-- Which calls of the last `days` days each price priced (the price in force when each was
+-- made), and the models of those no price covers (the row with no pattern).
+SELECT p.model_pattern, p.match_kind, p.tier, p.effective_from, count(*) AS calls,
+  array_agg(DISTINCT COALESCE(c.requested_model, c.model_name, '(none)')) AS models
+FROM {schema}.model_calls AS c
+LEFT JOIN LATERAL {schema}.price_in_force(c.requested_model, c.model_name, c.tier,
+  c.called_at) AS p ON true
+WHERE c.called_at >= now() - make_interval(days => %(days)s)
+GROUP BY 1, 2, 3, 4
+ORDER BY 1, 2, 3, 4
+
+-- name: call_costs
+-- One run's calls, each priced at the price in force when it was made (NULL: unknown).
+SELECT c.call_id, {schema}.usage_money(c.input_tokens, c.output_tokens, c.cache_read_tokens,
+  c.cache_write_tokens, c.cache_write_1h_tokens, c.reasoning_tokens, p) AS cost
+FROM {schema}.model_calls AS c
+LEFT JOIN LATERAL {schema}.price_in_force(c.requested_model, c.model_name, c.tier,
+  c.called_at) AS p ON true
+WHERE c.run_id = %(run_id)s
+ORDER BY c.call_id
 
 -- name: spend_by_job
--- What each job's model calls spent in one UTC day, against its declared budget.
--- By the database clock; today when `day` is NULL: calls, tokens, tokens not accepted, money at the models' prices, the most any one
--- subject spent, and the budget the job's workers declared. A job with a budget and no call
--- that day is listed with zeros.
-WITH day AS (
-  SELECT (date_trunc('day', COALESCE(%(day)s::timestamptz, now()) AT TIME ZONE 'UTC')
-    AT TIME ZONE 'UTC') AS start
-), calls AS (
+-- What each job's model calls spent in one UTC day (today when `day` is NULL), by the
+-- database clock: calls, tokens, tokens not accepted, money at the price in force when each
+-- call was made, the most any one subject spent, and the calls that reported no usage.
+WITH calls AS (
   SELECT r.job_name, r.subject_id, c.outcome,
     COALESCE(c.input_tokens, 0) + COALESCE(c.output_tokens, 0) AS tokens,
-    (COALESCE(c.input_tokens, 0) * p.input_per_million
-      + COALESCE(c.output_tokens, 0) * p.output_per_million) / 1000000 AS cost,
-    COALESCE(c.requested_model, c.model_name) IS NULL OR p.model_name IS NOT NULL AS priced
+    {schema}.usage_money(c.input_tokens, c.output_tokens, c.cache_read_tokens,
+      c.cache_write_tokens, c.cache_write_1h_tokens, c.reasoning_tokens, p) AS cost,
+    c.input_tokens IS NULL AND c.output_tokens IS NULL AS unknown
   FROM {schema}.model_calls AS c
   -- Each call's run by its key (LIMIT keeps the planner from turning it into a join that
   -- scans every run).
   CROSS JOIN LATERAL (SELECT job_name, subject_id FROM {schema}.runs AS r
     WHERE r.run_id = c.run_id LIMIT 1) AS r
-  -- The requested model's price, else the answering model's (a price set for a dated name).
-  LEFT JOIN LATERAL (SELECT * FROM {schema}.model_prices AS p
-    WHERE p.model_name IN (c.requested_model, c.model_name)
-    ORDER BY p.model_name IS NOT DISTINCT FROM c.requested_model DESC LIMIT 1) AS p ON true
-  -- Written out, not read from `day`, so the planner estimates the range (one day's calls).
+  LEFT JOIN LATERAL {schema}.price_in_force(c.requested_model, c.model_name, c.tier,
+    c.called_at) AS p ON true
+  -- Written out, so the planner estimates the range (one day's calls).
   WHERE c.called_at >= date_trunc('day', COALESCE(%(day)s::timestamptz, now())
       AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
     AND c.called_at < (date_trunc('day', COALESCE(%(day)s::timestamptz, now())
@@ -65,62 +107,128 @@ WITH day AS (
 ), by_subject AS (
   SELECT job_name, subject_id, count(*) AS calls, sum(tokens) AS tokens,
     sum(tokens) FILTER (WHERE outcome <> 'accepted') AS wasted, sum(cost) AS cost,
-    bool_and(priced) AS priced
+    bool_and(cost IS NOT NULL) AS priced, count(*) FILTER (WHERE unknown) AS unknown_calls
   FROM calls GROUP BY job_name, subject_id
-), by_job AS (
-  SELECT job_name, sum(calls)::bigint AS calls, sum(tokens)::bigint AS tokens,
-    COALESCE(sum(wasted), 0)::bigint AS wasted_tokens, sum(cost) AS cost,
-    bool_and(priced) AS priced, max(tokens)::bigint AS top_subject_tokens
-  FROM by_subject GROUP BY job_name
 )
-SELECT COALESCE(j.job_name, b.job_name) AS job_name, day.start AS day_start,
-  COALESCE(j.calls, 0) AS calls, COALESCE(j.tokens, 0) AS tokens,
-  COALESCE(j.wasted_tokens, 0) AS wasted_tokens, j.cost, COALESCE(j.priced, true) AS priced,
-  COALESCE(j.top_subject_tokens, 0) AS top_subject_tokens, b.tokens_per_day,
-  b.tokens_per_subject_per_day
-FROM day, by_job AS j
-FULL JOIN {schema}.budgets AS b ON b.job_name = j.job_name
+SELECT job_name,
+  date_trunc('day', COALESCE(%(day)s::timestamptz, now()) AT TIME ZONE 'UTC')
+    AT TIME ZONE 'UTC' AS day_start,
+  sum(calls)::bigint AS calls, sum(tokens)::bigint AS tokens,
+  COALESCE(sum(wasted), 0)::bigint AS wasted_tokens, sum(cost) AS cost,
+  bool_and(priced) AS priced, max(tokens)::bigint AS top_subject_tokens,
+  sum(unknown_calls)::bigint AS unknown_calls
+FROM by_subject GROUP BY job_name
 ORDER BY 1
+
+-- name: budget_standings
+-- Every budget in the ledger (those covering one job, when `job_name` is given) with its
+-- current period's counter (for a subject budget, the subject that spent most), and whether it
+-- has no room left: what every worker enforces.
+SELECT b.*, {schema}.period_start(b.period, now())::timestamp AT TIME ZONE 'UTC'
+    AS period_start,
+  COALESCE(k.spent, 0) AS spent, COALESCE(k.reserved, 0) AS reserved,
+  COALESCE(k.calls, 0) AS calls, COALESCE(k.unknown_calls, 0) AS unknown_calls,
+  COALESCE(k.subject_id, '') AS subject_id,
+  COALESCE(k.spent + k.reserved >= b.amount, false) AS refusing,
+  (SELECT currency FROM {schema}.ledger_currency) AS currency
+FROM {schema}.spend_budgets AS b
+LEFT JOIN LATERAL (SELECT * FROM {schema}.budget_counters AS k
+  WHERE k.budget_id = b.budget_id AND k.period_start = {schema}.period_start(b.period, now())
+  ORDER BY k.spent + k.reserved DESC LIMIT 1) AS k ON true
+WHERE %(job_name)s::text IS NULL OR %(job_name)s::text = ANY(b.jobs)
+ORDER BY b.budget_id
+
+-- name: set_budget
+-- An operator sets a budget (it stands over a spec's declaration): a new one starts with its
+-- period's spend so far; a changed amount keeps the counters.
+WITH added AS (
+  INSERT INTO {schema}.spend_budgets AS b (budget_id, scope, scope_name, unit, period, amount,
+    jobs, declared_by, set_by)
+  VALUES (%(budget_id)s, %(scope)s, %(scope_name)s, %(unit)s, %(period)s, %(amount)s,
+    %(jobs)s::text[], 'operator', %(set_by)s)
+  ON CONFLICT (budget_id) DO UPDATE SET amount = EXCLUDED.amount, jobs = EXCLUDED.jobs,
+    declared_by = 'operator', set_at = now(), set_by = EXCLUDED.set_by
+  RETURNING b.budget_id, b.scope, b.unit, b.period, b.jobs, (xmax = 0) AS inserted
+), counted AS (
+  INSERT INTO {schema}.budget_counters AS k (budget_id, period_start, subject_id, spent, calls,
+    unknown_calls)
+  SELECT a.budget_id, {schema}.period_start(a.period, now()),
+    CASE WHEN a.scope = 'subject' THEN r.subject_id ELSE '' END,
+    sum(CASE WHEN a.unit = 'tokens'
+      THEN COALESCE(c.input_tokens, 0) + COALESCE(c.output_tokens, 0)
+      ELSE COALESCE({schema}.usage_money(c.input_tokens, c.output_tokens, c.cache_read_tokens,
+        c.cache_write_tokens, c.cache_write_1h_tokens, c.reasoning_tokens, p), 0) END),
+    count(*), count(*) FILTER (WHERE c.input_tokens IS NULL AND c.output_tokens IS NULL)
+  FROM added AS a
+  JOIN {schema}.model_calls AS c ON c.called_at >= {schema}.period_start(a.period, now())
+  JOIN {schema}.runs AS r ON r.run_id = c.run_id AND r.job_name = ANY(a.jobs)
+  LEFT JOIN LATERAL {schema}.price_in_force(c.requested_model, c.model_name, c.tier,
+    c.called_at) AS p ON a.unit = 'money'
+  WHERE a.inserted
+  GROUP BY 1, 2, 3
+  ON CONFLICT ON CONSTRAINT budget_counters_pkey DO NOTHING
+)
+SELECT budget_id, inserted FROM added
+
+-- name: clear_budget
+-- Remove a budget (its counters and holds go with it): no call is capped by it any more.
+DELETE FROM {schema}.spend_budgets WHERE budget_id = %(budget_id)s RETURNING budget_id
 
 -- name: job_history
 -- What a job's runs cost so far, for an estimate.
--- Per accepted run (its accepted call; the latest `sample` runs) the median and p90 of tokens and money, and every call not accepted
--- (failed, rejected, stale, lease lost): how many and what they cost.
+-- Per accepted run (its accepted call; the latest `sample` runs): p10, median and p90 of tokens
+-- and money (at the price in force when each call was made), and the tokens per byte of its
+-- checkpointed input (to scale a partition whose input is already collected); and every call
+-- not accepted (failed, rejected, stale, lease lost): how many and what they cost.
 WITH priced_calls AS (
   SELECT c.run_id, c.outcome, c.called_at,
     COALESCE(c.input_tokens, 0) + COALESCE(c.output_tokens, 0) AS tokens,
-    (COALESCE(c.input_tokens, 0) * p.input_per_million
-      + COALESCE(c.output_tokens, 0) * p.output_per_million) / 1000000 AS cost,
-    COALESCE(c.requested_model, c.model_name) IS NULL OR p.model_name IS NOT NULL AS priced
+    {schema}.usage_money(c.input_tokens, c.output_tokens, c.cache_read_tokens,
+      c.cache_write_tokens, c.cache_write_1h_tokens, c.reasoning_tokens, p) AS cost
   FROM {schema}.runs AS r
   JOIN {schema}.model_calls AS c ON c.run_id = r.run_id
-  -- The requested model's price, else the answering model's (a price set for a dated name).
-  LEFT JOIN LATERAL (SELECT * FROM {schema}.model_prices AS p
-    WHERE p.model_name IN (c.requested_model, c.model_name)
-    ORDER BY p.model_name IS NOT DISTINCT FROM c.requested_model DESC LIMIT 1) AS p ON true
+  LEFT JOIN LATERAL {schema}.price_in_force(c.requested_model, c.model_name, c.tier,
+    c.called_at) AS p ON true
   WHERE r.job_name = %(job_name)s
 ), accepted AS (
-  SELECT run_id, sum(tokens) AS tokens, sum(cost) AS cost, bool_and(priced) AS priced
+  SELECT run_id, sum(tokens) AS tokens, sum(cost) AS cost, bool_and(cost IS NOT NULL) AS priced
   FROM priced_calls WHERE outcome = 'accepted'
   GROUP BY run_id ORDER BY max(called_at) DESC LIMIT %(sample)s
+), sized AS (
+  SELECT a.*, octet_length(r.raw_input::text) AS input_bytes
+  FROM accepted AS a JOIN {schema}.runs AS r USING (run_id)
 ), not_accepted AS (
   SELECT count(*) AS calls, COALESCE(sum(tokens), 0)::bigint AS tokens, sum(cost) AS cost,
-    COALESCE(bool_and(priced), true) AS priced
+    COALESCE(bool_and(cost IS NOT NULL), true) AS priced
   FROM priced_calls WHERE outcome <> 'accepted'
 ), all_accepted AS (
   SELECT count(DISTINCT run_id) AS runs FROM priced_calls WHERE outcome = 'accepted'
 )
-SELECT all_accepted.runs AS accepted_runs, count(accepted.run_id) AS sampled_runs,
-  percentile_cont(0.5) WITHIN GROUP (ORDER BY accepted.tokens) AS median_tokens,
-  percentile_cont(0.9) WITHIN GROUP (ORDER BY accepted.tokens) AS p90_tokens,
-  percentile_cont(0.5) WITHIN GROUP (ORDER BY accepted.cost) AS median_cost,
-  percentile_cont(0.9) WITHIN GROUP (ORDER BY accepted.cost) AS p90_cost,
-  COALESCE(bool_and(accepted.priced), true) AND not_accepted.priced AS priced,
+SELECT all_accepted.runs AS accepted_runs, count(sized.run_id) AS sampled_runs,
+  percentile_cont(0.1) WITHIN GROUP (ORDER BY sized.tokens) AS p10_tokens,
+  percentile_cont(0.5) WITHIN GROUP (ORDER BY sized.tokens) AS median_tokens,
+  percentile_cont(0.9) WITHIN GROUP (ORDER BY sized.tokens) AS p90_tokens,
+  percentile_cont(0.1) WITHIN GROUP (ORDER BY sized.cost) AS p10_cost,
+  percentile_cont(0.5) WITHIN GROUP (ORDER BY sized.cost) AS median_cost,
+  percentile_cont(0.9) WITHIN GROUP (ORDER BY sized.cost) AS p90_cost,
+  COALESCE(bool_and(sized.priced), true) AND not_accepted.priced AS priced,
   not_accepted.calls AS failed_calls, not_accepted.tokens AS failed_tokens,
-  not_accepted.cost AS failed_cost
-FROM all_accepted, not_accepted LEFT JOIN accepted ON true
+  not_accepted.cost AS failed_cost,
+  sum(sized.tokens) FILTER (WHERE sized.input_bytes > 0)::float8
+    / NULLIF(sum(sized.input_bytes) FILTER (WHERE sized.input_bytes > 0), 0)
+    AS tokens_per_input_byte,
+  sum(sized.cost) FILTER (WHERE sized.input_bytes > 0)::float8
+    / NULLIF(sum(sized.input_bytes) FILTER (WHERE sized.input_bytes > 0), 0)
+    AS cost_per_input_byte
+FROM all_accepted, not_accepted LEFT JOIN sized ON true
 GROUP BY all_accepted.runs, not_accepted.calls, not_accepted.tokens, not_accepted.cost,
   not_accepted.priced
+
+-- name: run_sizes
+-- The stored status of each of these run ids and the bytes of its raw-input checkpoint (for
+-- an estimate; ids not registered are left out).
+SELECT run_id, status, octet_length(raw_input::text) FROM {schema}.runs
+WHERE run_id = ANY(%(run_ids)s)
 
 -- name: run_statuses
 -- The stored status of each of these run ids (ids not registered are left out).

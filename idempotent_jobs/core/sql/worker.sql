@@ -31,7 +31,8 @@ WHERE (r.job_name, r.subject_id, r.scheduled_at, r.version)
 -- the lease. No row back: a first registration raced this one, or the run completed while this
 -- statement waited for its row lock; either is committed now: run the statement again.
 -- `drill_armed` says whether a failure drill of the job is armed, so a model call under this
--- lease asks for one only then.
+-- lease asks for one only then; `budgeted` whether a budget covers the job, so a model call
+-- reserves its worst case only then.
 WITH inserted AS (
   INSERT INTO {schema}.runs AS r (run_id, job_name, subject_id, scheduled_at, version, status,
     lease_owner, lease_expires_at, lease_epoch, attempts, lease_started_at, lease_caller_run_id,
@@ -90,7 +91,10 @@ WITH inserted AS (
 )
 SELECT u.*, CASE WHEN u.claimed THEN EXISTS (SELECT FROM {schema}.drills AS d
     WHERE d.job_name IN (%(job_name)s, '*') AND d.remaining > 0 AND d.expires_at > now())
-  ELSE false END AS drill_armed
+  ELSE false END AS drill_armed,
+  CASE WHEN u.claimed THEN EXISTS (SELECT FROM {schema}.spend_budgets AS b
+    WHERE %(job_name)s::text = ANY(b.jobs))
+  ELSE false END AS budgeted
 FROM (
   SELECT (run).*, claimed FROM inserted
   UNION ALL
@@ -237,10 +241,12 @@ WITH basis AS (
 ), call AS (
   INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
     caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error,
-    requested_model)
+    requested_model,
+  cache_read_tokens, cache_write_tokens, cache_write_1h_tokens, reasoning_tokens, provider_name, tier)
   SELECT run_id, lease_epoch, %(revision)s::integer, %(worker_id)s, %(call_caller_run_id)s,
     %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
-    CASE WHEN accepted THEN 'accepted' ELSE 'stale' END, NULL, %(requested_model)s
+    CASE WHEN accepted THEN 'accepted' ELSE 'stale' END, NULL, %(requested_model)s,
+  %(cache_read_tokens)s, %(cache_write_tokens)s, %(cache_write_1h_tokens)s, %(reasoning_tokens)s, %(provider_name)s, %(tier)s
   FROM done
   WHERE NOT EXISTS (SELECT FROM call_again)
 ), outbox AS (
@@ -295,10 +301,12 @@ WITH cur AS (
 ), call AS (
   INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
     caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error,
-    requested_model)
+    requested_model,
+  cache_read_tokens, cache_write_tokens, cache_write_1h_tokens, reasoning_tokens, provider_name, tier)
   SELECT run_id, lease_epoch, revision, %(worker_id)s, %(call_caller_run_id)s,
     %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
-    %(call_outcome)s, %(error)s, %(requested_model)s
+    %(call_outcome)s, %(error)s, %(requested_model)s,
+  %(cache_read_tokens)s, %(cache_write_tokens)s, %(cache_write_1h_tokens)s, %(reasoning_tokens)s, %(provider_name)s, %(tier)s
   FROM failed
   WHERE %(call_outcome)s::text IS NOT NULL AND NOT EXISTS (SELECT FROM call_again)
 ), attempt AS (
@@ -323,11 +331,13 @@ FROM cur
 -- second row. The outcome `answered` waits for the commit, which updates this row.
 INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
   caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error, answer,
-  input_fingerprint, config_parts, requested_model)
+  input_fingerprint, config_parts, requested_model,
+  cache_read_tokens, cache_write_tokens, cache_write_1h_tokens, reasoning_tokens, provider_name, tier)
 SELECT r.run_id, r.lease_epoch, %(revision)s::integer, %(worker_id)s, %(call_caller_run_id)s,
   %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
   'answered', NULL, %(answer)s::jsonb, %(input_fingerprint)s, %(config_parts)s::jsonb,
-  %(requested_model)s
+  %(requested_model)s,
+  %(cache_read_tokens)s, %(cache_write_tokens)s, %(cache_write_1h_tokens)s, %(reasoning_tokens)s, %(provider_name)s, %(tier)s
 FROM {schema}.runs AS r
 WHERE r.run_id = %(run_id)s AND r.lease_owner = %(worker_id)s AND r.lease_epoch = %(epoch)s
   AND r.status = 'running'
@@ -340,7 +350,8 @@ RETURNING call_id
 -- name: recorded_answer
 -- The latest recorded answer still waiting for its commit on this revision and checkpoint.
 SELECT answer, model_name, input_tokens, output_tokens, caller_run_id, caller_step,
-  retry_number, config_parts, requested_model
+  retry_number, config_parts, requested_model, cache_read_tokens, cache_write_tokens,
+  cache_write_1h_tokens, reasoning_tokens, provider_name, tier
 FROM {schema}.model_calls
 WHERE run_id = %(run_id)s AND outcome = 'answered' AND revision = %(revision)s::integer
   AND input_fingerprint IS NOT DISTINCT FROM %(input_fingerprint)s::text
@@ -359,10 +370,12 @@ LIMIT 1
 -- neither check.
 INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
   caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error,
-  requested_model)
+  requested_model,
+  cache_read_tokens, cache_write_tokens, cache_write_1h_tokens, reasoning_tokens, provider_name, tier)
 SELECT a.run_id, a.lease_epoch, %(revision)s::integer, a.worker_id, %(call_caller_run_id)s,
   %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
-  'lease_lost', %(error)s, %(requested_model)s
+  'lease_lost', %(error)s, %(requested_model)s,
+  %(cache_read_tokens)s, %(cache_write_tokens)s, %(cache_write_1h_tokens)s, %(reasoning_tokens)s, %(provider_name)s, %(tier)s
 FROM {schema}.run_attempts AS a
 WHERE a.run_id = %(run_id)s AND a.lease_epoch = %(epoch)s AND a.worker_id = %(worker_id)s
   AND NOT EXISTS (SELECT FROM {schema}.model_calls AS c
@@ -383,12 +396,14 @@ RETURNING call_id
 -- an epoch that was never this worker's. A retried statement adds no second row.
 INSERT INTO {schema}.model_calls AS c (run_id, lease_epoch, revision, worker_id, caller_run_id,
   caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error,
-  requested_model, turn)
+  requested_model,
+  cache_read_tokens, cache_write_tokens, cache_write_1h_tokens, reasoning_tokens, provider_name, tier, turn)
 SELECT r.run_id, %(epoch)s, %(revision)s::integer, %(worker_id)s, %(call_caller_run_id)s,
   %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
   CASE WHEN r.lease_owner = %(worker_id)s AND r.lease_epoch = %(epoch)s
     AND r.status = 'running' THEN %(call_outcome)s ELSE 'lease_lost' END,
-  %(error)s, %(requested_model)s, %(turn)s
+  %(error)s, %(requested_model)s,
+  %(cache_read_tokens)s, %(cache_write_tokens)s, %(cache_write_1h_tokens)s, %(reasoning_tokens)s, %(provider_name)s, %(tier)s, %(turn)s
 FROM {schema}.runs AS r
 WHERE r.run_id = %(run_id)s
   AND ((r.lease_owner = %(worker_id)s AND r.lease_epoch = %(epoch)s AND r.status = 'running')
@@ -458,46 +473,70 @@ UPDATE {schema}.drills AS d SET remaining = d.remaining - 1
 FROM pick WHERE d.job_name = pick.job_name
 RETURNING d.job_name, d.remaining
 
--- name: declare_budget
--- Record the budget a job's workers enforce, for the operator commands to show spend against.
--- Written only when it differs from the row, so workers that agree take no lock after the first.
-INSERT INTO {schema}.budgets AS b (job_name, tokens_per_day, tokens_per_subject_per_day)
-SELECT %(job_name)s, %(tokens_per_day)s, %(tokens_per_subject_per_day)s
-WHERE NOT EXISTS (SELECT FROM {schema}.budgets AS d WHERE d.job_name = %(job_name)s
-  AND d.tokens_per_day IS NOT DISTINCT FROM %(tokens_per_day)s::bigint
-  AND d.tokens_per_subject_per_day IS NOT DISTINCT FROM %(tokens_per_subject_per_day)s::bigint)
-ON CONFLICT (job_name) DO UPDATE SET tokens_per_day = EXCLUDED.tokens_per_day,
-  tokens_per_subject_per_day = EXCLUDED.tokens_per_subject_per_day, declared_at = now()
-RETURNING b.job_name
+-- name: run_job
+-- The identity job and subject of a run.
+SELECT job_name, subject_id FROM {schema}.runs WHERE run_id = %(run_id)s
 
--- name: budget_check
--- Decide whether a model call of this run may start under the job's token budget.
--- What the run's job (and its subject) has spent today (UTC day, database clock) in recorded
--- model calls (spend_days, kept by model_calls' trigger: one row per subject), and which
--- limit, if any, is spent. A call is refused once spend >= limit; a call already started is
--- never stopped, so concurrent workers overshoot by at most the one call each has in flight.
-WITH run AS (
-  SELECT job_name, subject_id FROM {schema}.runs WHERE run_id = %(run_id)s
-), today AS (
-  SELECT (now() AT TIME ZONE 'UTC')::date AS day
-), spend AS (
-  SELECT COALESCE(sum(s.tokens), 0)::bigint AS job_tokens,
-    COALESCE(sum(s.tokens) FILTER (WHERE s.subject_id = run.subject_id), 0)::bigint
-      AS subject_tokens
-  FROM run, today, {schema}.spend_days AS s
-  WHERE s.job_name = run.job_name AND s.day = today.day
+-- name: declare_budgets
+-- The budgets a job's spec declares (arrays, one element per budget). One the ledger does not
+-- hold is added (`spec`), with its period's spend so far; a group budget gains the job as a
+-- member; one the ledger holds at another amount is never overwritten, and is returned.
+WITH wanted AS (
+  SELECT * FROM unnest(%(ids)s::text[], %(scopes)s::text[], %(names)s::text[],
+    %(units)s::text[], %(periods)s::text[], %(amounts)s::numeric[])
+    AS w(budget_id, scope, scope_name, unit, period, amount)
+), added AS (
+  INSERT INTO {schema}.spend_budgets AS b (budget_id, scope, scope_name, unit, period, amount,
+    jobs, declared_by)
+  SELECT budget_id, scope, scope_name, unit, period, amount, ARRAY[%(job_name)s::text], 'spec'
+  FROM wanted
+  ON CONFLICT (budget_id) DO UPDATE SET jobs = b.jobs || EXCLUDED.jobs
+    WHERE NOT (%(job_name)s::text = ANY(b.jobs))
+  RETURNING b.budget_id, b.period, b.scope, b.unit, b.jobs, (xmax = 0) AS inserted
+), counted AS (
+  -- A new budget starts with what its period has spent already.
+  INSERT INTO {schema}.budget_counters AS k (budget_id, period_start, subject_id, spent, calls,
+    unknown_calls)
+  SELECT a.budget_id, {schema}.period_start(a.period, now()),
+    CASE WHEN a.scope = 'subject' THEN r.subject_id ELSE '' END,
+    sum(CASE WHEN a.unit = 'tokens'
+      THEN COALESCE(c.input_tokens, 0) + COALESCE(c.output_tokens, 0)
+      ELSE COALESCE({schema}.usage_money(c.input_tokens, c.output_tokens, c.cache_read_tokens,
+        c.cache_write_tokens, c.cache_write_1h_tokens, c.reasoning_tokens, p), 0) END),
+    count(*), count(*) FILTER (WHERE c.input_tokens IS NULL AND c.output_tokens IS NULL)
+  FROM added AS a
+  JOIN {schema}.model_calls AS c ON c.called_at >= {schema}.period_start(a.period, now())
+  JOIN {schema}.runs AS r ON r.run_id = c.run_id AND r.job_name = ANY(a.jobs)
+  LEFT JOIN LATERAL {schema}.price_in_force(c.requested_model, c.model_name, c.tier,
+    c.called_at) AS p ON a.unit = 'money'
+  WHERE a.inserted
+  GROUP BY 1, 2, 3
+  ON CONFLICT ON CONSTRAINT budget_counters_pkey DO NOTHING
 )
-SELECT run.job_name, run.subject_id, today.day::timestamp AT TIME ZONE 'UTC' AS day_start,
-  spend.job_tokens, spend.subject_tokens,
-  CASE
-    WHEN spend.job_tokens >= %(tokens_per_day)s::bigint THEN 'day'
-    WHEN spend.subject_tokens >= %(tokens_per_subject_per_day)s::bigint THEN 'subject'
-  END AS refused
-FROM run, today, spend
+SELECT b.budget_id, w.amount AS declared, b.amount AS held,
+  b.declared_by || COALESCE(' ' || b.set_by, '') || ' at '
+    || to_char(b.set_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') || ' UTC' AS held_by
+FROM wanted AS w JOIN {schema}.spend_budgets AS b USING (budget_id)
+WHERE b.amount <> w.amount
+ORDER BY 1
+
+-- name: reserve_budget
+-- Admit one request of the run under every budget covering its job, or refuse it: the
+-- ledger's function `reserve_budget` (migration 0018), with the run's job and subject for the
+-- refusal's message.
+SELECT v.*, r.job_name, r.subject_id
+FROM {schema}.reserve_budget(%(run_id)s, %(epoch)s, %(worker_id)s, %(max_input)s::bigint,
+  %(max_output)s::bigint, %(max_total)s::bigint, %(requested)s, %(answered)s, %(tier)s) AS v
+LEFT JOIN {schema}.runs AS r ON r.run_id = %(run_id)s
+
+-- name: release_budget
+-- Give back what this attempt's unsent request holds of its budgets.
+SELECT {schema}.release_holds(%(run_id)s, %(epoch)s, %(worker_id)s)
 
 -- name: list_prices
--- Every model's price, by model name.
-SELECT * FROM {schema}.model_prices ORDER BY model_name
+-- Every price with its history (the metrics price a call as it is made).
+SELECT * FROM {schema}.price_history
+ORDER BY model_pattern, match_kind, tier, effective_from
 
 -- name: get_run
 -- One run's record.

@@ -16,6 +16,7 @@ from idempotent_jobs.core.json_values import json_fingerprint
 from idempotent_jobs.core.records import ModelUsage
 from idempotent_jobs.core.steps import ModelAnswer
 from idempotent_jobs.dagster.resources.steps import ModelStep, StepContext
+from idempotent_jobs.models.openai_chat import openai_usage
 from idempotent_jobs.models.prompts import require
 
 _WORD = re.compile(r"[\w'-]+", re.UNICODE)
@@ -155,13 +156,4 @@ class OpenAICompatibleSummaryModel(SummaryModel):
         content = response.choices[0].message.content
         if not isinstance(content, str) or not content.strip():
             raise ValueError("the model returned an empty answer")
-        usage = response.usage
-        return ModelAnswer(
-            {"summary": content.strip()},
-            ModelUsage(
-                response.model or self.model,
-                usage.prompt_tokens if usage else None,
-                usage.completion_tokens if usage else None,
-                requested_model=self.model,
-            ),
-        )
+        return ModelAnswer({"summary": content.strip()}, openai_usage(response, self.model))

@@ -24,7 +24,7 @@ import inspect
 from abc import abstractmethod
 from collections.abc import Mapping
 from importlib import import_module
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -63,6 +63,9 @@ def _fingerprint(text: str) -> str:
 class StructuredModel(ModelStep):
     """What both providers' model steps share: the model, the prompt builder, the output schema,
     the repair turns and the retries."""
+
+    #: Each request's worst case is reserved under the ledger's budgets as it is sent.
+    announces_requests: ClassVar[bool] = True
 
     model: str = Field(description="The model to ask for (recorded and priced as asked)")
     api_key: str = Field(default="", repr=False, description="API key; use a dg.EnvVar")

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from idempotent_jobs.core.constants import RUN_STATUSES
 from idempotent_jobs.core.errors import InvalidInputError
+from idempotent_jobs.core.health import figure
 from idempotent_jobs.operator.commands.common import (
     Shared,
     code_location,
@@ -20,6 +21,7 @@ from idempotent_jobs.operator.render import escape_controls, human_bytes, money,
 
 if TYPE_CHECKING:
     from idempotent_jobs.core.admin import LedgerAdmin
+    from idempotent_jobs.core.budgets import BudgetStanding
     from idempotent_jobs.core.costs import JobSpend
 
 
@@ -98,9 +100,6 @@ def runs_list(args: argparse.Namespace) -> int:
 
 
 def _spend_rows(spend: "list[JobSpend]", currency: str) -> list[tuple[Any, ...]]:
-    def limit(tokens: int | None) -> str:
-        return "-" if tokens is None else f"{tokens:,}"
-
     return [
         (
             s.job_name,
@@ -108,33 +107,39 @@ def _spend_rows(spend: "list[JobSpend]", currency: str) -> list[tuple[Any, ...]]
             f"{s.tokens:,}",
             f"{s.wasted_tokens:,}",
             money(s.cost, currency, priced=s.priced),
-            limit(s.tokens_per_day),
-            limit(s.tokens_left),
-            f"{s.top_subject_tokens:,}",
-            limit(s.tokens_per_subject_per_day),
+            f"{s.unknown_calls:,}",
         )
         for s in spend
     ]
 
 
-SPEND_HEADERS = [
-    "job",
-    "calls",
-    "tokens",
-    "not accepted",
-    "cost",
-    "budget/day",
-    "left",
-    "top subject",
-    "budget/subject",
-]
+SPEND_HEADERS = ["job", "calls", "tokens", "not accepted", "cost", "usage unknown"]
+BUDGET_HEADERS = ["budget", "jobs", "since", "spent", "held", "cap", "left", "refusing"]
+
+
+def budget_rows(budgets: "list[BudgetStanding]") -> list[tuple[Any, ...]]:
+    """Each budget the ledger enforces, where its current period stands."""
+    return [
+        (
+            b.budget_id + (f" ({b.subject_id})" if b.subject_id else ""),
+            ", ".join(b.jobs),
+            f"{b.period_start:%Y-%m-%d}",
+            figure(b.spent, b.unit, b.currency),
+            figure(b.reserved, b.unit, b.currency),
+            figure(b.amount, b.unit, b.currency),
+            figure(b.left, b.unit, b.currency),
+            "yes" if b.refusing else "no",
+        )
+        for b in budgets
+    ]
 
 
 def runs_stats(args: argparse.Namespace) -> int:
     with open_admin(args) as admin:
         tables, parts = admin.storage()
         spend = admin.spend_by_job(args.day)
-        currency = next(iter({p.currency for p in admin.prices().values()}), "")
+        budgets = admin.budgets()
+        currency = admin.currency() or ""
     approx = any(p.estimated for p in parts)
     rows = [
         (
@@ -156,8 +161,11 @@ def runs_stats(args: argparse.Namespace) -> int:
     day = f"{spend[0].day_start:%Y-%m-%d}" if spend else "today"
     human = "\n".join(
         [
-            f"model calls on {day} (UTC) against each job's token budget:",
+            f"model calls on {day} (UTC), at the price in force when each was made:",
             table(SPEND_HEADERS, _spend_rows(spend, currency)),
+            "",
+            "budgets in the ledger (what every worker enforces), this period:",
+            table(BUDGET_HEADERS, budget_rows(budgets)) if budgets else "(none)",
             "",
             table(["job", "part", "rows", "stored bytes"], rows),
             "",
@@ -166,7 +174,13 @@ def runs_stats(args: argparse.Namespace) -> int:
         ]
         + (["", "~: estimated from a sample of the table's pages"] if approx else [])
     )
-    data = {"spend": spend, "currency": currency or None, "tables": tables, "parts": parts}
+    data = {
+        "spend": spend,
+        "budgets": budgets,
+        "currency": currency or None,
+        "tables": tables,
+        "parts": parts,
+    }
     emit(args, data, human)
     return 0
 
@@ -179,18 +193,16 @@ def _sum(amounts: Iterable[Decimal | None]) -> Decimal | None:
 
 def _money_line(figures: dict[str, Any], currency: str) -> str:
     if all(m is None for m in figures["calls"]):
-        return "no price set for these models (idempotent-jobs prices set)"
+        return "unknown: no price in force for these calls' models (idempotent-jobs prices set)"
     priced = None not in figures["calls"]
     return (
         f"{money(figures['accepted'], currency, priced=priced)} accepted, "
         f"{money(figures['not_accepted'], currency, priced=priced)} not accepted"
-        + ("" if priced else " (+: a model without a price is left out)")
+        + ("" if priced else " (+: a call with no price or no usage is left out)")
     )
 
 
 def runs_show(args: argparse.Namespace) -> int:
-    from idempotent_jobs.core.costs import call_cost
-
     with open_admin(args) as admin:
         run_id = admin.resolve_run_id(args.run_id)
         record = admin.get(run_id)
@@ -201,13 +213,13 @@ def runs_show(args: argparse.Namespace) -> int:
         calls = admin.model_calls(run_id)
         outbox = admin.outbox(run_id)
         revisions = admin.revisions(run_id)
-        known = admin.prices()
+        priced = admin.call_costs(run_id)
+        currency = admin.currency() or ""
     from idempotent_jobs.core.records import CallCosts
 
     costs = CallCosts.of(calls)
-    call_money = [call_cost(c, known) for c in calls]
+    call_money = [priced.get(c.call_id) for c in calls]
     paid = list(zip(call_money, calls, strict=True))
-    currency = next(iter({p.currency for p in known.values()}), "")
     figures: dict[str, Any] = {
         "currency": currency or None,
         "calls": call_money,
@@ -271,7 +283,12 @@ def runs_show(args: argparse.Namespace) -> int:
             c.model_name,
             c.input_tokens,
             c.output_tokens,
-            money(cost, currency),
+            c.cache_read_tokens,
+            c.cache_write_tokens
+            if not c.cache_write_1h_tokens
+            else f"{c.cache_write_tokens} ({c.cache_write_1h_tokens} 1h)",
+            c.reasoning_tokens,
+            "unknown" if cost is None else money(cost, currency),
             c.outcome,
             c.error,
         )
@@ -325,6 +342,9 @@ def runs_show(args: argparse.Namespace) -> int:
                     "model",
                     "in tokens",
                     "out tokens",
+                    "cache read",
+                    "cache write",
+                    "reasoning",
                     "cost",
                     "outcome",
                     "error",

@@ -1,0 +1,355 @@
+-- change: additive
+-- Costs you can bill by, and caps that hold (issue 34). Expand only: the previous release's
+-- workers keep recording calls without the new columns, reading model_prices and checking
+-- budgets against spend_days; none of that is removed here (a later contracting release may).
+
+-- 1. Usage as providers report it. input_tokens counts every input token (cache reads and
+-- cache writes included) and output_tokens every output token (reasoning included), as
+-- OpenTelemetry's GenAI conventions count them; these columns break the parts out.
+-- cache_write_1h_tokens: the part of cache_write_tokens written for an hour (Anthropic's
+-- 1-hour cache, priced at twice the input price where the 5-minute cache is 1.25x).
+-- tier: the provider's service tier (`batch` for a batch lane); NULL is the standard tier.
+ALTER TABLE {schema}.model_calls
+  ADD COLUMN cache_read_tokens bigint,
+  ADD COLUMN cache_write_tokens bigint,
+  ADD COLUMN cache_write_1h_tokens bigint,
+  ADD COLUMN reasoning_tokens bigint,
+  ADD COLUMN provider_name text,
+  ADD COLUMN tier text;
+
+-- 2. One currency per ledger, held by the database: every price names it through a foreign
+-- key, so two operators setting prices in two currencies at once cannot both succeed.
+CREATE TABLE {schema}.ledger_currency (
+    only_row  boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    currency  text NOT NULL UNIQUE CHECK (currency ~ '^[A-Z][A-Z][A-Z]$'),
+    set_at    timestamptz NOT NULL DEFAULT now()
+);
+
+-- 3. Prices with history: a price applies from `effective_from` on, and a call is priced at
+-- the price in force when it was made (price_in_force), so a change never re-prices earlier
+-- calls. A model is matched by exact name, then by the longest declared prefix (`gpt-4o`
+-- covers `gpt-4o-2024-08-06`); a tier's own price (`batch`) over the standard one. Prices are
+-- per million tokens, unconstrained numeric: 10^-9 per token (10^-3 per million) is exact.
+-- NULL part prices fall back: cache reads and writes to the input price, 1-hour cache writes
+-- to the cache write price, reasoning to the output price.
+CREATE TABLE {schema}.price_history (
+    model_pattern               text NOT NULL CHECK (length(model_pattern) BETWEEN 1 AND 200),
+    match_kind                  text NOT NULL DEFAULT 'exact'
+                                CHECK (match_kind IN ('exact', 'prefix')),
+    tier                        text NOT NULL DEFAULT 'standard',
+    effective_from              timestamptz NOT NULL,
+    currency                    text NOT NULL REFERENCES {schema}.ledger_currency (currency),
+    input_per_million           numeric NOT NULL
+                                CHECK (input_per_million >= 0 AND input_per_million < 1e9),
+    output_per_million          numeric NOT NULL
+                                CHECK (output_per_million >= 0 AND output_per_million < 1e9),
+    cache_read_per_million      numeric
+                                CHECK (cache_read_per_million >= 0 AND cache_read_per_million < 1e9),
+    cache_write_per_million     numeric
+                                CHECK (cache_write_per_million >= 0 AND cache_write_per_million < 1e9),
+    cache_write_1h_per_million  numeric CHECK (cache_write_1h_per_million >= 0
+                                  AND cache_write_1h_per_million < 1e9),
+    reasoning_per_million       numeric
+                                CHECK (reasoning_per_million >= 0 AND reasoning_per_million < 1e9),
+    set_at                      timestamptz NOT NULL DEFAULT now(),
+    set_by                      text,
+    PRIMARY KEY (model_pattern, match_kind, tier, effective_from)
+);
+
+-- The prices an earlier release set apply to every call before and after (their history is
+-- unknown), in the currency of the latest one.
+INSERT INTO {schema}.ledger_currency (currency)
+SELECT currency FROM {schema}.model_prices ORDER BY set_at DESC LIMIT 1;
+INSERT INTO {schema}.price_history (model_pattern, match_kind, tier, effective_from, currency,
+  input_per_million, output_per_million, set_at, set_by)
+SELECT p.model_name, 'exact', 'standard', '-infinity', p.currency, p.input_per_million,
+  p.output_per_million, p.set_at, p.set_by
+FROM {schema}.model_prices AS p JOIN {schema}.ledger_currency AS c USING (currency);
+
+-- The price in force for a call of `requested` (else `answered`, the response's model name)
+-- at `at` in `tier`: the tier's own price over the standard one, the requested name over the
+-- answered one, an exact name over a prefix, a longer prefix over a shorter, the latest
+-- `effective_from` not after `at`. No row: no price (the call's money is unknown).
+CREATE FUNCTION {schema}.price_in_force(requested text, answered text, call_tier text,
+    at timestamptz)
+RETURNS SETOF {schema}.price_history LANGUAGE sql STABLE AS $body$
+  SELECT p.* FROM {schema}.price_history AS p
+  JOIN (VALUES (requested, 0), (answered, 1)) AS n(name, rank) ON n.name IS NOT NULL
+  WHERE p.effective_from <= at
+    AND p.tier IN (COALESCE(call_tier, 'standard'), 'standard')
+    AND ((p.match_kind = 'exact' AND p.model_pattern = n.name)
+      OR (p.match_kind = 'prefix' AND starts_with(n.name, p.model_pattern)))
+  ORDER BY p.tier = COALESCE(call_tier, 'standard') DESC, n.rank, p.match_kind = 'exact' DESC,
+    length(p.model_pattern) DESC, p.effective_from DESC
+  LIMIT 1
+$body$;
+
+-- What a call's usage costs at a price: each kind of token at its own price. NULL when the
+-- call reported no usage, or there is no price (unknown, never 0).
+CREATE FUNCTION {schema}.usage_money(input bigint, output bigint, cache_read bigint,
+    cache_write bigint, cache_write_1h bigint, reasoning bigint, p {schema}.price_history)
+RETURNS numeric LANGUAGE sql IMMUTABLE AS $body$
+  SELECT CASE WHEN input IS NULL AND output IS NULL THEN NULL ELSE (
+      GREATEST(COALESCE(input, 0) - COALESCE(cache_read, 0) - COALESCE(cache_write, 0), 0)
+        * p.input_per_million
+    + COALESCE(cache_read, 0) * COALESCE(p.cache_read_per_million, p.input_per_million)
+    + GREATEST(COALESCE(cache_write, 0) - COALESCE(cache_write_1h, 0), 0)
+        * COALESCE(p.cache_write_per_million, p.input_per_million)
+    + COALESCE(cache_write_1h, 0) * COALESCE(p.cache_write_1h_per_million,
+        p.cache_write_per_million, p.input_per_million)
+    + GREATEST(COALESCE(output, 0) - COALESCE(reasoning, 0), 0) * p.output_per_million
+    + COALESCE(reasoning, 0) * COALESCE(p.reasoning_per_million, p.output_per_million)
+  ) / 1000000 END
+$body$;
+
+-- 4. Budgets, kept in the ledger: what every deployment enforces and every command shows.
+-- budget_id: `<scope>:<unit>/<period>:<name>` (`job:tokens/day:daily_digest`,
+-- `group:money/month:team-a`). scope `job`: the job's calls; `subject`: each subject of the
+-- job on its own; `group`: the calls of every job in `jobs` together (a team's).
+-- Periods are UTC days and calendar months by the database clock.
+CREATE TABLE {schema}.spend_budgets (
+    budget_id    text PRIMARY KEY,
+    scope        text NOT NULL CHECK (scope IN ('job', 'subject', 'group')),
+    scope_name   text NOT NULL,
+    unit         text NOT NULL CHECK (unit IN ('tokens', 'money')),
+    period       text NOT NULL CHECK (period IN ('day', 'month')),
+    amount       numeric NOT NULL CHECK (amount > 0 AND amount <= 1e18),
+    jobs         text[] NOT NULL CHECK (cardinality(jobs) >= 1),
+    declared_by  text NOT NULL CHECK (declared_by IN ('operator', 'spec')),
+    set_at       timestamptz NOT NULL DEFAULT now(),
+    set_by       text,
+    UNIQUE (scope, scope_name, unit, period)
+);
+CREATE INDEX spend_budgets_jobs ON {schema}.spend_budgets USING gin (jobs);
+
+-- One row per budget, period and (for a subject budget) subject: spent (settled calls) and
+-- reserved (calls admitted and not yet recorded), in the budget's unit. A call is admitted
+-- only while spent + reserved + its worst case <= amount, under the row's lock.
+CREATE TABLE {schema}.budget_counters (
+    budget_id      text NOT NULL REFERENCES {schema}.spend_budgets ON DELETE CASCADE,
+    period_start   date NOT NULL,
+    subject_id     text NOT NULL DEFAULT '',
+    spent          numeric NOT NULL DEFAULT 0,
+    reserved       numeric NOT NULL DEFAULT 0,
+    calls          bigint NOT NULL DEFAULT 0,
+    unknown_calls  bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (budget_id, period_start, subject_id)
+);
+
+-- What an admitted request holds of each budget until its call is recorded (then settled to
+-- the call's real usage, or charged in full when the call reported none) or until it is
+-- released (its attempt ended without sending it).
+CREATE TABLE {schema}.budget_holds (
+    run_id        text NOT NULL,
+    lease_epoch   integer NOT NULL,
+    worker_id     text NOT NULL,
+    budget_id     text NOT NULL REFERENCES {schema}.spend_budgets ON DELETE CASCADE,
+    period_start  date NOT NULL,
+    subject_id    text NOT NULL,
+    amount        numeric NOT NULL,
+    held_at       timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (run_id, lease_epoch, worker_id, budget_id)
+);
+
+CREATE FUNCTION {schema}.period_start(period text, at timestamptz) RETURNS date
+LANGUAGE sql IMMUTABLE AS $body$
+  SELECT CASE period WHEN 'day' THEN (at AT TIME ZONE 'UTC')::date
+    ELSE date_trunc('month', at AT TIME ZONE 'UTC')::date END
+$body$;
+
+-- Give back an attempt's unsettled holds (its request was never sent, or a new request's
+-- hold replaces it).
+CREATE FUNCTION {schema}.release_holds(p_run_id text, p_epoch integer, p_worker text)
+RETURNS void LANGUAGE plpgsql AS $body$
+DECLARE
+  h record;
+BEGIN
+  FOR h IN DELETE FROM {schema}.budget_holds
+    WHERE run_id = p_run_id AND lease_epoch = p_epoch AND worker_id = p_worker
+    RETURNING budget_id, period_start, subject_id, amount
+  LOOP
+    UPDATE {schema}.budget_counters SET reserved = reserved - h.amount
+    WHERE budget_id = h.budget_id AND period_start = h.period_start
+      AND subject_id = h.subject_id;
+  END LOOP;
+END
+$body$;
+
+-- Admit one request of a run under every budget that covers its job, or refuse it.
+-- Fenced to the lease (`lease_lost`). The worst case is `max_input` tokens at the dearest
+-- input price (a cache write may cost more than a plain read) plus `max_output` at the
+-- dearest output price, plus `max_total` (a step's declared ceiling, input or output) at the
+-- dearest of all. With none given the request is only checked: admitted while spent and held
+-- are under the cap. Counter rows are locked in budget order, all checked before any is
+-- changed: admitted under all, or under none. A money budget and a model with no price
+-- refuse (`unpriced`): a call that cannot be priced cannot be capped.
+-- Returns one row: outcome `admitted`, `refused`, `unpriced` or `lease_lost`, and for a
+-- refusal the budget, its amount, what was spent and reserved, and what the call wanted.
+CREATE FUNCTION {schema}.reserve_budget(p_run_id text, p_epoch integer, p_worker text,
+    max_input bigint, max_output bigint, max_total bigint, requested text, answered text,
+    call_tier text)
+RETURNS TABLE (outcome text, budget_id text, amount numeric, spent numeric,
+    reserved numeric, wanted numeric, period_start date, subject_id text)
+LANGUAGE plpgsql AS $body$
+DECLARE
+  r record;
+  b record;
+  c record;
+  p {schema}.price_history;
+  priced boolean;
+  want numeric;
+  ids text[] := ARRAY[]::text[];
+  starts date[] := ARRAY[]::date[];
+  subjects text[] := ARRAY[]::text[];
+  wants numeric[] := ARRAY[]::numeric[];
+  i integer;
+BEGIN
+  SELECT x.job_name, x.subject_id INTO r FROM {schema}.runs AS x
+  WHERE x.run_id = p_run_id AND x.status = 'running' AND x.lease_owner = p_worker
+    AND x.lease_epoch = p_epoch;
+  IF NOT FOUND THEN
+    RETURN QUERY SELECT 'lease_lost'::text, NULL::text, NULL::numeric, NULL::numeric,
+      NULL::numeric, NULL::numeric, NULL::date, NULL::text;
+    RETURN;
+  END IF;
+  PERFORM {schema}.release_holds(p_run_id, p_epoch, p_worker);
+  SELECT * INTO p FROM {schema}.price_in_force(requested, answered, call_tier, now());
+  priced := FOUND;
+  FOR b IN SELECT * FROM {schema}.spend_budgets AS s WHERE r.job_name = ANY(s.jobs)
+    ORDER BY s.budget_id
+  LOOP
+    IF b.unit = 'tokens' THEN
+      want := COALESCE(max_input, 0) + COALESCE(max_output, 0) + COALESCE(max_total, 0);
+    ELSIF NOT priced THEN
+      RETURN QUERY SELECT 'unpriced'::text, b.budget_id, b.amount, NULL::numeric,
+        NULL::numeric, NULL::numeric, NULL::date, NULL::text;
+      RETURN;
+    ELSE
+      want := (COALESCE(max_input, 0) * GREATEST(p.input_per_million,
+          COALESCE(p.cache_write_per_million, 0), COALESCE(p.cache_write_1h_per_million, 0),
+          COALESCE(p.cache_read_per_million, 0))
+        + COALESCE(max_output, 0) * GREATEST(p.output_per_million,
+          COALESCE(p.reasoning_per_million, 0))
+        + COALESCE(max_total, 0) * GREATEST(p.input_per_million, p.output_per_million,
+          COALESCE(p.cache_write_per_million, 0), COALESCE(p.cache_write_1h_per_million, 0),
+          COALESCE(p.cache_read_per_million, 0), COALESCE(p.reasoning_per_million, 0))
+        ) / 1000000;
+    END IF;
+    ids := ids || b.budget_id;
+    starts := starts || {schema}.period_start(b.period, now());
+    subjects := subjects || CASE WHEN b.scope = 'subject' THEN r.subject_id ELSE '' END;
+    wants := wants || want;
+    i := cardinality(ids);
+    INSERT INTO {schema}.budget_counters AS k (budget_id, period_start, subject_id)
+    VALUES (b.budget_id, starts[i], subjects[i]) ON CONFLICT DO NOTHING;
+    SELECT * INTO c FROM {schema}.budget_counters AS k
+    WHERE k.budget_id = b.budget_id AND k.period_start = starts[i]
+      AND k.subject_id = subjects[i]
+    FOR UPDATE;
+    IF c.spent + c.reserved + want > b.amount OR c.spent + c.reserved >= b.amount THEN
+      RETURN QUERY SELECT 'refused'::text, b.budget_id, b.amount, c.spent, c.reserved, want,
+        starts[i], subjects[i];
+      RETURN;
+    END IF;
+  END LOOP;
+  FOR i IN 1 .. COALESCE(cardinality(ids), 0) LOOP
+    CONTINUE WHEN wants[i] = 0;  -- only checked: nothing to hold
+    UPDATE {schema}.budget_counters AS k SET reserved = k.reserved + wants[i]
+    WHERE k.budget_id = ids[i] AND k.period_start = starts[i] AND k.subject_id = subjects[i];
+    INSERT INTO {schema}.budget_holds (run_id, lease_epoch, worker_id, budget_id, period_start,
+      subject_id, amount)
+    VALUES (p_run_id, p_epoch, p_worker, ids[i], starts[i], subjects[i], wants[i]);
+  END LOOP;
+  RETURN QUERY SELECT 'admitted'::text, NULL::text, NULL::numeric, NULL::numeric,
+    NULL::numeric, NULL::numeric, NULL::date, NULL::text;
+END
+$body$;
+
+-- Every recorded call is settled against every budget that covers its job, in the transaction
+-- that records it: its hold (if its request was admitted under one) is replaced by what the
+-- call really cost; a call that reported no usage is charged its hold and counted unknown. A
+-- call with no hold (an earlier release's worker, a model step that declared no worst case, a
+-- budget set since) is charged what it cost, in the current period.
+CREATE FUNCTION {schema}.settle_call() RETURNS trigger LANGUAGE plpgsql AS $body$
+DECLARE
+  r record;
+  b record;
+  h record;
+  p {schema}.price_history;
+  priced boolean;
+  unknown boolean := NEW.input_tokens IS NULL AND NEW.output_tokens IS NULL;
+  cost numeric;
+  actual numeric;
+BEGIN
+  IF NOT EXISTS (SELECT FROM {schema}.spend_budgets) THEN
+    RETURN NULL;
+  END IF;
+  SELECT x.job_name, x.subject_id INTO r FROM {schema}.runs AS x WHERE x.run_id = NEW.run_id;
+  SELECT * INTO p FROM {schema}.price_in_force(NEW.requested_model, NEW.model_name, NEW.tier,
+    NEW.called_at);
+  priced := FOUND;
+  cost := CASE WHEN priced THEN {schema}.usage_money(NEW.input_tokens, NEW.output_tokens,
+    NEW.cache_read_tokens, NEW.cache_write_tokens, NEW.cache_write_1h_tokens,
+    NEW.reasoning_tokens, p) END;
+  -- In budget order, as reserve_budget locks counter rows: two statements never wait on each
+  -- other's rows in opposite orders.
+  FOR b IN SELECT * FROM {schema}.spend_budgets AS s
+    WHERE r.job_name = ANY(s.jobs)
+      OR s.budget_id IN (SELECT x.budget_id FROM {schema}.budget_holds AS x
+        WHERE x.run_id = NEW.run_id AND x.lease_epoch = NEW.lease_epoch
+          AND x.worker_id = NEW.worker_id)
+    ORDER BY s.budget_id
+  LOOP
+    actual := CASE WHEN b.unit = 'tokens'
+      THEN COALESCE(NEW.input_tokens, 0) + COALESCE(NEW.output_tokens, 0) ELSE cost END;
+    DELETE FROM {schema}.budget_holds AS x
+    WHERE x.run_id = NEW.run_id AND x.lease_epoch = NEW.lease_epoch
+      AND x.worker_id = NEW.worker_id AND x.budget_id = b.budget_id
+    RETURNING x.period_start, x.subject_id, x.amount INTO h;
+    IF FOUND THEN
+      UPDATE {schema}.budget_counters AS k
+      SET reserved = k.reserved - h.amount,
+        spent = k.spent + CASE WHEN unknown THEN h.amount ELSE COALESCE(actual, h.amount) END,
+        calls = k.calls + 1, unknown_calls = k.unknown_calls + unknown::integer
+      WHERE k.budget_id = b.budget_id AND k.period_start = h.period_start
+        AND k.subject_id = h.subject_id;
+    ELSE
+      -- No hold: charged what it cost; a call that reported no usage (or cannot be priced)
+      -- and declared no worst case is charged all the room its budget had left, so the cap
+      -- holds whatever it really cost.
+      INSERT INTO {schema}.budget_counters AS k (budget_id, period_start, subject_id, spent,
+        calls, unknown_calls)
+      VALUES (b.budget_id, {schema}.period_start(b.period, NEW.called_at),
+        CASE WHEN b.scope = 'subject' THEN r.subject_id ELSE '' END,
+        CASE WHEN unknown OR actual IS NULL THEN b.amount ELSE actual END, 1, unknown::integer)
+      ON CONFLICT ON CONSTRAINT budget_counters_pkey DO UPDATE
+      SET spent = k.spent + CASE WHEN unknown OR actual IS NULL
+          THEN GREATEST(b.amount - k.spent - k.reserved, 0) ELSE actual END,
+        calls = k.calls + 1, unknown_calls = k.unknown_calls + EXCLUDED.unknown_calls;
+    END IF;
+  END LOOP;
+  RETURN NULL;
+END
+$body$;
+
+CREATE TRIGGER model_calls_settle AFTER INSERT ON {schema}.model_calls
+  FOR EACH ROW EXECUTE FUNCTION {schema}.settle_call();
+
+-- The budgets earlier releases' workers declared become the ledger's, with today's spend.
+INSERT INTO {schema}.spend_budgets (budget_id, scope, scope_name, unit, period, amount, jobs,
+  declared_by, set_at)
+SELECT 'job:tokens/day:' || job_name, 'job', job_name, 'tokens', 'day', tokens_per_day,
+  ARRAY[job_name], 'spec', declared_at
+FROM {schema}.budgets WHERE tokens_per_day IS NOT NULL
+UNION ALL
+SELECT 'subject:tokens/day:' || job_name, 'subject', job_name, 'tokens', 'day',
+  tokens_per_subject_per_day, ARRAY[job_name], 'spec', declared_at
+FROM {schema}.budgets WHERE tokens_per_subject_per_day IS NOT NULL;
+
+INSERT INTO {schema}.budget_counters (budget_id, period_start, subject_id, spent, calls)
+SELECT b.budget_id, s.day, CASE WHEN b.scope = 'subject' THEN s.subject_id ELSE '' END,
+  sum(s.tokens), sum(s.calls)
+FROM {schema}.spend_budgets AS b
+JOIN {schema}.spend_days AS s ON s.job_name = b.scope_name
+  AND s.day = (now() AT TIME ZONE 'UTC')::date
+GROUP BY 1, 2, 3;
