@@ -192,6 +192,13 @@ class BudgetStanding:
         return max(self.amount - self.spent - self.reserved, Decimal(0))
 
 
+def figure(amount: Decimal, unit: str, currency: str | None) -> str:
+    """``1,234 tokens`` or ``1.25 USD`` (money as the ledger holds it, no trailing zeros)."""
+    if unit == "tokens":
+        return f"{int(amount):,} tokens"
+    return f"{amount.normalize():f} {currency or ''}".rstrip()
+
+
 def budget_refusal(row: Mapping[str, Any], model: str | None) -> BudgetExceededError:
     """The error of a request ``reserve_budget`` refused (its row: the budget, what it holds
     and what the request wanted; ``unpriced`` for a money budget and a model with no price)."""

@@ -198,10 +198,12 @@ def usage_params(usage: ModelUsage | None) -> dict[str, Any]:
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
         "requested_model": model_name(usage.requested_model),
-        "cache_read_tokens": usage.cache_read_tokens,
-        "cache_write_tokens": usage.cache_write_tokens,
-        "cache_write_1h_tokens": usage.cache_write_1h_tokens,
-        "reasoning_tokens": usage.reasoning_tokens,
-        "provider_name": model_name(usage.provider_name),
-        "tier": model_name(usage.tier),
+        # The usage's parts, under short names: the statements that record a call must fit
+        # psycopg's query cache (see test_sql).
+        "u_cr": usage.cache_read_tokens,
+        "u_cw": usage.cache_write_tokens,
+        "u_cw1h": usage.cache_write_1h_tokens,
+        "u_rt": usage.reasoning_tokens,
+        "u_pn": model_name(usage.provider_name),
+        "u_tier": model_name(usage.tier),
     }

@@ -25,7 +25,14 @@ WORKER_PRIVILEGES: dict[str, tuple[str, ...]] = {
     "drills": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # operators arm, workers take
     "budgets": ("SELECT", "INSERT", "UPDATE"),  # workers declare the budget they enforce
     "spend_days": ("SELECT", "INSERT", "UPDATE"),  # model_calls' trigger keeps it
-    "model_prices": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # operators set, workers read
+    "model_prices": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # release 0.2's prices
+    # Prices with their history, in the ledger's one currency: operators set, workers read.
+    "price_history": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "ledger_currency": ("SELECT", "INSERT"),
+    # Budgets: workers declare their spec's, reserve and settle; operators set and clear.
+    "spend_budgets": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "budget_counters": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # retention prunes old periods
+    "budget_holds": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "step_outputs": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # the ledger IO manager's
     # Workers declare limits and reserve places; operators set and delete them.
     "rate_limits": ("SELECT", "INSERT", "UPDATE", "DELETE"),

@@ -2,11 +2,10 @@
 alone (no Dagster, so ``doctor`` starts as fast as the other ledger commands)."""
 
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Literal
 
 from idempotent_jobs.core.admin import LedgerAdmin
-from idempotent_jobs.core.budgets import BudgetStanding
+from idempotent_jobs.core.budgets import BudgetStanding, figure
 from idempotent_jobs.core.schema import code_version
 
 Severity = Literal["info", "problem"]
@@ -37,13 +36,6 @@ def _bounded(kind: str, found: list[Finding], more: str) -> list[Finding]:
         f"more than {MAX_FINDINGS_PER_CHECK} of these; the others are left out here ({more})",
     )
     return [*found[:MAX_FINDINGS_PER_CHECK], left_out]
-
-
-def figure(amount: Decimal, unit: str, currency: str | None) -> str:
-    """``1,234 tokens`` or ``1.25 USD`` (money as the ledger holds it, no trailing zeros)."""
-    if unit == "tokens":
-        return f"{int(amount):,} tokens"
-    return f"{amount.normalize():f} {currency or ''}".rstrip()
 
 
 def budget_findings(budgets: list[BudgetStanding]) -> list[Finding]:

@@ -302,8 +302,8 @@ class RunLedger(OutboxDelivery, StepOutputs):
             "revision": basis.revision,
             "input_fingerprint": basis.input_fingerprint,
             # What a stale attempt's error says the answer was computed on.
-            "computed_on": f"computed on revision {basis.revision}, checkpoint "
-            f"{(basis.input_fingerprint or 'none')[:12]}",
+            "computed_on": f"stale candidate: computed on revision {basis.revision}, "
+            f"checkpoint {(basis.input_fingerprint or 'none')[:12]}; the run is at revision ",
             "config_fingerprint": config.fingerprint if parts else None,
             "config_parts": dump_json_object(parts, "config") if parts else None,
         }

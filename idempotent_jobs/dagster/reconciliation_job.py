@@ -10,9 +10,9 @@ from collections.abc import Sequence
 import dagster as dg
 
 from idempotent_jobs.core.admin import LedgerAdmin
+from idempotent_jobs.core.budgets import figure
 from idempotent_jobs.core.constants import DEFAULT_MAX_ATTEMPTS, DEFAULT_OUTBOX_AGE_SECONDS
 from idempotent_jobs.core.face import LedgerFace
-from idempotent_jobs.core.health import figure
 from idempotent_jobs.dagster.health import dagster_findings, drift_findings, ledger_findings
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 

@@ -79,7 +79,7 @@ def _spent(db: psycopg.Connection, job: str = JOB) -> int:
     return int(row[0])
 
 
-def _counter(db: psycopg.Connection, budget_id: str) -> tuple[Decimal, Decimal, int, int]:
+def _counter(db: psycopg.Connection, budget_id: str) -> tuple[Any, Any, int, int]:
     row = db.execute(
         "SELECT sum(spent), sum(reserved), sum(calls), sum(unknown_calls)"
         " FROM idempotent_jobs.budget_counters WHERE budget_id = %s",
@@ -364,9 +364,7 @@ def test_16_processes_racing_on_a_money_budget_never_overshoot_it(
     with LedgerAdmin(racer_url) as admin:
         admin.set_price("gpt-race", "1", "1")  # 100 tokens = 0.0001 USD
         admin.set_budget(Budget(amount="0.005", unit="money", period="month"), job_name=JOB)
-    results = _race(
-        racer_url, 16, None, 100, max_tokens_per_call=100, model="gpt-race"
-    )
+    results = _race(racer_url, 16, None, 100, max_tokens_per_call=100, model="gpt-race")
     calls = sum(r["calls"] for r in results)
     spent, reserved, counted, _ = _counter(db, f"job:money/month:{JOB}")
     assert (calls, spent, reserved, counted) == (50, Decimal("0.005"), 0, 50)

@@ -167,8 +167,8 @@ def test_a_recorded_answer_committed_later_keeps_its_turns_apart(
 
 def test_prices_key_on_the_model_asked_for(ledger: BothFaces, db: psycopg.Connection) -> None:
     ident = identity(subject="priced")
-    run_idempotent(ledger, ident, collect=Collector(), transform=repaired_once)
     ledger.set_price(ASKED, input_per_million=Decimal("2.50"), output_per_million=Decimal("10"))
+    run_idempotent(ledger, ident, collect=Collector(), transform=repaired_once)
     [spend] = [s for s in ledger.spend_by_job() if s.job_name == ident.job_name]
     assert spend.priced, "a price set for gpt-4o prices the calls gpt-4o-2024-08-06 answered"
     assert spend.cost == Decimal("0.000795")  # 230 input tokens at 2.50, 22 output at 10

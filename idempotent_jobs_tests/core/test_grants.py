@@ -209,7 +209,14 @@ def test_the_reader_role_runs_every_read_of_the_operator_face(
             ran.add(name)
             return real_fetch(name, params, row_factory)
 
+        real_rows = reader._db.rows
+
+        def rows(name: str, params: Any) -> Any:
+            ran.add(name)
+            return real_rows(name, params)
+
         reader._db.fetch = fetch  # type: ignore[method-assign]
+        reader._db.rows = rows  # type: ignore[method-assign]
         run_id = reader.resolve_run_id(done.run_id[:10])
         assert reader.get(run_id) is not None
         assert reader.attempts(run_id) and reader.model_calls(run_id) is not None
@@ -227,6 +234,11 @@ def test_the_reader_role_runs_every_read_of_the_operator_face(
         reader.spend_by_job()
         reader.job_history("competitor-summary")
         reader.run_statuses([run_id])
+        reader.run_sizes([run_id])
+        reader.price_matches()
+        reader.call_costs(run_id)
+        reader.currency()
+        reader.budgets()
         reader.database_now()
         ledger_findings(reader, outbox_older_than_seconds=60, max_attempts=3)
     assert reads - ran == set(), "an admin read this test does not run"

@@ -53,17 +53,22 @@ OPERATOR_QUERIES: dict[str, dict[str, Any]] = {
     },
     "list_attempts": {"run_id": "f" * 64},
     "list_model_calls": {"run_id": "f" * 64},
-    # A worker's check before each model call under a budget, and `runs stats`: today's calls
-    # only, whatever the history.
-    "budget_check": {
-        "run_id": DEEP_RUN,
-        "tokens_per_day": 1_000_000,
-        "tokens_per_subject_per_day": None,
-    },
+    # `runs stats`, `prices list` and `runs show`: today's (the last day's) calls only, or one
+    # run's, whatever the history; budgets read their counter rows, never the calls.
     "spend_by_job": {"day": None},
+    "price_matches": {"days": 1},
+    "call_costs": {"run_id": DEEP_RUN},
+    "budget_standings": {"job_name": "job"},
 }
-# Tables of a few rows each (a job's budget, a model's price): scanned whole, as they should.
-SMALL_TABLES = {"budgets", "model_prices"}
+# Tables of a few rows each (budgets, prices, the currency): scanned whole, as they should.
+SMALL_TABLES = {
+    "budgets",
+    "model_prices",
+    "price_history",
+    "ledger_currency",
+    "spend_budgets",
+    "budget_counters",
+}
 
 
 def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:

@@ -39,8 +39,11 @@ UNFENCED_WRITES = {
     "arm_drill": "an operator arms a drill; it touches no run",
     "disarm_drills": "an operator ends a drill; it touches no run",
     "take_drill": "the drill row is locked FOR UPDATE; it touches no run",
-    "declare_budget": "the budget a job's workers enforce; it touches no run",
+    "declare_budgets": "the budgets a job's spec declares; it touches no run",
+    "set_budget": "an operator sets a budget; it touches no run",
+    "clear_budget": "an operator removes a budget; it touches no run",
     "set_price": "an operator sets a model's price; it touches no run",
+    "delete_prices": "an operator removes a model's prices; it touches no run",
     "fail_by_caller": "fenced by the Dagster run that claimed the lease, while running: a step "
     "that failed outside its body (an IO manager) holds no lease object to fence with",
     "store_step_output": "the ledger IO manager's hand-over between Dagster steps, keyed by the "

@@ -80,9 +80,10 @@ def test_a_refused_step_fails_without_retry_with_spend_and_budget(
     user_failure = failure.step_failure_data.user_failure_data
     assert user_failure is not None
     metadata = {k: getattr(v, "value", v) for k, v in user_failure.metadata.items()}
-    assert metadata["tokens_spent"] == 15 and metadata["token_budget"] == 10
-    assert metadata["budget_scope"] == "day" and metadata["result"] == "refused by budget"
-    assert "token budget spent" in (user_failure.description or "")
+    assert metadata["budget_spent"] == 15 and metadata["budget_amount"] == 10
+    assert metadata["budget"] == f"job:tokens/day:{SPEC.identity_job_name}"
+    assert metadata["budget_scope"] == "job" and metadata["result"] == "refused by budget"
+    assert "15 of 10 tokens spent" in (user_failure.description or "")
 
     # The same refusal through the protocol leaves the same ledger state.
     via_protocol = SPEC.identity_for("via-protocol|2026-08-07")
@@ -109,6 +110,10 @@ def test_a_refused_step_fails_without_retry_with_spend_and_budget(
     data = failed.step_failure_data.user_failure_data
     assert data is not None
     findings = str(data.metadata["findings"].value)
-    assert "budget_spent" in findings and "15 of 10 tokens per day" in findings
+    assert "budget_spent" in findings and "15 tokens spent" in findings
+    assert "of 10 tokens since" in findings
     spend = str(data.metadata["spend_today"].value)
     assert "| budgeted-summary | 1 | 15 | 0 |" in spend
+    # Spend against each budget in force, as every worker enforces it.
+    budget = f"job:tokens/day:{SPEC.identity_job_name}"
+    assert f"| {budget} | budgeted-summary |" in spend and "| yes |" in spend

@@ -100,7 +100,7 @@ def home(kind: str) -> Setup:
 
 
 def prices(root: Path, mp: pytest.MonkeyPatch) -> list[str]:
-    return ["prices", "set", "m", "--input", "99999999.9999999", "--output", "1"]
+    return ["prices", "set", "m", "--input", "1000000000", "--output", "1"]
 
 
 def exits(root: Path, mp: pytest.MonkeyPatch) -> list[str]:

@@ -20,8 +20,9 @@ DELETE FROM {schema}.drills WHERE job_name = %(job_name)s OR %(job_name)s::text 
 RETURNING job_name, remaining, expires_at, armed_by, armed_at
 
 -- name: set_price
--- Set a model's price per million tokens of each kind, in force from `effective_from` (now when
--- NULL) on, for the model's exact name or every name under a prefix, in a tier. Earlier prices
+-- Set a model's price per million tokens of each kind, from a time on.
+-- In force from `effective_from` (now when NULL) on, for the model's exact name or every
+-- name under a prefix, in a tier. Earlier prices
 -- stay: a call is priced at the price in force when it was made. The first price sets the
 -- ledger's currency; a price in another is refused by the foreign key, whatever races it.
 WITH currency AS (
@@ -61,8 +62,9 @@ SELECT * FROM {schema}.price_history
 ORDER BY model_pattern, match_kind, tier, effective_from
 
 -- name: price_matches
--- Which calls of the last `days` days each price priced (the price in force when each was
--- made), and the models of those no price covers (the row with no pattern).
+-- Which calls of the last `days` days each price priced.
+-- Each call is priced at the price in force when it was made; the row with no pattern holds
+-- the calls no price covers, and their models.
 SELECT p.model_pattern, p.match_kind, p.tier, p.effective_from, count(*) AS calls,
   array_agg(DISTINCT COALESCE(c.requested_model, c.model_name, '(none)')) AS models
 FROM {schema}.model_calls AS c
@@ -83,8 +85,8 @@ WHERE c.run_id = %(run_id)s
 ORDER BY c.call_id
 
 -- name: spend_by_job
--- What each job's model calls spent in one UTC day (today when `day` is NULL), by the
--- database clock: calls, tokens, tokens not accepted, money at the price in force when each
+-- What each job's model calls spent in one UTC day.
+-- Today when `day` is NULL, by the database clock: calls, tokens, tokens not accepted, money at the price in force when each
 -- call was made, the most any one subject spent, and the calls that reported no usage.
 WITH calls AS (
   SELECT r.job_name, r.subject_id, c.outcome,
@@ -121,8 +123,8 @@ FROM by_subject GROUP BY job_name
 ORDER BY 1
 
 -- name: budget_standings
--- Every budget in the ledger (those covering one job, when `job_name` is given) with its
--- current period's counter (for a subject budget, the subject that spent most), and whether it
+-- Every budget in the ledger, with where its current period stands.
+-- Those covering one job, when `job_name` is given; the current period's counter (for a subject budget, the subject that spent most), and whether it
 -- has no room left: what every worker enforces.
 SELECT b.*, {schema}.period_start(b.period, now())::timestamp AT TIME ZONE 'UTC'
     AS period_start,
@@ -139,8 +141,8 @@ WHERE %(job_name)s::text IS NULL OR %(job_name)s::text = ANY(b.jobs)
 ORDER BY b.budget_id
 
 -- name: set_budget
--- An operator sets a budget (it stands over a spec's declaration): a new one starts with its
--- period's spend so far; a changed amount keeps the counters.
+-- An operator sets a budget; it stands over a spec's declaration.
+-- A new one starts with its period's spend so far; a changed amount keeps the counters.
 WITH added AS (
   INSERT INTO {schema}.spend_budgets AS b (budget_id, scope, scope_name, unit, period, amount,
     jobs, declared_by, set_by)
@@ -225,8 +227,8 @@ GROUP BY all_accepted.runs, not_accepted.calls, not_accepted.tokens, not_accepte
   not_accepted.priced
 
 -- name: run_sizes
--- The stored status of each of these run ids and the bytes of its raw-input checkpoint (for
--- an estimate; ids not registered are left out).
+-- The stored status of each of these run ids and the bytes of its raw-input checkpoint.
+-- For an estimate; ids not registered are left out.
 SELECT run_id, status, octet_length(raw_input::text) FROM {schema}.runs
 WHERE run_id = ANY(%(run_ids)s)
 

@@ -195,7 +195,7 @@ RETURNING raw_input, input_fingerprint,
 -- that names no run or retry (run_idempotent's own calls are committed once) is not matched.
 -- A recorded answer (`answered`) is dropped from the call's row once its commit decides it: the
 -- accepted output lives on the run, under the retention policy, and nowhere else.
-WITH basis AS (
+WITH cur AS (
   SELECT run_id, status, lease_epoch, output, revision, input_fingerprint, config_parts,
     COALESCE(lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s AND status = 'running',
       false) AS mine,
@@ -206,49 +206,48 @@ WITH basis AS (
   FOR UPDATE
 ), done AS (
   UPDATE {schema}.runs AS r
-  SET status = CASE WHEN basis.holds THEN 'completed' ELSE 'pending' END,
-    output = CASE WHEN basis.holds THEN %(output)s::jsonb ELSE r.output END,
-    completed_at = CASE WHEN basis.holds THEN now() ELSE r.completed_at END,
-    config_fingerprint = CASE WHEN basis.holds
+  SET status = CASE WHEN cur.holds THEN 'completed' ELSE 'pending' END,
+    output = CASE WHEN cur.holds THEN %(output)s::jsonb ELSE r.output END,
+    completed_at = CASE WHEN cur.holds THEN now() ELSE r.completed_at END,
+    config_fingerprint = CASE WHEN cur.holds
       THEN %(config_fingerprint)s ELSE r.config_fingerprint END,
-    config_parts = CASE WHEN basis.holds THEN %(config_parts)s::jsonb ELSE r.config_parts END,
-    last_error = CASE WHEN basis.holds THEN NULL ELSE r.last_error END,
+    config_parts = CASE WHEN cur.holds THEN %(config_parts)s::jsonb ELSE r.config_parts END,
+    last_error = CASE WHEN cur.holds THEN NULL ELSE r.last_error END,
     lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
-  FROM basis
-  WHERE r.run_id = basis.run_id AND basis.mine
+  FROM cur
+  WHERE r.run_id = cur.run_id AND cur.mine
   RETURNING r.run_id, r.lease_epoch, r.output, r.revision, r.input_fingerprint,
-    r.lease_started_at, r.lease_caller_run_id, r.lease_caller_step, basis.holds AS accepted
+    r.lease_started_at, r.lease_caller_run_id, r.lease_caller_step, cur.holds AS accepted
 ), attempt AS (
   INSERT INTO {schema}.run_attempts (run_id, lease_epoch, worker_id, caller_run_id, caller_step,
     started_at, ended_at, outcome, error, model_name, input_tokens, output_tokens)
   SELECT run_id, lease_epoch, %(worker_id)s, lease_caller_run_id, lease_caller_step,
     COALESCE(lease_started_at, now()), now(),
     CASE WHEN accepted THEN 'completed' ELSE 'superseded' END,
-    CASE WHEN NOT accepted THEN 'stale candidate: ' || %(computed_on)s::text
-      || '; the run is at revision ' || revision || ', checkpoint '
+    CASE WHEN NOT accepted THEN %(computed_on)s::text || revision || ', checkpoint '
       || COALESCE(left(input_fingerprint, 12), 'none') END,
     %(model_name)s, %(input_tokens)s, %(output_tokens)s
   FROM done
-), call_again AS (
+), again AS (
   UPDATE {schema}.model_calls AS c
   SET outcome = CASE WHEN done.accepted THEN 'accepted' ELSE 'stale' END, error = NULL,
     answer = NULL
   FROM done
-  WHERE c.run_id = done.run_id AND c.caller_run_id = %(call_caller_run_id)s
-    AND c.caller_step = %(call_caller_step)s AND c.retry_number = %(call_retry)s
-    AND c.turn IS NULL
+  WHERE c.run_id = done.run_id AND c.turn IS NULL AND (c.caller_run_id, c.caller_step,
+    c.retry_number) = (%(call_caller_run_id)s, %(call_caller_step)s, %(call_retry)s)
   RETURNING c.call_id
 ), call AS (
   INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
     caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error,
-    requested_model,
-  cache_read_tokens, cache_write_tokens, cache_write_1h_tokens, reasoning_tokens, provider_name, tier)
+    requested_model, cache_read_tokens, cache_write_tokens, cache_write_1h_tokens,
+    reasoning_tokens, provider_name, tier)
   SELECT run_id, lease_epoch, %(revision)s::integer, %(worker_id)s, %(call_caller_run_id)s,
     %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
     CASE WHEN accepted THEN 'accepted' ELSE 'stale' END, NULL, %(requested_model)s,
-  %(cache_read_tokens)s, %(cache_write_tokens)s, %(cache_write_1h_tokens)s, %(reasoning_tokens)s, %(provider_name)s, %(tier)s
+    %(u_cr)s, %(u_cw)s, %(u_cw1h)s,
+  %(u_rt)s, %(u_pn)s, %(u_tier)s
   FROM done
-  WHERE NOT EXISTS (SELECT FROM call_again)
+  WHERE NOT EXISTS (SELECT FROM again)
 ), outbox AS (
   INSERT INTO {schema}.notification_outbox (run_id, channel, payload, revision)
   SELECT done.run_id, n.key, n.value, done.revision
@@ -260,12 +259,12 @@ WITH basis AS (
 )
 SELECT CASE
     WHEN done.run_id IS NOT NULL THEN CASE WHEN done.accepted THEN 'applied' ELSE 'stale' END
-    WHEN basis.status = 'completed' THEN 'already_done'
-    WHEN basis.status = 'pending' AND basis.lease_epoch = %(epoch)s AND NOT basis.holds THEN 'stale'
+    WHEN cur.status = 'completed' THEN 'already_done'
+    WHEN cur.status = 'pending' AND cur.lease_epoch = %(epoch)s AND NOT cur.holds THEN 'stale'
     ELSE 'lease_lost' END AS outcome,
-  CASE WHEN done.run_id IS NOT NULL THEN done.output ELSE basis.output END AS output,
-  basis.revision, basis.input_fingerprint, basis.lease_epoch = %(epoch)s AS mine, basis.config_parts
-FROM basis LEFT JOIN done ON true
+  CASE WHEN done.run_id IS NOT NULL THEN done.output ELSE cur.output END AS output,
+  cur.revision, cur.input_fingerprint, cur.lease_epoch = %(epoch)s AS mine, cur.config_parts
+FROM cur LEFT JOIN done ON true
 
 -- name: fail
 -- Record a failed attempt under the lease and free the run for a retry; say what happened.
@@ -301,12 +300,12 @@ WITH cur AS (
 ), call AS (
   INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
     caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error,
-    requested_model,
-  cache_read_tokens, cache_write_tokens, cache_write_1h_tokens, reasoning_tokens, provider_name, tier)
+    requested_model, cache_read_tokens, cache_write_tokens, cache_write_1h_tokens,
+    reasoning_tokens, provider_name, tier)
   SELECT run_id, lease_epoch, revision, %(worker_id)s, %(call_caller_run_id)s,
     %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
-    %(call_outcome)s, %(error)s, %(requested_model)s,
-  %(cache_read_tokens)s, %(cache_write_tokens)s, %(cache_write_1h_tokens)s, %(reasoning_tokens)s, %(provider_name)s, %(tier)s
+    %(call_outcome)s, %(error)s, %(requested_model)s, %(u_cr)s, %(u_cw)s, %(u_cw1h)s,
+  %(u_rt)s, %(u_pn)s, %(u_tier)s
   FROM failed
   WHERE %(call_outcome)s::text IS NOT NULL AND NOT EXISTS (SELECT FROM call_again)
 ), attempt AS (
@@ -336,8 +335,8 @@ INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, call
 SELECT r.run_id, r.lease_epoch, %(revision)s::integer, %(worker_id)s, %(call_caller_run_id)s,
   %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
   'answered', NULL, %(answer)s::jsonb, %(input_fingerprint)s, %(config_parts)s::jsonb,
-  %(requested_model)s,
-  %(cache_read_tokens)s, %(cache_write_tokens)s, %(cache_write_1h_tokens)s, %(reasoning_tokens)s, %(provider_name)s, %(tier)s
+  %(requested_model)s, %(u_cr)s, %(u_cw)s, %(u_cw1h)s,
+  %(u_rt)s, %(u_pn)s, %(u_tier)s
 FROM {schema}.runs AS r
 WHERE r.run_id = %(run_id)s AND r.lease_owner = %(worker_id)s AND r.lease_epoch = %(epoch)s
   AND r.status = 'running'
@@ -370,12 +369,12 @@ LIMIT 1
 -- neither check.
 INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
   caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error,
-  requested_model,
-  cache_read_tokens, cache_write_tokens, cache_write_1h_tokens, reasoning_tokens, provider_name, tier)
+  requested_model, cache_read_tokens, cache_write_tokens, cache_write_1h_tokens,
+  reasoning_tokens, provider_name, tier)
 SELECT a.run_id, a.lease_epoch, %(revision)s::integer, a.worker_id, %(call_caller_run_id)s,
   %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
-  'lease_lost', %(error)s, %(requested_model)s,
-  %(cache_read_tokens)s, %(cache_write_tokens)s, %(cache_write_1h_tokens)s, %(reasoning_tokens)s, %(provider_name)s, %(tier)s
+  'lease_lost', %(error)s, %(requested_model)s, %(u_cr)s, %(u_cw)s, %(u_cw1h)s,
+  %(u_rt)s, %(u_pn)s, %(u_tier)s
 FROM {schema}.run_attempts AS a
 WHERE a.run_id = %(run_id)s AND a.lease_epoch = %(epoch)s AND a.worker_id = %(worker_id)s
   AND NOT EXISTS (SELECT FROM {schema}.model_calls AS c
@@ -396,14 +395,14 @@ RETURNING call_id
 -- an epoch that was never this worker's. A retried statement adds no second row.
 INSERT INTO {schema}.model_calls AS c (run_id, lease_epoch, revision, worker_id, caller_run_id,
   caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error,
-  requested_model,
-  cache_read_tokens, cache_write_tokens, cache_write_1h_tokens, reasoning_tokens, provider_name, tier, turn)
+  requested_model, cache_read_tokens, cache_write_tokens, cache_write_1h_tokens,
+  reasoning_tokens, provider_name, tier, turn)
 SELECT r.run_id, %(epoch)s, %(revision)s::integer, %(worker_id)s, %(call_caller_run_id)s,
   %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
   CASE WHEN r.lease_owner = %(worker_id)s AND r.lease_epoch = %(epoch)s
     AND r.status = 'running' THEN %(call_outcome)s ELSE 'lease_lost' END,
-  %(error)s, %(requested_model)s,
-  %(cache_read_tokens)s, %(cache_write_tokens)s, %(cache_write_1h_tokens)s, %(reasoning_tokens)s, %(provider_name)s, %(tier)s, %(turn)s
+  %(error)s, %(requested_model)s, %(u_cr)s, %(u_cw)s, %(u_cw1h)s,
+  %(u_rt)s, %(u_pn)s, %(u_tier)s, %(turn)s
 FROM {schema}.runs AS r
 WHERE r.run_id = %(run_id)s
   AND ((r.lease_owner = %(worker_id)s AND r.lease_epoch = %(epoch)s AND r.status = 'running')
@@ -478,9 +477,10 @@ RETURNING d.job_name, d.remaining
 SELECT job_name, subject_id FROM {schema}.runs WHERE run_id = %(run_id)s
 
 -- name: declare_budgets
--- The budgets a job's spec declares (arrays, one element per budget). One the ledger does not
--- hold is added (`spec`), with its period's spend so far; a group budget gains the job as a
--- member; one the ledger holds at another amount is never overwritten, and is returned.
+-- Declare the budgets a job's spec names (arrays, one element per budget).
+-- One the ledger does not hold is added (`spec`), with its period's spend so far; a group
+-- budget gains the job as a member; one the ledger holds at another amount is never
+-- overwritten, and is returned.
 WITH wanted AS (
   SELECT * FROM unnest(%(ids)s::text[], %(scopes)s::text[], %(names)s::text[],
     %(units)s::text[], %(periods)s::text[], %(amounts)s::numeric[])
@@ -521,9 +521,9 @@ WHERE b.amount <> w.amount
 ORDER BY 1
 
 -- name: reserve_budget
--- Admit one request of the run under every budget covering its job, or refuse it: the
--- ledger's function `reserve_budget` (migration 0018), with the run's job and subject for the
--- refusal's message.
+-- Admit one request of the run under every budget covering its job, or refuse it.
+-- The ledger's function `reserve_budget` (migration 0018), with the run's job and subject for
+-- the refusal's message.
 SELECT v.*, r.job_name, r.subject_id
 FROM {schema}.reserve_budget(%(run_id)s, %(epoch)s, %(worker_id)s, %(max_input)s::bigint,
   %(max_output)s::bigint, %(max_total)s::bigint, %(requested)s, %(answered)s, %(tier)s) AS v
@@ -534,7 +534,7 @@ LEFT JOIN {schema}.runs AS r ON r.run_id = %(run_id)s
 SELECT {schema}.release_holds(%(run_id)s, %(epoch)s, %(worker_id)s)
 
 -- name: list_prices
--- Every price with its history (the metrics price a call as it is made).
+-- Every price with its history, by model, tier and the time it applies from.
 SELECT * FROM {schema}.price_history
 ORDER BY model_pattern, match_kind, tier, effective_from
 

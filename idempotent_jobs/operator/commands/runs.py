@@ -6,9 +6,9 @@ from collections.abc import Iterable
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from idempotent_jobs.core.budgets import figure
 from idempotent_jobs.core.constants import RUN_STATUSES
 from idempotent_jobs.core.errors import InvalidInputError
-from idempotent_jobs.core.health import figure
 from idempotent_jobs.operator.commands.common import (
     Shared,
     code_location,
