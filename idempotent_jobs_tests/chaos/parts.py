@@ -211,6 +211,7 @@ def run_worker(spec: dict[str, Any]) -> None:
                 heartbeat_seconds=spec["lease_seconds"] / 4,
                 wait_seconds=spec.get("wait_seconds", 0.0),
                 budget=TokenBudget(tokens_per_subject_per_day=budget) if budget else None,
+                max_tokens_per_call=spec.get("tokens") if budget else None,
             )
             executed, output = outcome.executed, outcome.output
     except Exception as exc:

@@ -76,8 +76,8 @@ KINDS = (
     "answered",
     "provider",
 )
-# The budget trials: one call's tokens spend a subject's daily budget.
-BUDGET_TOKENS, CALL_TOKENS = 100, 80
+# The budget trials: two calls' worst cases fit a subject's daily budget, a third's does not.
+BUDGET_TOKENS, CALL_TOKENS = 200, 80
 WEBHOOK_TIMEOUT = 0.5
 
 
@@ -337,11 +337,13 @@ class Chaos:
         return verdict
 
     def budget(self, trial: int) -> Verdict:
-        """A subject's token budget, which one call spends, under a paused holder: its call is
-        in flight (not yet recorded), so the recovering worker's call is allowed, the one
-        overshoot each worker may make. The resumed holder is fenced and its paid call recorded
-        as ``lease_lost``. A later run of the subject that day is refused before its call: its
-        attempt ends ``budget``, its lease is free, and no call is recorded."""
+        """A subject's budget under a paused holder: its call is in flight (not yet recorded),
+        its worst case held, so the recovering worker's call is admitted only because both
+        worst cases fit. The resumed holder is fenced and its paid call recorded as
+        ``lease_lost``, settling its hold. A later run of the subject that day does not fit and
+        is refused before its call: its attempt ends ``budget``, its lease is free, and no call
+        is recorded. Spend never passes the budget, and the budget's counter is what
+        ``model_calls`` records, with nothing left held."""
         extra = {"budget": BUDGET_TOKENS, "tokens": CALL_TOKENS}
         process, marker = self.pause_in_model_call(trial, **extra)
         self.recover(trial, **extra)
@@ -369,11 +371,17 @@ class Chaos:
                 " JOIN idempotent_jobs.runs r USING (run_id) WHERE r.subject_id = %s",
                 (refused.subject_id,),
             ).fetchone()
+            counter = conn.execute(
+                "SELECT spent, reserved FROM idempotent_jobs.budget_counters"
+                " WHERE subject_id = %s",
+                (refused.subject_id,),
+            ).fetchone()
         if state != ("failed", True, ["budget"], 0):
             verdict.problems.append(f"the refused run is {state}, not failed/free/budget/0")
-        # Two workers, each one call past the budget at most.
-        if spent is None or not BUDGET_TOKENS <= spent[0] <= BUDGET_TOKENS - 1 + 2 * CALL_TOKENS:
-            verdict.problems.append(f"the subject spent {spent} tokens")
+        if spent is None or spent[0] is None or not spent[0] <= BUDGET_TOKENS:
+            verdict.problems.append(f"the subject spent {spent} tokens of {BUDGET_TOKENS}")
+        elif counter is None or (int(counter[0]), int(counter[1])) != (spent[0], 0):
+            verdict.problems.append(f"the budget counts {counter}, model_calls {spent[0]}")
         return verdict
 
     def revise(self, trial: int) -> Verdict:
