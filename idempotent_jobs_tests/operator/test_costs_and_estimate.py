@@ -88,11 +88,19 @@ def test_estimate_agrees_with_the_backfill_that_follows(
     capsys.readouterr()  # the runs' own logs
     code, out = cli(capsys, "runs", "stats", "--json")
     assert code == 0, out
-    [spend] = json.loads(out)["spend"]
+    stats = json.loads(out)
+    [spend] = stats["spend"]
     assert spend["calls"] == 7 and spend["tokens"] == 6 * per_run + 40
     assert spend["wasted_tokens"] == 40
-    # The budget the example's workers enforce, declared in the ledger by their checks.
-    assert (spend["tokens_per_day"], spend["tokens_per_subject_per_day"]) == (2_000_000, 500_000)
+    # The budgets the example's spec declared are the ledger's now, with the day's spend.
+    budgets = {b["budget_id"]: b for b in stats["budgets"]}
+    day = budgets["job:tokens/day:ticket-triage"]
+    assert (Decimal(day["amount"]), Decimal(day["spent"]), Decimal(day["reserved"])) == (
+        2_000_000,
+        6 * per_run + 40,
+        0,
+    )
+    assert Decimal(budgets["subject:tokens/day:ticket-triage"]["amount"]) == 500_000
     assert Decimal(spend["cost"]) == 6 * price + Decimal(40) * Decimal("2.5") / 1_000_000
     code, out = cli(capsys, "runs", "show", made[0][0][:12])
     assert code == 0, out
