@@ -2,7 +2,9 @@
 reader: the span tree and metric values of a run with one failed and one accepted call; the
 same steps as spans under Dagster's steps; and nothing at all without an SDK."""
 
+import json
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -188,3 +190,59 @@ def test_prices_out_of_reach_fail_no_call(database: str) -> None:
         assert outcome.executed
         assert len(otel.points("gen_ai.client.token.usage")) == 2
         assert otel.points("idempotent_jobs.model.cost") == []
+
+
+REGISTRY = json.loads(
+    (Path(__file__).parent.parent / "data" / "genai_attribute_registry.json").read_text()
+)
+FULL_USAGE = ModelUsage(
+    "claude-test-20260101",
+    12_050,
+    400,
+    requested_model="claude-test",
+    cache_read_tokens=10_000,
+    cache_write_tokens=2_000,
+    cache_write_1h_tokens=1_500,
+    reasoning_tokens=100,
+    provider_name="anthropic",
+)
+
+
+def test_every_emitted_genai_name_is_in_the_conventions_registry_and_a_reuse_reports_nothing(
+    ledger: BothFaces,
+) -> None:
+    ledger.set_price("claude-test", "3", "15")
+    ident = identity(subject="registry")
+    config = JobConfig.of(prompt="p", model="claude-test", validator="v")
+    with installed() as otel:
+
+        def transform(raw: dict[str, Any]) -> ModelAnswer:
+            return ModelAnswer({"summary": "ok"}, FULL_USAGE)
+
+        run_idempotent(ledger, ident, collect=Collector(), transform=transform, config=config)
+        [call] = [s for s in otel.finished() if s.name.startswith("chat")]
+        attrs = dict(call.attributes or {})
+        assert attrs["gen_ai.provider.name"] == "anthropic"
+        assert attrs["gen_ai.usage.input_tokens"] == 12_050  # cached tokens included
+        assert attrs["gen_ai.usage.cache_read.input_tokens"] == 10_000
+        assert attrs["gen_ai.usage.cache_creation.input_tokens"] == 2_000
+        assert attrs["gen_ai.usage.reasoning.output_tokens"] == 100
+        usage_points = otel.points("gen_ai.client.token.usage")
+        cost_points = otel.points("idempotent_jobs.model.cost")
+        assert {a["gen_ai.token.type"] for a, _ in usage_points} == set(REGISTRY["token_types"])
+        assert all(a["gen_ai.provider.name"] == "anthropic" for a, _ in usage_points)
+        emitted = {k for s in otel.finished() for k in (s.attributes or {})}
+        for name in ("gen_ai.client.token.usage", "idempotent_jobs.model.cost"):
+            emitted |= {k for a, _ in otel.points(name) for k in a}
+        genai = {k for k in emitted if k.startswith("gen_ai.")}
+        assert genai <= set(REGISTRY["attributes"]), genai - set(REGISTRY["attributes"])
+        assert not genai & set(REGISTRY["deprecated"])
+
+        # A replay reuses the run: nothing is executed, so no usage and no money is reported.
+        before = [(a, p.count, p.sum) for a, p in usage_points], [p.value for _, p in cost_points]
+        run_idempotent(ledger, ident, collect=Collector(), transform=transform, config=config)
+        after = (
+            [(a, p.count, p.sum) for a, p in otel.points("gen_ai.client.token.usage")],
+            [p.value for _, p in otel.points("idempotent_jobs.model.cost")],
+        )
+        assert after == before
