@@ -372,8 +372,7 @@ class Chaos:
                 (refused.subject_id,),
             ).fetchone()
             counter = conn.execute(
-                "SELECT spent, reserved FROM idempotent_jobs.budget_counters"
-                " WHERE subject_id = %s",
+                "SELECT spent, reserved FROM idempotent_jobs.budget_counters WHERE subject_id = %s",
                 (refused.subject_id,),
             ).fetchone()
         if state != ("failed", True, ["budget"], 0):

@@ -207,30 +207,36 @@ def test_tiny_prices_and_large_totals_are_kept_exactly(ledger: BothFaces) -> Non
         assert bad.value.field == "input_per_million"
 
 
+def _race_currencies(database: str) -> tuple[list[str], list[str]]:
+    """Two operators set a first price at once, in USD and in EUR."""
+    gate = threading.Barrier(2)
+    won: list[str] = []
+    refused: list[str] = []
+
+    def set_in(currency: str) -> None:
+        with LedgerAdmin(database) as admin:
+            gate.wait(timeout=30)
+            try:
+                admin.set_price(f"m-{currency}", "1", "1", currency=currency)
+                won.append(currency)
+            except InvalidInputError as exc:
+                refused.append(str(exc))
+
+    threads = [threading.Thread(target=set_in, args=(c,)) for c in ("USD", "EUR")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return won, refused
+
+
 def test_two_currencies_racing_cannot_both_win(ledger: BothFaces, database: str) -> None:
     """Check-then-write let both through 29 times in 30; the database now decides."""
     for attempt in range(30):
         with ledger.connection() as conn:
             conn.execute("DELETE FROM idempotent_jobs.price_history")
             conn.execute("DELETE FROM idempotent_jobs.ledger_currency")
-        gate = threading.Barrier(2)
-        won: list[str] = []
-        refused: list[str] = []
-
-        def set_in(currency: str) -> None:
-            with LedgerAdmin(database) as admin:
-                gate.wait(timeout=30)
-                try:
-                    admin.set_price(f"m-{currency}", "1", "1", currency=currency)
-                    won.append(currency)
-                except InvalidInputError as exc:
-                    refused.append(str(exc))
-
-        threads = [threading.Thread(target=set_in, args=(c,)) for c in ("USD", "EUR")]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=60)
+        won, refused = _race_currencies(database)
         assert len(won) == 1 and len(refused) == 1, (attempt, won, refused)
         assert "the ledger's prices are in" in refused[0]
         with LedgerAdmin(database) as admin:

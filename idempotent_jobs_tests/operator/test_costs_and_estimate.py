@@ -95,11 +95,8 @@ def test_estimate_agrees_with_the_backfill_that_follows(
     # The budgets the example's spec declared are the ledger's now, with the day's spend.
     budgets = {b["budget_id"]: b for b in stats["budgets"]}
     day = budgets["job:tokens/day:ticket-triage"]
-    assert (Decimal(day["amount"]), Decimal(day["spent"]), Decimal(day["reserved"])) == (
-        2_000_000,
-        6 * per_run + 40,
-        0,
-    )
+    figures = [Decimal(day[k]) for k in ("amount", "spent", "reserved")]
+    assert figures == [2_000_000, 6 * per_run + 40, 0]
     assert Decimal(budgets["subject:tokens/day:ticket-triage"]["amount"]) == 500_000
     assert Decimal(spend["cost"]) == 6 * price + Decimal(40) * Decimal("2.5") / 1_000_000
     code, out = cli(capsys, "runs", "show", made[0][0][:12])
