@@ -537,6 +537,13 @@ class LedgerAdmin(LedgerFace):
         [row] = self._db.rows("prune_batch", params)
         return PruneBatch.of_row(row)
 
+    def prune_spend(self, job_name: str, apply: bool) -> int:
+        """A job's spend rows older than the longest budget period (kept: this calendar month
+        and the one before): how many, deleted with ``apply``."""
+        params = {"job_name": normalize_text(job_name), "apply": apply}
+        [(rows,)] = self._db.rows("prune_spend", params)
+        return int(rows)
+
     def prune_step_outputs(
         self, job_name: str, before: datetime, batch_size: int | None, apply: bool
     ) -> tuple[int, int]:

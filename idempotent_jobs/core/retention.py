@@ -102,6 +102,8 @@ class PruneReport:
     applied: bool
     parts: dict[str, PartCount] = field(default_factory=lambda: {p: PartCount() for p in PARTS})
     batches: int = 0
+    #: Spend rows (per day, per budget period, holds) older than the longest budget period.
+    spend_rows: int = 0
     seconds: float = 0.0
     longest_batch_seconds: float = 0.0
 
@@ -128,9 +130,11 @@ def prune(
     ``job_name``'s runs (the identity job name), ``batch_size`` runs per transaction.
 
     Only completed runs lose their raw input, output and attempt rows, and only delivered
-    notifications their payloads; a run revised or reopened meanwhile is left alone. The cutoffs
-    are fixed when the prune starts (``now``: the database's clock by default), so a dry run and
-    the apply that follows it count the same rows unless runs completed in between.
+    notifications their payloads; a run revised or reopened meanwhile is left alone. The job's
+    spend rows older than the longest budget period go too (:meth:`LedgerAdmin.prune_spend`).
+    The cutoffs are fixed when the prune starts (``now``: the database's clock by default), so
+    a dry run and the apply that follows it count the same rows unless runs completed in
+    between.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int):
         raise InvalidInputError("batch_size", f"must be a whole number, got {batch_size!r}")
@@ -166,6 +170,7 @@ def prune(
         after = found.last_key
     if cutoffs["attempts_before"] is not None:
         _prune_step_outputs(admin, job_name, cutoffs["attempts_before"], batch_size, apply, report)
+    report.spend_rows = admin.prune_spend(job_name, apply)
     report.seconds = time.perf_counter() - started
     return report
 

@@ -316,3 +316,42 @@ def test_prune_during_a_revise_skips_the_run_whole_and_reports_rows_changed(
     assert record is not None and record.revision == 1 and record.raw_input is not None
     assert record.attempts_pruned_at is None and record.raw_input_pruned_at is None
     assert [a.outcome for a in ledger.attempts(run_id)] == ["completed"], "revision 0's attempt"
+
+
+def test_spend_rows_older_than_the_longest_budget_period_are_pruned(
+    ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    """``spend_days`` and budget counters used to be kept forever."""
+    from idempotent_jobs import Budget, LedgerAdmin, ModelAnswer, ModelUsage
+
+    ident = identity(subject="spender")
+    run_idempotent(
+        ledger,
+        ident,
+        collect=lambda i: {"x": 1},
+        transform=lambda raw: ModelAnswer({"summary": "s"}, ModelUsage("m", 10, 10)),
+        budget=Budget(amount=1000, period="month"),
+    )
+    # Age a copy of today's rows by three months: the current and previous months stay.
+    db.execute(
+        "INSERT INTO idempotent_jobs.spend_days SELECT job_name, day - 92, subject_id, calls,"
+        " tokens FROM idempotent_jobs.spend_days"
+    )
+    db.execute(
+        "INSERT INTO idempotent_jobs.budget_counters (budget_id, period_start, subject_id, spent)"
+        " SELECT budget_id, (period_start - interval '3 months')::date, subject_id, spent"
+        " FROM idempotent_jobs.budget_counters"
+    )
+    policy = RetentionPolicy.of_days(raw_input=30)
+    with LedgerAdmin.beside(ledger) as admin:
+        dry = prune(admin, ident.job_name, policy)
+        assert dry.spend_rows == 2
+        assert prune(admin, ident.job_name, policy, apply=True).spend_rows == 2
+        assert prune(admin, ident.job_name, policy).spend_rows == 0
+        [standing] = admin.budgets()
+    assert standing.spent == 20  # this month's counter is whole
+    counts = db.execute(
+        "SELECT (SELECT count(*) FROM idempotent_jobs.spend_days),"
+        " (SELECT count(*) FROM idempotent_jobs.budget_counters)"
+    ).fetchone()
+    assert counts == (1, 1)

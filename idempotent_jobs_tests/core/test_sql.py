@@ -49,6 +49,7 @@ UNFENCED_WRITES = {
     "store_step_output": "the ledger IO manager's hand-over between Dagster steps, keyed by the "
     "Dagster run and step that produced it; it touches no run",
     "prune_step_outputs": "retention: hand-overs of completed runs only, never leased",
+    "prune_spend": "retention: spend rows of periods no budget counts any more, never leased",
     "record_lost_call": "only the cost of a call whose lease was lost, never the run's state; "
     "only for an epoch the ledger recorded as this worker's",
     "declare_rate_limit": "the provider limit a job's workers keep; it touches no run",

@@ -213,11 +213,13 @@ BEGIN
     RETURN;
   END IF;
   PERFORM {schema}.release_holds(p_run_id, p_epoch, p_worker);
-  SELECT * INTO p FROM {schema}.price_in_force(requested, answered, call_tier, now());
-  priced := FOUND;
   FOR b IN SELECT * FROM {schema}.spend_budgets AS s WHERE r.job_name = ANY(s.jobs)
     ORDER BY s.budget_id
   LOOP
+    IF b.unit = 'money' AND priced IS NULL THEN  -- looked up once, for a money budget only
+      SELECT * INTO p FROM {schema}.price_in_force(requested, answered, call_tier, now());
+      priced := FOUND;
+    END IF;
     IF b.unit = 'tokens' THEN
       want := COALESCE(max_input, 0) + COALESCE(max_output, 0) + COALESCE(max_total, 0);
     ELSIF NOT priced THEN
@@ -285,12 +287,6 @@ BEGIN
     RETURN NULL;
   END IF;
   SELECT x.job_name, x.subject_id INTO r FROM {schema}.runs AS x WHERE x.run_id = NEW.run_id;
-  SELECT * INTO p FROM {schema}.price_in_force(NEW.requested_model, NEW.model_name, NEW.tier,
-    NEW.called_at);
-  priced := FOUND;
-  cost := CASE WHEN priced THEN {schema}.usage_money(NEW.input_tokens, NEW.output_tokens,
-    NEW.cache_read_tokens, NEW.cache_write_tokens, NEW.cache_write_1h_tokens,
-    NEW.reasoning_tokens, p) END;
   -- In budget order, as reserve_budget locks counter rows: two statements never wait on each
   -- other's rows in opposite orders.
   FOR b IN SELECT * FROM {schema}.spend_budgets AS s
@@ -300,6 +296,14 @@ BEGIN
           AND x.worker_id = NEW.worker_id)
     ORDER BY s.budget_id
   LOOP
+    IF b.unit = 'money' AND priced IS NULL THEN  -- priced once, for a money budget only
+      SELECT * INTO p FROM {schema}.price_in_force(NEW.requested_model, NEW.model_name,
+        NEW.tier, NEW.called_at);
+      priced := FOUND;
+      cost := CASE WHEN priced THEN {schema}.usage_money(NEW.input_tokens, NEW.output_tokens,
+        NEW.cache_read_tokens, NEW.cache_write_tokens, NEW.cache_write_1h_tokens,
+        NEW.reasoning_tokens, p) END;
+    END IF;
     actual := CASE WHEN b.unit = 'tokens'
       THEN COALESCE(NEW.input_tokens, 0) + COALESCE(NEW.output_tokens, 0) ELSE cost END;
     DELETE FROM {schema}.budget_holds AS x

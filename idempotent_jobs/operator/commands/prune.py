@@ -83,6 +83,11 @@ def prune(args: argparse.Namespace) -> int:
         for part in PARTS
         if getattr(report.policy, part) is not None
     ]
+    rows += [
+        (report.job_name, "spend rows", report.spend_rows, "-", "this month and the one before")
+        for report in reports
+        if report.spend_rows
+    ]
     kept_all = [name for name, policy in policies if not policy.prunes_anything]
     head = "pruned:" if args.apply else "dry run, nothing was pruned; with --apply these would go:"
     lines = [
