@@ -10,6 +10,7 @@ ambiguous, so they are refused. ``scheduled_at`` must fall in the years 1900-900
 
 import hashlib
 import unicodedata
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -65,6 +66,22 @@ def _clean_time(value: object) -> datetime:
 
 def _encode_time(value: datetime) -> str:
     return value.isoformat(timespec="seconds")
+
+
+def run_ids(
+    job_name: str, version: str, subject_ids: Sequence[str], starts: Iterable[datetime]
+) -> Iterator[tuple[datetime, str, str]]:
+    """(window start, subject, run id) of every subject in every window, as :class:`RunIdentity`
+    computes each, with each field checked once rather than once per run (an estimate over a
+    million partitions)."""
+    job = clean_identity_text("job_name", job_name)
+    ver = clean_identity_text("version", version)
+    subjects = [(s, clean_identity_text("subject_id", s)) for s in subject_ids]
+    for start in starts:
+        encoded_time = _encode_time(_clean_time(start))
+        for subject, clean in subjects:
+            encoded = "|".join((job, clean, encoded_time, ver))
+            yield start, subject, hashlib.sha256(encoded.encode("utf-8")).hexdigest()
 
 
 def stable_run_id(job_name: str, subject_id: str, scheduled_at: datetime, version: str) -> str:

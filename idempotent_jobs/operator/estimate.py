@@ -19,7 +19,7 @@ from datetime import datetime
 from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.costs import JobHistory
 from idempotent_jobs.core.errors import InvalidInputError
-from idempotent_jobs.core.identity import RunIdentity
+from idempotent_jobs.core.identity import run_ids
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 from idempotent_jobs.dagster.partitions import partition_key
 
@@ -106,10 +106,10 @@ def _partitions(
     spec: IdempotentJobSpec, windows: list[tuple[str, datetime]], subjects: list[str]
 ) -> Iterator[tuple[str, str, str]]:
     """(window key, subject, run id) of every partition, one at a time."""
-    for window, start in windows:
-        for subject in subjects:
-            run_id = RunIdentity(spec.identity_job_name, subject, start, spec.version).run_id
-            yield window, subject, run_id
+    keys = {start: window for window, start in windows}
+    found = run_ids(spec.identity_job_name, spec.version, subjects, [s for _, s in windows])
+    for start, subject, run_id in found:
+        yield keys[start], subject, run_id
 
 
 def _chunks(items: Iterator[tuple[str, str, str]]) -> Iterator[list[tuple[str, str, str]]]:

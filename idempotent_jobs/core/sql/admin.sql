@@ -229,8 +229,10 @@ GROUP BY all_accepted.runs, not_accepted.calls, not_accepted.tokens, not_accepte
 -- name: run_sizes
 -- The stored status of each of these run ids and the bytes of its raw-input checkpoint.
 -- For an estimate; ids not registered are left out.
+-- The ids come as one comma-separated text (hex ids need no quoting): a text array of
+-- thousands is slow to send.
 SELECT run_id, status, octet_length(raw_input::text) FROM {schema}.runs
-WHERE run_id = ANY(%(run_ids)s)
+WHERE run_id = ANY(string_to_array(%(run_ids)s, ','))
 
 -- name: run_statuses
 -- The stored status of each of these run ids (ids not registered are left out).
