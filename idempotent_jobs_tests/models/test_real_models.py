@@ -374,3 +374,92 @@ def test_the_model_steps_record_their_prompt_builder_and_schema_as_configuration
 
 def builder(raw: dict[str, Any], context: Any) -> Prompt:
     return contracts_prompt(raw)
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_usage_parts_are_recorded_as_the_provider_reports_them_and_priced(
+    api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    from datetime import UTC, datetime
+    from decimal import Decimal
+
+    from idempotent_jobs import LedgerAdmin
+
+    provider = providers(fake)[api]
+    fake.script = [
+        Answer(
+            GOOD,
+            5000,
+            200,
+            cached_input_tokens=4000,
+            cache_write_tokens=800,
+            reasoning_tokens=50 if api == "openai" else 0,
+        )
+    ]
+    with LedgerAdmin.beside(ledger) as admin:
+        admin.set_price(
+            provider.model,
+            "2",
+            "10",
+            cache_read_per_million="0.5",
+            cache_write_per_million="4",
+            effective_from=datetime(2020, 1, 1, tzinfo=UTC),
+        )
+        ident = identity(subject=f"usage-{api}")
+        run_idempotent(
+            ledger,
+            ident,
+            collect=lambda i: {"contracts": [{"id": "c-1"}]},
+            transform=lambda raw: answer(provider, contracts_prompt(raw), OutputSchema.of(Clauses)),
+        )
+        row = db.execute(
+            "SELECT input_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens,"
+            " provider_name FROM idempotent_jobs.model_calls WHERE run_id = %s",
+            (ident.run_id,),
+        ).fetchone()
+        [cost] = admin.call_costs(ident.run_id).values()
+    if api == "openai":  # OpenAI reports cache reads (within prompt_tokens) and reasoning
+        assert row == (5000, 4000, None, 50, "openai")
+        assert cost == (Decimal(1000) * 2 + Decimal(4000) * Decimal("0.5") + 200 * 10) / 10**6
+    else:  # Anthropic reports reads and writes beside the uncached input
+        assert row == (5000, 4000, 800, None, "anthropic")
+        expected = 200 * 2 + Decimal(4000) * Decimal("0.5") + 800 * 4 + 200 * 10
+        assert cost == Decimal(expected) / 10**6
+
+
+def test_a_real_models_request_reserves_its_worst_case_before_it_is_sent(
+    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    """The request's most input tokens (its bytes) and most output tokens (max_tokens) are
+    held under the budget before it is sent, then settled to what the provider reported."""
+    from idempotent_jobs import Budget, BudgetExceededError
+
+    provider = providers(fake)["anthropic"]  # max_tokens 1024 by default
+    fake.default = lambda request: Answer(GOOD, 300, 40)
+    job = identity(subject="worst-case").job_name
+
+    def run(subject: str, budget: Budget) -> str:
+        ident = identity(subject=subject)
+        run_idempotent(
+            ledger,
+            ident,
+            collect=lambda i: {"contracts": [{"id": "c-1"}]},
+            transform=lambda raw: answer(provider, contracts_prompt(raw), OutputSchema.of(Clauses)),
+            budget=budget,
+            follow_ledger_budget=True,
+        )
+        return ident.run_id
+
+    with pytest.raises(BudgetExceededError) as refused:
+        run("too-small", Budget(amount=1500))  # 1,024 output + the prompt's bytes > 1,500
+    assert fake.requests == [] and refused.value.wanted > 1500
+    db.execute(
+        "UPDATE idempotent_jobs.spend_budgets SET amount = 100000 WHERE budget_id = %s",
+        (f"job:tokens/day:{job}",),
+    )
+    run("fits", Budget(amount=1500))
+    counter = db.execute(
+        "SELECT spent, reserved FROM idempotent_jobs.budget_counters WHERE budget_id = %s",
+        (f"job:tokens/day:{job}",),
+    ).fetchone()
+    assert counter == (340, 0)  # settled to the 300 + 40 reported; nothing left held
