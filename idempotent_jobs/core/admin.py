@@ -442,6 +442,14 @@ class LedgerAdmin(LedgerFace):
         """Each job's spend in the UTC day holding ``day`` (today, by the database clock)."""
         return self._db.fetch("spend_by_job", {"day": day}, record_row(JobSpend))
 
+    def spend_by_kind(
+        self, start: datetime, end: datetime, job_name: str | None = None
+    ) -> list[dict[str, Any]]:
+        """What each job's calls from ``start`` to ``end`` spent, by model, price in force and
+        kind of token (input, cache read, cache write, cache write 1h, output, reasoning)."""
+        params = {"start": start, "end": end, "job_name": job_name}
+        return self._db.fetch("spend_by_kind", params, dict_row)
+
     def budgets(self, job_name: str | None = None) -> list[BudgetStanding]:
         """Every budget the ledger holds (those covering ``job_name``), with where its
         current period stands: what every worker enforces."""

@@ -219,6 +219,7 @@ def budget_refusal(row: Mapping[str, Any], model: str | None) -> BudgetExceededE
         if start is not None
         else datetime.now(UTC),
         unpriced=(model or "(no model)") if row["outcome"] == "unpriced" else None,
+        currency=str(row.get("currency") or "") or None,
     )
 
 

@@ -127,8 +127,10 @@ class BudgetExceededError(LedgerError):
         reserved: Any = 0,
         wanted: Any = 0,
         unpriced: str | None = None,
+        currency: str | None = None,
     ) -> None:
         self.job_name = job_name
+        self.currency = currency
         self.subject_id = subject_id
         self.scope = scope
         self.budget_id = budget_id or scope
@@ -147,11 +149,11 @@ class BudgetExceededError(LedgerError):
             )
             return
         where = f"job {job_name}" + (f", subject {subject_id}" if scope == "subject" else "")
-        what = "tokens" if unit == "tokens" else "in money"
+        what = "tokens" if unit == "tokens" else (currency or "in money")
         held = f", {_figure(reserved)} held by calls in flight" if reserved else ""
         wants = f"; this call may take up to {_figure(wanted)}" if wanted else ""
         super().__init__(
-            f"budget {self.budget_id} has no room ({where}): {_figure(spent)} of "
+            f"budget {self.budget_id} has no room for this call ({where}): {_figure(spent)} of "
             f"{_figure(budget)} {what} spent since {day_start:%Y-%m-%d} 00:00 UTC{held}{wants}; "
             "the model call was not made"
         )

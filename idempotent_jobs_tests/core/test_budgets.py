@@ -200,7 +200,7 @@ def test_a_money_budget_caps_what_calls_cost_at_the_prices_in_force(
     assert exc.unit == "money" and exc.wanted == Decimal("0.001")
     # Each call: 90 input tokens at 2/M and 10 output tokens at 10/M.
     assert exc.spent == 2 * (Decimal(90) * 2 + Decimal(10) * 10) / 1_000_000
-    assert "in money spent" in str(exc)
+    assert "USD spent" in str(exc) and exc.currency == "USD"
     # A model with no price cannot be capped in money: refused, never made.
     with pytest.raises(BudgetExceededError) as unpriced:
         _run(ledger, _ident("d"), 1, budget, ceiling=1, model="gpt-unpriced")

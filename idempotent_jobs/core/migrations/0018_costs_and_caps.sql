@@ -57,13 +57,14 @@ CREATE TABLE {schema}.price_history (
 );
 
 -- The prices an earlier release set apply to every call before and after (their history is
--- unknown), in the currency of the latest one.
+-- unknown: in force from 1900, which the commands show as `always`), in the currency of the
+-- latest one.
 INSERT INTO {schema}.ledger_currency (currency)
 SELECT currency FROM {schema}.model_prices ORDER BY set_at DESC LIMIT 1;
 INSERT INTO {schema}.price_history (model_pattern, match_kind, tier, effective_from, currency,
   input_per_million, output_per_million, set_at, set_by)
-SELECT p.model_name, 'exact', 'standard', '-infinity', p.currency, p.input_per_million,
-  p.output_per_million, p.set_at, p.set_by
+SELECT p.model_name, 'exact', 'standard', '1900-01-01 00:00:00+00', p.currency,
+  p.input_per_million, p.output_per_million, p.set_at, p.set_by
 FROM {schema}.model_prices AS p JOIN {schema}.ledger_currency AS c USING (currency);
 
 -- The price in force for a call of `requested` (else `answered`, the response's model name)

@@ -122,6 +122,45 @@ SELECT job_name,
 FROM by_subject GROUP BY job_name
 ORDER BY 1
 
+-- name: spend_by_kind
+-- What each job's calls of a period spent, by model, price in force and kind of token.
+-- From `start` (included) to `end` (excluded), by the database clock; each call at the price
+-- in force when it was made (`price_from`: when that price applies from), each kind of token
+-- at its own price; `money` NULL where the model had no price (unknown).
+WITH calls AS (
+  SELECT r.job_name, COALESCE(c.requested_model, c.model_name, '(none)') AS model,
+    p.effective_from AS price_from, p.currency,
+    GREATEST(COALESCE(c.input_tokens, 0) - COALESCE(c.cache_read_tokens, 0)
+      - COALESCE(c.cache_write_tokens, 0), 0) AS input,
+    COALESCE(c.cache_read_tokens, 0) AS cache_read,
+    GREATEST(COALESCE(c.cache_write_tokens, 0) - COALESCE(c.cache_write_1h_tokens, 0), 0)
+      AS cache_write,
+    COALESCE(c.cache_write_1h_tokens, 0) AS cache_write_1h,
+    GREATEST(COALESCE(c.output_tokens, 0) - COALESCE(c.reasoning_tokens, 0), 0) AS output,
+    COALESCE(c.reasoning_tokens, 0) AS reasoning, p
+  FROM {schema}.model_calls AS c
+  CROSS JOIN LATERAL (SELECT job_name FROM {schema}.runs AS r
+    WHERE r.run_id = c.run_id LIMIT 1) AS r
+  LEFT JOIN LATERAL {schema}.price_in_force(c.requested_model, c.model_name, c.tier,
+    c.called_at) AS p ON true
+  WHERE c.called_at >= %(start)s AND c.called_at < %(end)s
+    AND (%(job_name)s::text IS NULL OR r.job_name = %(job_name)s)
+)
+SELECT job_name, model, price_from, currency, k.kind, sum(k.tokens)::bigint AS tokens,
+  sum(k.tokens * k.price / 1000000) AS money, bool_and(k.price IS NOT NULL) AS priced
+FROM calls CROSS JOIN LATERAL (VALUES
+  (1, 'input', input, (p).input_per_million),
+  (2, 'cache read', cache_read, COALESCE((p).cache_read_per_million, (p).input_per_million)),
+  (3, 'cache write', cache_write, COALESCE((p).cache_write_per_million, (p).input_per_million)),
+  (4, 'cache write 1h', cache_write_1h, COALESCE((p).cache_write_1h_per_million,
+    (p).cache_write_per_million, (p).input_per_million)),
+  (5, 'output', output, (p).output_per_million),
+  (6, 'reasoning', reasoning, COALESCE((p).reasoning_per_million, (p).output_per_million))
+) AS k(n, kind, tokens, price)
+GROUP BY job_name, model, price_from, currency, k.n, k.kind
+HAVING sum(k.tokens) > 0
+ORDER BY job_name, model, price_from NULLS FIRST, k.n
+
 -- name: budget_standings
 -- Every budget in the ledger, with where its current period stands.
 -- Those covering one job, when `job_name` is given; the current period's counter (for a subject budget, the subject that spent most), and whether it

@@ -524,7 +524,8 @@ ORDER BY 1
 -- Admit one request of the run under every budget covering its job, or refuse it.
 -- The ledger's function `reserve_budget` (migration 0018), with the run's job and subject for
 -- the refusal's message.
-SELECT v.*, r.job_name, r.subject_id
+SELECT v.*, r.job_name, r.subject_id,
+  (SELECT currency FROM {schema}.ledger_currency) AS currency
 FROM {schema}.reserve_budget(%(run_id)s, %(epoch)s, %(worker_id)s, %(max_input)s::bigint,
   %(max_output)s::bigint, %(max_total)s::bigint, %(requested)s, %(answered)s, %(tier)s) AS v
 LEFT JOIN {schema}.runs AS r ON r.run_id = %(run_id)s

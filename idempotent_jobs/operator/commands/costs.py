@@ -81,7 +81,7 @@ def prices_command(args: argparse.Namespace) -> int:
             (
                 _pattern(p.model_pattern, p.match_kind),
                 p.tier,
-                "always" if p.effective_from.year < 1000 else f"{p.effective_from:%Y-%m-%d %H:%M}",
+                "always" if p.effective_from.year <= 1900 else f"{p.effective_from:%Y-%m-%d %H:%M}",
                 _plain(p.input_per_million),
                 _plain(p.output_per_million),
                 " ".join(
@@ -101,8 +101,10 @@ def prices_command(args: argparse.Namespace) -> int:
     unpriced = [m for m in matches if m["model_pattern"] is None]
     if unpriced:
         models = ", ".join(unpriced[0]["models"])
-        human += f"\nno price for {unpriced[0]['calls']:,} call(s) of: {models} (cost unknown)"
-    emit(args, {"prices": known, "matches": matches}, escape_controls(human))
+        human += escape_controls(
+            f"\nno price for {unpriced[0]['calls']:,} call(s) of: {models} (cost unknown)"
+        )
+    emit(args, {"prices": known, "matches": matches}, human)  # table() escapes each cell
     return 0
 
 
@@ -140,8 +142,7 @@ def budgets_command(args: argparse.Namespace) -> int:
             standing = admin.set_budget(
                 budget, job_name=(args.job or [None])[0], jobs=args.job or ()
             )
-            human = table(BUDGET_HEADERS, budget_rows([standing]))
-            emit(args, standing, escape_controls(human))
+            emit(args, standing, table(BUDGET_HEADERS, budget_rows([standing])))
             return 0
         if args.budgets_command == "clear":
             key = args.budget_id
@@ -154,7 +155,7 @@ def budgets_command(args: argparse.Namespace) -> int:
             return 0
         standings = admin.budgets(args.job)
     human = table(BUDGET_HEADERS, budget_rows(standings)) if standings else "no budgets"
-    emit(args, standings, escape_controls(human))
+    emit(args, standings, human)
     return 0
 
 

@@ -3,6 +3,7 @@
 import argparse
 import sys
 from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -370,6 +371,54 @@ def runs_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _month(text: str) -> tuple[datetime, datetime]:
+    """``2026-12``: that calendar month's start and the next one's, UTC."""
+    try:
+        start = datetime.strptime(text, "%Y-%m").replace(tzinfo=UTC)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a month such as 2026-12, got {text!r}") from None
+    following = (start + timedelta(days=32)).replace(day=1)
+    return start, following
+
+
+def runs_spend(args: argparse.Namespace) -> int:
+    with open_admin(args) as admin:
+        if args.month is None:
+            now = admin.database_now()
+            args.month = _month(f"{now:%Y-%m}")
+        start, end = args.month
+        rows = admin.spend_by_kind(start, end, args.job)
+        currency = admin.currency() or ""
+    shown = [
+        (
+            r["job_name"],
+            r["model"],
+            "-" if r["price_from"] is None else _price_from(r["price_from"]),
+            r["kind"],
+            f"{r['tokens']:,}",
+            money(r["money"], currency) if r["priced"] else "unknown",
+        )
+        for r in rows
+    ]
+    total = _sum(r["money"] for r in rows)
+    unknown = any(not r["priced"] for r in rows)
+    human = "\n".join(
+        [
+            f"model calls from {start:%Y-%m-%d} to {end:%Y-%m-%d} (UTC), each at the price in "
+            "force when it was made:",
+            table(["job", "model", "price from", "kind", "tokens", "money"], shown),
+            f"total: {money(total, currency, priced=not unknown)}"
+            + (" (+: calls with no price are left out)" if unknown else ""),
+        ]
+    )
+    emit(args, {"rows": rows, "currency": currency or None, "total": total}, human)
+    return 0
+
+
+def _price_from(when: datetime) -> str:
+    return "always" if when.year <= 1900 else f"{when:%Y-%m-%d %H:%M}"
+
+
 def add_parser(commands: Any, shared: Shared) -> None:
     runs = commands.add_parser("runs", help="logical runs in the ledger").add_subparsers(
         dest="runs_command", required=True
@@ -398,4 +447,12 @@ def add_parser(commands: Any, shared: Shared) -> None:
         "--day", type=when, help="the UTC day holding this time (ISO; default: today)"
     )
     stats.set_defaults(handler=runs_stats)
+    spend = runs.add_parser(
+        "spend",
+        parents=[shared.json_flag],
+        help="a month's spend by job, model, price and kind of token",
+    )
+    spend.add_argument("--month", type=_month, help="YYYY-MM (default: this month, UTC)")
+    spend.add_argument("--job", help="only this identity job")
+    spend.set_defaults(handler=runs_spend)
     show.set_defaults(handler=runs_show)
