@@ -457,7 +457,8 @@ class CommitProxy:
     (wait, e.g. while the parent kills the client).
     """
 
-    MARKER = b"WITH basis AS"  # the start of the `complete` statement (sql/ledger.sql)
+    # The start of the `complete` statement (sql/worker.sql), after its `WITH cur AS (`.
+    MARKER = b"SELECT run_id, status, lease_epoch, output, revision"
 
     def __init__(self, socket_path: str, on_commit_answer: Callable[[], str]) -> None:
         self.socket_path = socket_path

@@ -42,6 +42,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import make_conninfo
 
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.retention import RetentionPolicy, prune
 from idempotent_jobs.dagster.resources import WebhookChannel
 from idempotent_jobs.operator.embedded import start_embedded_postgres, stop_embedded_postgres
@@ -381,6 +382,10 @@ class Chaos:
             verdict.problems.append(f"the subject spent {spent} tokens of {BUDGET_TOKENS}")
         elif counter is None or (int(counter[0]), int(counter[1])) != (spent[0], 0):
             verdict.problems.append(f"the budget counts {counter}, model_calls {spent[0]}")
+        # The budget is the ledger's now, for every later run of the job: an operator clears it
+        # (the other kinds' calls report no usage, which a budget charges in full).
+        with LedgerAdmin(self.url) as admin:
+            admin.clear_budget("subject:tokens/day:" + refused.job_name)
         return verdict
 
     def revise(self, trial: int) -> Verdict:
@@ -410,9 +415,10 @@ class Chaos:
             verdict.duplicates += 1
         with self.conn() as conn:
             revision = conn.execute(
-                "SELECT revision, status FROM idempotent_jobs.runs WHERE run_id = %s", (run_id,)
+                "SELECT revision, status, last_error FROM idempotent_jobs.runs WHERE run_id = %s",
+                (run_id,),
             ).fetchone()
-        if revision != (1, "completed"):
+        if revision is None or revision[:2] != (1, "completed"):
             verdict.problems.append(f"the revision was not recomputed: {revision}")
             verdict.lost += 1
         self.first_attempt_lost(trial, verdict)
