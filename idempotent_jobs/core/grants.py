@@ -24,7 +24,8 @@ WORKER_PRIVILEGES: dict[str, tuple[str, ...]] = {
     "upgrade_steps": ("SELECT",),
     "drills": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # operators arm, workers take
     "budgets": ("SELECT", "INSERT", "UPDATE"),  # workers declare the budget they enforce
-    "spend_days": ("SELECT", "INSERT", "UPDATE"),  # model_calls' trigger keeps it
+    # model_calls' trigger (release 0.2's) keeps it; retention prunes old days.
+    "spend_days": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "model_prices": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # release 0.2's prices
     # Prices with their history, in the ledger's one currency: operators set, workers read.
     "price_history": ("SELECT", "INSERT", "UPDATE", "DELETE"),
