@@ -497,16 +497,24 @@ class RunLedger(OutboxDelivery, StepOutputs):
     # -- budgets -------------------------------------------------------------------------------
 
     def declare_budgets(
-        self, lease: Lease, budgets: Sequence[Budget], *, follow_ledger: bool = False
+        self,
+        lease: Lease,
+        budgets: Sequence[Budget],
+        *,
+        follow_ledger: bool = False,
+        job_name: str | None = None,
     ) -> None:
         """Declare the budgets a job's spec names (once per process and job): one the ledger
         does not hold is added, with its period's spend so far; a group budget gains the job;
         one the ledger holds at another amount raises :class:`BudgetConflictError` naming both,
-        unless ``follow_ledger`` (the ledger's is enforced either way)."""
-        rows = self._db.fetch("run_job", {"run_id": lease.run_id}, dict_row)
-        if not rows:
-            raise RunNotFoundError(f"run {lease.run_id} is not registered")
-        job_name = rows[0]["job_name"]
+        unless ``follow_ledger`` (the ledger's is enforced either way). ``job_name``: the run's
+        identity job, when the caller knows it (else it is read)."""
+        if job_name is None:
+            rows = self._db.fetch("run_job", {"run_id": lease.run_id}, dict_row)
+            if not rows:
+                raise RunNotFoundError(f"run {lease.run_id} is not registered")
+            job_name = str(rows[0]["job_name"])
+        job_name = normalize_text(job_name)
         key = (job_name, tuple(budgets), follow_ledger)
         if key in self._declared_budgets:
             return

@@ -254,7 +254,9 @@ def call_model(
         try:
             declared = budgets_of(budget)
             if declared or follow_ledger_budget:
-                ledger.declare_budgets(lease, declared, follow_ledger=follow_ledger_budget)
+                ledger.declare_budgets(
+                    lease, declared, follow_ledger=follow_ledger_budget, job_name=drill_job
+                )
             budgeted = bool(declared) or lease.budgeted is not False
             if budgeted and not announces_requests:
                 ledger.reserve_budget(
