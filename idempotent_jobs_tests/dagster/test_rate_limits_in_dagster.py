@@ -20,9 +20,10 @@ from idempotent_jobs_tests.ledgers import BothFaces
 from testkit.dagster_harness import DagsterTestEnv
 from testkit.fake_providers import Answer, FakeProviders
 
-#: Two requests per 4-second window: the first goes at once, the second waits for its place
-#: (about 1.8 s after the first, less the time the first run took).
-LIMIT = RateLimit("openai", "gpt-4o-mini", requests_per_minute=2, window_seconds=4)
+#: Two requests per 10-second window: the first goes at once, the second waits for its place
+#: (about 5.3 s after the first, less the time the first run took: at least 2 s on a slow
+#: machine).
+LIMIT = RateLimit("openai", "gpt-4o-mini", requests_per_minute=2, window_seconds=10)
 
 
 class Subject(Collector):

@@ -99,8 +99,12 @@ def test_eight_workers_of_two_deployments_share_the_limit_fairly(database: str) 
     assert limit.throttled <= requests * 0.01, f"{limit.throttled} of {requests} met a 429"
     times = [t for t, _, _ in limit.admitted]
     busy = times[-1] - times[0]
-    paced = len(times) - int(REQUESTS * BURST_SHARE * PACE_SHARE)  # past the first burst
-    assert paced / busy >= 0.9 * REQUESTS / WINDOW, f"{paced} requests in {busy:.2f}s"
+    # The pace while requests queue: the last ones (the queue draining, each worker's next
+    # run no longer waiting for a place) measure the workers, not the limit.
+    queued = times[: len(times) - 8]
+    paced = len(queued) - int(REQUESTS * BURST_SHARE * PACE_SHARE)  # past the first burst
+    took = queued[-1] - queued[0]
+    assert paced / took >= 0.9 * REQUESTS / WINDOW, f"{paced} requests in {took:.2f}s"
     daily = [w for job, waits in results if job == "daily" for w in waits]
     most = REQUESTS + busy * REQUESTS / WINDOW  # what the provider's own bucket would take
     print(
