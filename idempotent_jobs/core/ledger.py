@@ -7,6 +7,7 @@ connection, so one round trip and one transaction, safe to retry when the connec
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from decimal import Decimal
 from typing import Any, cast
 
 from psycopg.rows import dict_row
@@ -375,12 +376,14 @@ class RunLedger(OutboxDelivery, StepOutputs):
         config: JobConfig,
         origin: CallOrigin,
         payload: JsonPayload | None = None,
-    ) -> None:
+    ) -> str | None:
         """Record the paid call that answered ``output`` (outcome ``answered``: usage, model,
         epoch, counted in the spend), with the answer and its basis and configuration, before
         the answer crosses a step boundary. :meth:`complete` (or :meth:`fail`) later updates
         this row, matched by ``origin``; :meth:`recorded_answer` finds it for a later attempt.
         Raises :class:`LeaseLostError` (the call recorded ``lease_lost``) if the lease was lost.
+        Returns what the call cost (``0.0012 USD``) at the price in force, ``None`` if unknown
+        (no price, no usage, or recorded by an earlier statement).
         """
         parts = dict(config.parts)
         params = {
@@ -392,13 +395,18 @@ class RunLedger(OutboxDelivery, StepOutputs):
             "answer": self._serialised(output, payload),
             "config_parts": dump_json_object(parts, "config") if parts else None,
         }
-        if self._db.rows("record_answer", params):
-            return
+        rows = self._db.rows("record_answer", params)
+        if rows:
+            cost = rows[0][1]  # [money, currency], or no price / no usage
+            if cost is None or cost[0] is None:
+                return None
+            return f"{Decimal(cost[0]).normalize():f} {cost[1]}"
         try:  # no row: recorded already (a retried statement), or the lease was lost
             self.renew(lease)
         except LeaseLostError:
             self.record_lost_call(lease, usage, basis.revision, origin=origin)
             raise
+        return None
 
     def recorded_answer(self, lease: Lease) -> dict[str, Any] | None:
         """The latest answer recorded by :meth:`record_answer` and not committed yet, on the

@@ -7,6 +7,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from idempotent_jobs.core.json_values import json_fingerprint
+from idempotent_jobs.core.values import USAGE_PARTS as USAGE_PARTS
 from idempotent_jobs.core.values import Basis as Basis  # part of the records (see values.py)
 from idempotent_jobs.core.values import ModelUsage as ModelUsage
 
@@ -117,12 +118,7 @@ class ModelCallRecord:
             self.input_tokens,
             self.output_tokens,
             requested_model=self.requested_model,
-            cache_read_tokens=self.cache_read_tokens,
-            cache_write_tokens=self.cache_write_tokens,
-            cache_write_1h_tokens=self.cache_write_1h_tokens,
-            reasoning_tokens=self.reasoning_tokens,
-            provider_name=self.provider_name,
-            tier=self.tier,
+            **{name: getattr(self, name) for name in USAGE_PARTS},
         )
 
     @property

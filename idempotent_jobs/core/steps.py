@@ -17,7 +17,7 @@ state, because it goes through the same :func:`end_attempt`:
 """
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from idempotent_jobs.core import telemetry
@@ -39,6 +39,7 @@ from idempotent_jobs.core.errors import (
 from idempotent_jobs.core.heartbeat import LeaseHeartbeat
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.records import (
+    USAGE_PARTS,
     Basis,
     CallOrigin,
     CallOutcome,
@@ -80,23 +81,14 @@ class BoundAnswer:
     payload: JsonPayload | None = field(default=None, compare=False, repr=False)
     #: Seconds the call waited for places under a provider's rate limit (the run's metadata).
     rate_wait_seconds: float = field(default=0.0, compare=False)
+    #: What the call cost (``0.0012 USD``) at the price in force when it was recorded, ``None``
+    #: when unknown or not recorded yet (the step's metadata).
+    cost: str | None = field(default=None, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled without the payload (Dagster's default IO manager pickles the answer between
         steps): a step of another release unpickles it, and the commit serialises again."""
         return {k: v for k, v in self.__dict__.items() if k != "payload"}
-
-
-#: The columns of a recorded call's usage beside its model and its two token counts.
-_USAGE_PARTS = (
-    "requested_model",
-    "cache_read_tokens",
-    "cache_write_tokens",
-    "cache_write_1h_tokens",
-    "reasoning_tokens",
-    "provider_name",
-    "tier",
-)
 
 
 def end_attempt(
@@ -309,7 +301,7 @@ def call_model(
     )
     if record_answer:
         try:
-            ledger.record_answer(
+            cost = ledger.record_answer(
                 lease,
                 payload.value,
                 usage,
@@ -318,6 +310,7 @@ def call_model(
                 origin=origin,
                 payload=payload,
             )
+            answer = replace(answer, cost=cost)
         except LeaseLostError:
             telemetry.count_run("lease_lost")
             raise
@@ -346,7 +339,8 @@ def recorded_answer(ledger: RunLedger, lease: Lease, config: JobConfig) -> Bound
         row["model_name"],
         row["input_tokens"],
         row["output_tokens"],
-        **{name: row.get(name) for name in _USAGE_PARTS},
+        requested_model=row["requested_model"],
+        **{name: row[name] for name in USAGE_PARTS},
     )
     origin = CallOrigin(
         caller_step=row["caller_step"],

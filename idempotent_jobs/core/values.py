@@ -74,5 +74,16 @@ class ModelUsage:
         return self.input_tokens is None and self.output_tokens is None
 
 
+#: The fields of a usage beyond its model and its two counts: what providers break out.
+USAGE_PARTS = (
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "cache_write_1h_tokens",
+    "reasoning_tokens",
+    "provider_name",
+    "tier",
+)
+
+
 for _value in (Basis, ModelUsage):
     _value.__module__ = "idempotent_jobs.core.records"

@@ -10,13 +10,11 @@ holds the run. Between ops travels a frozen :class:`Ticket`.
 """
 
 import uuid
-from datetime import UTC, datetime
 from typing import Any
 
 import dagster as dg
 
 from idempotent_jobs.core import telemetry
-from idempotent_jobs.core.costs import price_in_force
 from idempotent_jobs.core.errors import (
     BudgetExceededError,
     LeaseBusyError,
@@ -228,31 +226,13 @@ def transform_step(
             allow_retries=False,
         ) from None
     ticket = Ticket.under(lease, context.run_id, StepResult.MODEL_CALLED, answer)
-    if answer.usage is not None:
-        context.add_output_metadata({"model_cost": _money(ledger, answer.usage)})
+    if answer.usage is not None:  # priced as it was recorded: no read of its own
+        context.add_output_metadata({"model_cost": answer.cost or "unknown"})
     if answer.rate_wait_seconds:
         context.add_output_metadata(
             {"rate_limit_wait_seconds": dg.MetadataValue.float(round(answer.rate_wait_seconds, 3))}
         )
     return _report(context, ticket, answer.usage)
-
-
-def _money(ledger: RunLedger, usage: ModelUsage) -> str:
-    """What the call cost at the price in force now (``unknown``: no price, or no usage)."""
-    try:
-        price = price_in_force(
-            telemetry.prices_of(ledger),
-            usage.priced_model,
-            usage.model_name,
-            usage.tier,
-            datetime.now(UTC),
-        )
-    except Exception:  # the prices could not be read: the step is not failed for it
-        return "unknown"
-    cost = None if price is None else price.cost(usage)
-    if cost is None or price is None:
-        return "unknown"
-    return f"{cost.normalize():f} {price.currency}"
 
 
 def budget_metadata(run_id: str, exc: BudgetExceededError) -> dict[str, Any]:

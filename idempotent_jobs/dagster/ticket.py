@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from idempotent_jobs.core.records import (
+    USAGE_PARTS,
     Basis,
     CallOrigin,
     JobConfig,
@@ -126,13 +127,14 @@ def ticket_to_json(ticket: Ticket) -> dict[str, Any]:
         "notes": list(ticket.notes),
         "completed": ticket.completed,
         "caller_run_id": ticket.caller_run_id,
+        "budgeted": None if lease is None else lease.budgeted,
         "lease": None
         if lease is None
         else {
             k: v
             for k, v in asdict(lease).items()
-            # `budgeted` stays behind: an earlier release's reader takes only its own fields,
-            # and the next step asks the ledger instead.
+            # `budgeted` travels beside the lease (below): an earlier release's reader builds
+            # Lease(**lease) and would refuse a field it does not know.
             if k not in ("expires_at", "stored_raw_input", "budgeted")
         },
         "answer": None
@@ -161,17 +163,7 @@ def _counts(usage: ModelUsage) -> dict[str, Any]:
 
 def _parts(usage: ModelUsage) -> dict[str, Any]:
     """The usage's parts beside the counts (cache, reasoning, provider, tier)."""
-    return {
-        name: getattr(usage, name)
-        for name in (
-            "cache_read_tokens",
-            "cache_write_tokens",
-            "cache_write_1h_tokens",
-            "reasoning_tokens",
-            "provider_name",
-            "tier",
-        )
-    }
+    return {name: getattr(usage, name) for name in USAGE_PARTS}
 
 
 def ticket_from_json(value: dict[str, Any]) -> Ticket:
@@ -188,7 +180,9 @@ def ticket_from_json(value: dict[str, Any]) -> Ticket:
         notes=tuple(value["notes"]),
         completed=value["completed"],
         caller_run_id=value["caller_run_id"],
-        lease=None if lease is None else Lease(**lease, expires_at=None),
+        lease=None
+        if lease is None
+        else Lease(**lease, expires_at=None, budgeted=value.get("budgeted")),
         answer=None
         if answer is None
         else BoundAnswer(

@@ -369,3 +369,18 @@ def test_16_processes_racing_on_a_money_budget_never_overshoot_it(
     spent, reserved, counted, _ = _counter(db, f"job:money/month:{JOB}")
     assert (calls, spent, reserved, counted) == (50, Decimal("0.005"), 0, 50)
     assert all(r["refused"] is not None for r in results)
+
+
+def test_a_budget_set_or_declared_mid_period_starts_where_the_period_stands(
+    ledger: BothFaces,
+) -> None:
+    _run(ledger, _ident("a"), 100, None)
+    _run(ledger, _ident("b"), 100, None)
+    with LedgerAdmin.beside(ledger) as admin:
+        standing = admin.set_budget(Budget(amount=1000), job_name=JOB)
+        assert standing.spent == 200 and standing.calls == 2
+    _run(ledger, _ident("a", job="declaring-job"), 50, None)
+    _run(ledger, _ident("b", job="declaring-job"), 100, Budget(amount=1000, period="month"))
+    with LedgerAdmin.beside(ledger) as admin:
+        [declared] = admin.budgets("declaring-job")
+    assert declared.spent == 150 and declared.calls == 2  # the earlier call and its own

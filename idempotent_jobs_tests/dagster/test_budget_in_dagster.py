@@ -2,6 +2,7 @@
 without the op's retries, with the spend and the budget as metadata; the ledger state is the
 one the protocol leaves; the reconciliation job shows spend against budget."""
 
+from datetime import UTC, datetime
 from typing import Any
 
 import dagster as dg
@@ -69,7 +70,18 @@ def test_a_refused_step_fails_without_retry_with_spend_and_budget(
 ) -> None:
     defs = _defs(dagster_env)
     job = defs.resolve_job_def(SPEC.name)
-    assert job.execute_in_process(partition_key="first|2026-08-07").success  # 15 of 10 spent
+    ledger.admin.set_price("paid-model", "2", "10", effective_from=datetime(2020, 1, 1, tzinfo=UTC))
+    first = job.execute_in_process(partition_key="first|2026-08-07")
+    assert first.success  # 15 of 10 spent
+    [called] = [
+        e
+        for e in first.all_events
+        if e.step_key == "transform" and e.event_type_value == "STEP_OUTPUT"
+    ]
+    shown = called.step_output_data.metadata
+    # Priced as it was recorded: 10 input tokens at 2 and 5 output at 10 per million.
+    assert shown["model_cost"].value == "0.00007 USD"
+    assert (shown["input_tokens"].value, shown["output_tokens"].value) == (10, 5)
 
     result = job.execute_in_process(partition_key="refused|2026-08-07", raise_on_error=False)
     assert not result.success

@@ -1,6 +1,8 @@
 """The ledger IO manager's store: tickets as JSON (every field back, nothing pickled), and
 retention: what the steps of a completed run handed each other goes with its attempt rows."""
 
+from dataclasses import replace
+
 import psycopg
 
 from idempotent_jobs.core.records import Basis, CallOrigin, JobConfig, ModelUsage
@@ -14,9 +16,12 @@ from idempotent_jobs_tests.ledgers import BothFaces
 def _ticket(ledger: BothFaces) -> Ticket:
     ident = identity("io")
     lease = ledger.checkpoint(claimed(ledger, ident), {"documents": ["d"]})
+    lease = replace(lease, budgeted=False)  # known at the claim: the next step need not ask
     answer = BoundAnswer(
         output={"summary": "s", "nested": {"n": [1, 2.5, None, "ü"]}},
-        usage=ModelUsage("m", 10, 5),
+        usage=ModelUsage(
+            "m", 10, 5, cache_read_tokens=4, reasoning_tokens=2, provider_name="openai"
+        ),
         basis=lease.basis,
         config=JobConfig.of(prompt="p", model="m", validator="v"),
         origin=CallOrigin(caller_step="transform", caller_run_id="dagster-run", retry_number=1),

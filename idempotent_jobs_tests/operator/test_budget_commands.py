@@ -16,24 +16,8 @@ from idempotent_jobs import (
     RunIdentity,
     run_idempotent,
 )
-from idempotent_jobs.operator.cli import main
 from idempotent_jobs_tests.ledgers import BothFaces
-
-
-@pytest.fixture
-def cli_env(database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("IDEMPOTENT_JOBS_DATABASE_URL", database)
-    monkeypatch.setenv("IDEMPOTENT_JOBS_HOME", str(tmp_path / "home"))
-    return tmp_path
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out + captured.err
+from idempotent_jobs_tests.operator.test_operator_cli import cli_env, run  # noqa: F401
 
 
 def _call(ledger: BothFaces, job: str, subject: str, tokens: int = 1000) -> None:
@@ -50,7 +34,9 @@ def _call(ledger: BothFaces, job: str, subject: str, tokens: int = 1000) -> None
 
 
 def test_an_operators_group_budget_caps_every_job_of_the_group(
-    cli_env: Path, ledger: BothFaces, capsys: pytest.CaptureFixture[str]
+    cli_env: Path,  # noqa: F811
+    ledger: BothFaces,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     code, out = run(
         capsys, "budgets", "set", "--group", "team-a", "--job", "one", "--job", "two",
@@ -90,14 +76,19 @@ def test_an_operators_group_budget_caps_every_job_of_the_group(
     ],
 )
 def test_a_bad_budget_or_price_is_one_line_naming_the_field(
-    cli_env: Path, capsys: pytest.CaptureFixture[str], argv: list[str], words: str
+    cli_env: Path,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    words: str,
 ) -> None:
     code, out = run(capsys, *argv)
     assert code == 2 and words in out and len(out.strip().splitlines()) == 1, out
 
 
 def test_a_months_spend_by_kind_at_two_prices(
-    cli_env: Path, ledger: BothFaces, capsys: pytest.CaptureFixture[str]
+    cli_env: Path,  # noqa: F811
+    ledger: BothFaces,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert run(capsys, "prices", "set", "m", "--input", "2", "--output", "8",
                "--cache-read", "1", "--from", "2026-11-01")[0] == 0  # fmt: skip

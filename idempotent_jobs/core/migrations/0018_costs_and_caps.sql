@@ -158,6 +158,30 @@ LANGUAGE sql IMMUTABLE AS $body$
     ELSE date_trunc('month', at AT TIME ZONE 'UTC')::date END
 $body$;
 
+-- Count what a new budget's current period has spent already (the calls of its jobs since the
+-- period began, each at the price in force when it was made), so a budget set or declared
+-- mid-period starts where the period stands. A counter that exists is left as it is.
+CREATE FUNCTION {schema}.count_period(p_budget text, p_scope text, p_unit text, p_period text,
+    p_jobs text[])
+RETURNS void LANGUAGE sql AS $body$
+  INSERT INTO {schema}.budget_counters AS k (budget_id, period_start, subject_id, spent, calls,
+    unknown_calls)
+  SELECT p_budget, {schema}.period_start(p_period, now()),
+    CASE WHEN p_scope = 'subject' THEN r.subject_id ELSE '' END,
+    sum(CASE WHEN p_unit = 'tokens'
+      THEN COALESCE(c.input_tokens, 0) + COALESCE(c.output_tokens, 0)
+      ELSE COALESCE({schema}.usage_money(c.input_tokens, c.output_tokens, c.cache_read_tokens,
+        c.cache_write_tokens, c.cache_write_1h_tokens, c.reasoning_tokens, p), 0) END),
+    count(*), count(*) FILTER (WHERE c.input_tokens IS NULL AND c.output_tokens IS NULL)
+  FROM {schema}.model_calls AS c
+  JOIN {schema}.runs AS r ON r.run_id = c.run_id AND r.job_name = ANY(p_jobs)
+  LEFT JOIN LATERAL {schema}.price_in_force(c.requested_model, c.model_name, c.tier,
+    c.called_at) AS p ON p_unit = 'money'
+  WHERE c.called_at >= {schema}.period_start(p_period, now())
+  GROUP BY 1, 2, 3
+  ON CONFLICT ON CONSTRAINT budget_counters_pkey DO NOTHING
+$body$;
+
 -- Give back an attempt's unsettled holds (its request was never sent, or a new request's
 -- hold replaces it).
 CREATE FUNCTION {schema}.release_holds(p_run_id text, p_epoch integer, p_worker text)

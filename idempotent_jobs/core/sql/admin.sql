@@ -189,25 +189,8 @@ WITH added AS (
     %(jobs)s::text[], 'operator', %(set_by)s)
   ON CONFLICT (budget_id) DO UPDATE SET amount = EXCLUDED.amount, jobs = EXCLUDED.jobs,
     declared_by = 'operator', set_at = now(), set_by = EXCLUDED.set_by
-  RETURNING b.budget_id, b.scope, b.unit, b.period, b.jobs, (xmax = 0) AS inserted
-), counted AS (
-  INSERT INTO {schema}.budget_counters AS k (budget_id, period_start, subject_id, spent, calls,
-    unknown_calls)
-  SELECT a.budget_id, {schema}.period_start(a.period, now()),
-    CASE WHEN a.scope = 'subject' THEN r.subject_id ELSE '' END,
-    sum(CASE WHEN a.unit = 'tokens'
-      THEN COALESCE(c.input_tokens, 0) + COALESCE(c.output_tokens, 0)
-      ELSE COALESCE({schema}.usage_money(c.input_tokens, c.output_tokens, c.cache_read_tokens,
-        c.cache_write_tokens, c.cache_write_1h_tokens, c.reasoning_tokens, p), 0) END),
-    count(*), count(*) FILTER (WHERE c.input_tokens IS NULL AND c.output_tokens IS NULL)
-  FROM added AS a
-  JOIN {schema}.model_calls AS c ON c.called_at >= {schema}.period_start(a.period, now())
-  JOIN {schema}.runs AS r ON r.run_id = c.run_id AND r.job_name = ANY(a.jobs)
-  LEFT JOIN LATERAL {schema}.price_in_force(c.requested_model, c.model_name, c.tier,
-    c.called_at) AS p ON a.unit = 'money'
-  WHERE a.inserted
-  GROUP BY 1, 2, 3
-  ON CONFLICT ON CONSTRAINT budget_counters_pkey DO NOTHING
+  RETURNING b.budget_id, xmax = 0 AS inserted, CASE WHEN xmax = 0
+    THEN {schema}.count_period(b.budget_id, b.scope, b.unit, b.period, b.jobs) END
 )
 SELECT budget_id, inserted FROM added
 

@@ -344,7 +344,11 @@ WHERE r.run_id = %(run_id)s AND r.lease_owner = %(worker_id)s AND r.lease_epoch 
     WHERE c.run_id = r.run_id AND c.caller_run_id = %(call_caller_run_id)s
       AND c.caller_step = %(call_caller_step)s AND c.retry_number = %(call_retry)s
       AND c.turn IS NULL)
-RETURNING call_id
+RETURNING call_id,
+  -- What the call cost at the price in force (NULL: unknown), for the step's metadata.
+  (SELECT ARRAY[{schema}.usage_money(input_tokens, output_tokens, cache_read_tokens,
+      cache_write_tokens, cache_write_1h_tokens, reasoning_tokens, p)::text, p.currency]
+    FROM {schema}.price_in_force(requested_model, model_name, tier, called_at) AS p) AS cost
 
 -- name: recorded_answer
 -- The latest recorded answer still waiting for its commit on this revision and checkpoint.
@@ -492,26 +496,9 @@ WITH wanted AS (
   FROM wanted
   ON CONFLICT (budget_id) DO UPDATE SET jobs = b.jobs || EXCLUDED.jobs
     WHERE NOT (%(job_name)s::text = ANY(b.jobs))
-  RETURNING b.budget_id, b.period, b.scope, b.unit, b.jobs, (xmax = 0) AS inserted
-), counted AS (
   -- A new budget starts with what its period has spent already.
-  INSERT INTO {schema}.budget_counters AS k (budget_id, period_start, subject_id, spent, calls,
-    unknown_calls)
-  SELECT a.budget_id, {schema}.period_start(a.period, now()),
-    CASE WHEN a.scope = 'subject' THEN r.subject_id ELSE '' END,
-    sum(CASE WHEN a.unit = 'tokens'
-      THEN COALESCE(c.input_tokens, 0) + COALESCE(c.output_tokens, 0)
-      ELSE COALESCE({schema}.usage_money(c.input_tokens, c.output_tokens, c.cache_read_tokens,
-        c.cache_write_tokens, c.cache_write_1h_tokens, c.reasoning_tokens, p), 0) END),
-    count(*), count(*) FILTER (WHERE c.input_tokens IS NULL AND c.output_tokens IS NULL)
-  FROM added AS a
-  JOIN {schema}.model_calls AS c ON c.called_at >= {schema}.period_start(a.period, now())
-  JOIN {schema}.runs AS r ON r.run_id = c.run_id AND r.job_name = ANY(a.jobs)
-  LEFT JOIN LATERAL {schema}.price_in_force(c.requested_model, c.model_name, c.tier,
-    c.called_at) AS p ON a.unit = 'money'
-  WHERE a.inserted
-  GROUP BY 1, 2, 3
-  ON CONFLICT ON CONSTRAINT budget_counters_pkey DO NOTHING
+  RETURNING b.budget_id, CASE WHEN xmax = 0
+    THEN {schema}.count_period(b.budget_id, b.scope, b.unit, b.period, b.jobs) END
 )
 SELECT b.budget_id, w.amount AS declared, b.amount AS held,
   b.declared_by || COALESCE(' ' || b.set_by, '') || ' at '
