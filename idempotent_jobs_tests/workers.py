@@ -241,4 +241,7 @@ def spend_until_refused(
                     "run_id": ident.run_id,
                 }
                 break
+            except Exception as exc:  # told to the test at once, not found by its timeout
+                out.put({"worker": worker, "error": repr(exc)})
+                raise
     out.put({"worker": worker, "calls": calls, "refused": refused})

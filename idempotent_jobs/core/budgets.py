@@ -16,6 +16,13 @@ that reported no usage is charged its reservation in full and counted as ``usage
 request never sent gives its reservation back. A model step that announces no worst case is only
 checked (admitted while spent + reserved is under the cap), so its calls in flight can overshoot:
 declare ``max_tokens_per_call`` for a hard cap.
+
+A call's first reservation rides on a statement the run makes anyway: the checkpoint
+(:func:`~idempotent_jobs.run_idempotent`) or a later Dagster step's takeover of the lease
+reserves the step's ``max_tokens_per_call`` (an :class:`~idempotent_jobs.core.records.
+AdvanceHold`), and a first request within it reserves nothing more. A request beyond it (a
+provider model's request larger than the declared ceiling, a repair turn, a retry) reserves in
+a statement of its own.
 """
 
 from collections.abc import Mapping, Sequence

@@ -52,6 +52,9 @@ class CallBook:
     budgeted: bool = False
     #: The step's declared most tokens per call, for a request that does not say its own.
     max_tokens_per_call: int | None = None
+    #: The worst case the lease holds already for the first request (the checkpoint or the
+    #: handover reserved it): a first request within it reserves nothing more.
+    held_tokens: int | None = None
     #: Raises :class:`LeaseLostError` once the heartbeat found the lease lost.
     lease_check: Callable[[], None] = lambda: None
     sleep: Callable[[float], None] = time.sleep
@@ -78,13 +81,23 @@ class CallBook:
                 if "lease_lost" in self.turns:
                     raise LeaseLostError()
                 self.ledger.renew(self.lease)  # fenced: LeaseLostError if another claim took it
-            if self.budgeted:
+            if self.budgeted and not self._held(rate):
                 self._reserve(self.ledger, self.lease, rate)
             if rate is not None:
                 self._wait_for_place(self.ledger, self.lease, rate)
         except BaseException:
             self.refused = True  # this request was never sent: no call to record for it
             raise
+
+    def _held(self, rate: RateRequest | None) -> bool:
+        """Whether the request is the first and its worst case is within what the lease holds
+        (in tokens, so in money too: a held token is priced at the dearest kind)."""
+        if self.requests != 1 or self.held_tokens is None:
+            return False
+        output = rate.max_output_tokens if rate is not None else None
+        worst = (rate.max_input_tokens or 0) if rate is not None else 0
+        worst += output if output is not None else (self.max_tokens_per_call or 0)
+        return worst <= self.held_tokens
 
     def _reserve(self, ledger: RunLedger, lease: Lease, rate: RateRequest | None) -> None:
         output = rate.max_output_tokens if rate is not None else None

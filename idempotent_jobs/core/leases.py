@@ -13,7 +13,7 @@ from idempotent_jobs.core import telemetry
 from idempotent_jobs.core.errors import LeaseLostError, RunNotFoundError
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.ledger import RunLedger
-from idempotent_jobs.core.records import CallOrigin, Lease, RunRecord
+from idempotent_jobs.core.records import AdvanceHold, CallOrigin, Lease, RunRecord
 
 MAX_POLL_SECONDS = 2.0
 
@@ -80,6 +80,7 @@ def claim_or_reuse(
     handed: Lease | None = None,
     wait_seconds: float = 0.0,
     origin: CallOrigin | None = None,
+    hold: AdvanceHold | None = None,
 ) -> Lease | Reused | Busy:
     """The lease to work under, or why there is none.
 
@@ -87,7 +88,8 @@ def claim_or_reuse(
     a registered run (a later step). A lease ``handed`` on by an earlier step of the same caller
     run is taken over when it still holds; otherwise this worker claims the run, waiting up to
     ``wait_seconds`` for another holder to finish or expire. ``origin``, the caller's run and
-    step, is recorded with a claim.
+    step, is recorded with a claim. ``hold``: the coming model call's worst case, reserved with
+    the takeover of a ``handed`` lease (:meth:`RunLedger.renew`).
     """
     started = time.time_ns()
     got = _claim_or_reuse(
@@ -98,6 +100,7 @@ def claim_or_reuse(
         handed=handed,
         wait_seconds=wait_seconds,
         origin=origin,
+        hold=hold,
     )
     if isinstance(got, Reused):  # one short span, marked reused: no step span under it
         telemetry.annotate_current(reused=True, outcome="reused")
@@ -126,10 +129,11 @@ def _claim_or_reuse(
     handed: Lease | None,
     wait_seconds: float,
     origin: CallOrigin | None,
+    hold: AdvanceHold | None,
 ) -> Lease | Reused | Busy:
     if handed is not None:
         try:
-            return ledger.renew(handed)
+            return ledger.renew(handed, hold=hold)
         except LeaseLostError:
             pass
     if isinstance(run, RunIdentity):

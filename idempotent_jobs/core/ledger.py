@@ -48,6 +48,7 @@ from idempotent_jobs.core.rate_limits import (
     forget_limits,
 )
 from idempotent_jobs.core.records import (
+    AdvanceHold,
     Basis,
     CallOrigin,
     CallOutcome,
@@ -75,6 +76,14 @@ REMOVED_METHODS = {
     "register": "begin registers and claims in one statement",
     "save_raw_input": "checkpoint(lease, raw_input).stored_raw_input is the stored value",
 }
+
+
+def _held(hold: AdvanceHold | None, outcome: str | None, before: int | None) -> int | None:
+    """What a lease holds after a write that may have reserved ``hold``: its tokens when the
+    budgets admitted it; nothing when they did not; unchanged when none was asked."""
+    if hold is None:
+        return before
+    return hold.max_tokens if outcome == "admitted" else None
 
 
 class RunLedger(OutboxDelivery, StepOutputs):
@@ -212,17 +221,32 @@ class RunLedger(OutboxDelivery, StepOutputs):
             input_fingerprint=fingerprint,
         )
 
-    def renew(self, lease: Lease) -> Lease:
+    def _hold_params(self, params: dict[str, Any], hold: AdvanceHold | None) -> dict[str, Any]:
+        """``params`` of a lease write that may carry an :class:`AdvanceHold`. The hold commits
+        as the lease does (``durable_lease_commits``): one lost in a server crash takes the
+        lease write with it, and the call it admitted, if made, is charged when recorded."""
+        return {
+            **self._lease_write(params),
+            "hold_tokens": None if hold is None else hold.max_tokens,
+            "requested": None if hold is None else hold.requested_model,
+        }
+
+    def renew(self, lease: Lease, *, hold: AdvanceHold | None = None) -> Lease:
         """Extend the lease by its duration from now (database clock); raise if it was lost.
 
         Also how a later step (another process, even) takes over a lease handed on to it: the
         owner and epoch are the capability, and the returned lease carries the checkpoint.
+        ``hold``: reserve the coming model call's worst case in the same statement
+        (``held_tokens`` of the returned lease says whether it was admitted; one that was not
+        is left for the call to reserve, and refuse, itself).
         """
-        params = self._lease_write({**fence_params(lease), "lease_seconds": lease.lease_seconds})
+        params = self._hold_params(
+            {**fence_params(lease), "lease_seconds": lease.lease_seconds}, hold
+        )
         rows = self._db.rows("renew", params)
         if not rows:
             raise LeaseLostError()
-        expires_at, raw_input, attempts, revision, fingerprint, _ = rows[0]
+        expires_at, raw_input, attempts, revision, fingerprint, _, held = rows[0]
         return replace(
             lease,
             expires_at=expires_at,
@@ -230,21 +254,30 @@ class RunLedger(OutboxDelivery, StepOutputs):
             attempts=attempts,
             revision=revision,
             input_fingerprint=fingerprint,
+            held_tokens=_held(hold, held, lease.held_tokens),
         )
 
-    def checkpoint(self, lease: Lease, raw_input: dict[str, Any]) -> Lease:
+    def checkpoint(
+        self, lease: Lease, raw_input: dict[str, Any], *, hold: AdvanceHold | None = None
+    ) -> Lease:
         """Checkpoint the collected input; the first stored value wins. Returns the lease with
         the stored checkpoint and its fingerprint: the :class:`Basis` of an answer computed on
-        it."""
+        it. ``hold``: as for :meth:`renew`."""
         raw = JsonPayload.of(raw_input, "raw_input", self.settings.max_raw_input_bytes)
-        params = self._lease_write(
-            {**fence_params(lease), "raw_input": raw.text, "input_fingerprint": raw.fingerprint}
+        params = self._hold_params(
+            {**fence_params(lease), "raw_input": raw.text, "input_fingerprint": raw.fingerprint},
+            hold,
         )
         rows = self._db.rows("save_raw_input", params)
         if not rows:
             raise LeaseLostError()
-        stored, fingerprint, _ = rows[0]
-        return replace(lease, stored_raw_input=stored, input_fingerprint=fingerprint)
+        stored, fingerprint, _, held = rows[0]
+        return replace(
+            lease,
+            stored_raw_input=stored,
+            input_fingerprint=fingerprint,
+            held_tokens=_held(hold, held, lease.held_tokens),
+        )
 
     def output_payload(self, output: object) -> JsonPayload:
         """``output`` checked and serialised once, as :meth:`record_answer` and
@@ -511,12 +544,14 @@ class RunLedger(OutboxDelivery, StepOutputs):
         *,
         follow_ledger: bool = False,
         job_name: str | None = None,
-    ) -> None:
+    ) -> bool:
         """Declare the budgets a job's spec names (once per process and job): one the ledger
         does not hold is added, with its period's spend so far; a group budget gains the job;
         one the ledger holds at another amount raises :class:`BudgetConflictError` naming both,
         unless ``follow_ledger`` (the ledger's is enforced either way). ``job_name``: the run's
-        identity job, when the caller knows it (else it is read)."""
+        identity job, when the caller knows it (else it is read). Returns whether the ledger
+        was asked (the first declaration in this process: a budget may have been added since
+        the lease's hold was made)."""
         if job_name is None:
             rows = self._db.fetch("run_job", {"run_id": lease.run_id}, dict_row)
             if not rows:
@@ -525,7 +560,7 @@ class RunLedger(OutboxDelivery, StepOutputs):
         job_name = normalize_text(job_name)
         key = (job_name, tuple(budgets), follow_ledger)
         if key in self._declared_budgets:
-            return
+            return False
         params = declared_budget_params(job_name, budgets)
         conflicts = self._db.fetch("declare_budgets", params, dict_row)
         if conflicts and not follow_ledger:
@@ -534,6 +569,7 @@ class RunLedger(OutboxDelivery, StepOutputs):
                 first["budget_id"], first["declared"], first["held"], first["held_by"]
             )
         self._declared_budgets.add(key)
+        return True
 
     def reserve_budget(
         self,

@@ -21,6 +21,7 @@ from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.records import CallOrigin, JobConfig, RunStatus
 from idempotent_jobs.core.steps import (
     ModelAnswer,
+    advance_hold,
     call_model,
     collect_once,
     commit,
@@ -191,7 +192,10 @@ def _run(
             config_changed=tuple(options.config.changed_since(done.config_parts)),
             output_pruned_at=done.output_pruned_at,
         )
-    lease = collect_once(ledger, lease, lambda: steps.collect(identity))
+    hold = advance_hold(
+        lease, options.max_tokens_per_call, options.config.parts.get("model")
+    )  # the call's worst case rides on the checkpoint: a budget costs it no round trip
+    lease = collect_once(ledger, lease, lambda: steps.collect(identity), hold=hold)
     answer = call_model(
         ledger,
         lease,

@@ -56,10 +56,24 @@ class Lease:
     #: Whether a budget covered the run's job when ``begin`` claimed it (``None``: not known,
     #: the model call asks the ledger).
     budgeted: bool | None = None
+    #: The worst case, in tokens, already held of the job's budgets for the next request: the
+    #: :class:`AdvanceHold` the checkpoint or the handover reserved (``None``: nothing held).
+    held_tokens: int | None = None
 
     @property
     def basis(self) -> Basis:
         return Basis(revision=self.revision, input_fingerprint=self.input_fingerprint)
+
+
+@dataclass(frozen=True)
+class AdvanceHold:
+    """A model call's worst case, reserved under the job's budgets by the statement that hands
+    the lease to the call (the checkpoint, or a later step's takeover), so a budget costs the
+    call no round trip of its own: ``max_tokens`` (the step's declared most tokens per call)
+    at the dearest price of ``requested_model``."""
+
+    max_tokens: int
+    requested_model: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

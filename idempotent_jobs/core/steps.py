@@ -40,6 +40,7 @@ from idempotent_jobs.core.heartbeat import LeaseHeartbeat
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.records import (
     USAGE_PARTS,
+    AdvanceHold,
     Basis,
     CallOrigin,
     CallOutcome,
@@ -147,16 +148,33 @@ def _lease_attributes(lease: Lease) -> dict[str, int]:
     return {"idempotent_jobs.lease_epoch": lease.epoch, "idempotent_jobs.revision": lease.revision}
 
 
-def collect_once(ledger: RunLedger, lease: Lease, collect: Callable[[], JSONDict]) -> Lease:
+def advance_hold(
+    lease: Lease, max_tokens_per_call: int | None, model_name: str | None
+) -> AdvanceHold | None:
+    """What the statement handing ``lease`` to its model call reserves of the job's budgets:
+    the step's declared most tokens per call (none declared: the call is only checked), when
+    a budget covered the job as the lease was claimed; else nothing."""
+    if lease.budgeted is not True:
+        return None
+    return AdvanceHold(max_tokens_per_call or 0, model_name or None)
+
+
+def collect_once(
+    ledger: RunLedger,
+    lease: Lease,
+    collect: Callable[[], JSONDict],
+    *,
+    hold: AdvanceHold | None = None,
+) -> Lease:
     """The lease with the run's checkpoint: the stored one, else ``collect()``'s value stored
-    now (the first stored value wins). A failure (the collector, an input the ledger refuses)
-    ends the attempt and propagates."""
+    now (the first stored value wins), with ``hold`` reserved in the same statement. A failure
+    (the collector, an input the ledger refuses) ends the attempt and propagates."""
     if lease.stored_raw_input is not None:
         telemetry.annotate_current(input_reused=True)
         return lease
     with telemetry.span("idempotent_jobs.collect", _lease_attributes(lease)):
         try:
-            return ledger.checkpoint(lease, collect())
+            return ledger.checkpoint(lease, collect(), hold=hold)
         except BaseException as exc:
             end_attempt(ledger, lease, exc)
             raise
@@ -214,7 +232,9 @@ def call_model(
     ``follow_ledger_budget``); whatever the ledger holds for the job is enforced. A model step
     that ``announces_requests`` (calls :meth:`CallBook.before_request` with each request's
     worst case, as the provider models do) has each request reserved there; any other is
-    reserved once before it runs, at ``max_tokens_per_call`` (none: only checked).
+    reserved once before it runs, at ``max_tokens_per_call`` (none: only checked). What the
+    lease holds already (:func:`advance_hold`, reserved with the checkpoint or the handover)
+    is not reserved again: that step's or first request's budget costs no round trip.
 
     ``drill_job``: the identity job whose armed failure drill this call takes
     (:mod:`idempotent_jobs.core.drills`), the same way through either driver.
@@ -245,12 +265,14 @@ def call_model(
         budgeted = False
         try:
             declared = budgets_of(budget)
+            held = lease.held_tokens
             if declared or follow_ledger_budget:
-                ledger.declare_budgets(
+                if ledger.declare_budgets(
                     lease, declared, follow_ledger=follow_ledger_budget, job_name=drill_job
-                )
+                ):
+                    held = None  # a budget may be new since the hold: reserve under all
             budgeted = bool(declared) or lease.budgeted is not False
-            if budgeted and not announces_requests:
+            if budgeted and not announces_requests and held is None:
                 ledger.reserve_budget(
                     lease, max_tokens=max_tokens_per_call, requested_model=model_name or None
                 )
@@ -265,6 +287,7 @@ def call_model(
                 origin,
                 budgeted=budgeted,
                 max_tokens_per_call=max_tokens_per_call,
+                held_tokens=held,
                 lease_check=heartbeat.raise_if_lost,
             )
             with keeping(book):

@@ -27,6 +27,7 @@ from idempotent_jobs.core.leases import Busy, Reused, claim_or_reuse
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.rate_limits import declare_rate_limits
 from idempotent_jobs.core.records import (
+    AdvanceHold,
     CallCosts,
     CallOrigin,
     Completion,
@@ -37,6 +38,7 @@ from idempotent_jobs.core.records import (
 )
 from idempotent_jobs.core.steps import (
     BoundAnswer,
+    advance_hold,
     call_model,
     collect_once,
     commit,
@@ -139,9 +141,11 @@ def lease_for(
     run: RunIdentity | str,
     handed: Lease | None,
     config: JobConfig,
+    hold: AdvanceHold | None = None,
 ) -> Lease | Ticket:
     """The lease to work under, or the ticket to report a completed run with; raises when
-    another worker still holds the run after the spec's wait."""
+    another worker still holds the run after the spec's wait. ``hold``: reserved with the
+    takeover of ``handed``."""
     got = claim_or_reuse(
         ledger,
         run,
@@ -150,6 +154,7 @@ def lease_for(
         handed=handed,
         wait_seconds=spec.holder_wait_seconds,
         origin=_origin(context),
+        hold=hold,
     )
     if isinstance(got, Busy):
         raise _busy(got.record)
@@ -187,7 +192,14 @@ def transform_step(
     model = _model(context, spec)
     config = spec.config_of(model)
     handed = collected.handed_lease(context.run_id)
-    lease = lease_for(context, spec, ledger, collected.run_id, handed, config)
+    # A first attempt goes straight to the call: its worst case rides on the takeover. A later
+    # one may find the answer recorded and make no call, so it reserves only if it calls.
+    hold = (
+        advance_hold(handed, spec.max_tokens_per_call, config.parts.get("model"))
+        if handed is not None and handed.attempts <= 1 and context.retry_number == 0
+        else None
+    )
+    lease = lease_for(context, spec, ledger, collected.run_id, handed, config, hold)
     if isinstance(lease, Ticket):
         return _report(context, lease)
     if lease.attempts > 1 or context.retry_number > 0:  # an earlier attempt may have paid

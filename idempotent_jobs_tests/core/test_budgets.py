@@ -25,6 +25,8 @@ from idempotent_jobs import (
 )
 from idempotent_jobs.core.budgets import BudgetSpec
 from idempotent_jobs.core.health import budget_findings
+from idempotent_jobs.core.records import AdvanceHold, CallOrigin
+from idempotent_jobs.core.steps import call_model
 from idempotent_jobs_tests import workers
 from idempotent_jobs_tests.ledgers import BothFaces
 
@@ -330,6 +332,7 @@ def _race(
     for proc in procs:
         proc.start()
     results = [out.get(timeout=240) for _ in procs]
+    assert [r["error"] for r in results if "error" in r] == []
     for proc in procs:
         proc.join(timeout=60)
         assert proc.exitcode == 0
@@ -384,3 +387,78 @@ def test_a_budget_set_or_declared_mid_period_starts_where_the_period_stands(
     with LedgerAdmin.beside(ledger) as admin:
         [declared] = admin.budgets("declaring-job")
     assert declared.spent == 150 and declared.calls == 2  # the earlier call and its own
+
+
+def _statements(ledger: BothFaces, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the statements ``ledger``'s worker face sends from now on."""
+    sent: list[str] = []
+    fetch = ledger._db.fetch
+
+    def counted(name: str, params: Any, row_factory: Any) -> Any:
+        sent.append(name)
+        return fetch(name, params, row_factory)
+
+    monkeypatch.setattr(ledger._db, "fetch", counted)
+    return sent
+
+
+def test_a_budget_adds_no_statement_to_a_new_run_its_worst_case_rides_on_the_checkpoint(
+    ledger: BothFaces, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _run(ledger, _ident("warm", job="free-job"), 100, None)
+    _run(ledger, _ident("warm"), 100, Budget(amount=1000), ceiling=200)  # declared once
+    sent = _statements(ledger, monkeypatch)
+    _run(ledger, _ident("free", job="free-job"), 100, None)
+    unbudgeted = list(sent)
+    sent.clear()
+    _run(ledger, _ident("a"), 100, Budget(amount=1000), ceiling=200)
+    assert sent == unbudgeted == ["begin", "save_raw_input", "complete"]
+    assert _counter(db, f"job:tokens/day:{JOB}") == (200, 0, 2, 0)  # held 200, settled at 100
+    # No room for the declared worst case: the checkpoint is kept, the call is refused, and
+    # nothing stays held.
+    with pytest.raises(BudgetExceededError):
+        _run(ledger, _ident("b"), 100, Budget(amount=1000), ceiling=900)
+    stored = db.execute(
+        "SELECT raw_input FROM idempotent_jobs.runs WHERE run_id = %s", (_ident("b").run_id,)
+    ).fetchone()
+    assert stored == ({"x": 1},)
+    assert _counter(db, f"job:tokens/day:{JOB}") == (200, 0, 2, 0)
+
+
+def test_a_hold_made_with_the_handover_is_given_back_when_no_call_is_made(
+    ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    """A later step's takeover reserves the call's worst case; a step that then fails before
+    its request (here, its drill-free ``before_call`` raising) gives the hold back."""
+    with LedgerAdmin.beside(ledger) as admin:
+        admin.set_budget(Budget(amount=1000), job_name=JOB)
+    record, lease = ledger.begin(_ident("h"), "collector", 30)
+    assert lease is not None and lease.budgeted is True
+    lease = ledger.checkpoint(lease, {"x": 1})
+    assert lease.held_tokens is None
+    taken = ledger.renew(lease, hold=AdvanceHold(300, "m"))
+    assert taken.held_tokens == 300
+    assert _counter(db, f"job:tokens/day:{JOB}")[:2] == (0, 300)
+
+    def refuse() -> None:
+        raise RuntimeError("not today")
+
+    with pytest.raises(RuntimeError):
+        call_model(
+            ledger,
+            taken,
+            lambda raw: {"summary": "never"},
+            config=JobConfig.of(prompt="", model="m", validator=""),
+            origin=CallOrigin(),
+            heartbeat_seconds=10,
+            before_call=refuse,
+            max_tokens_per_call=300,
+        )
+    assert _counter(db, f"job:tokens/day:{JOB}")[:2] == (0, 0)
+    # Too big a hold is not made: the lease says nothing is held, and the call reserves (and is
+    # refused) itself.
+    _, lease = ledger.begin(_ident("i"), "collector", 30)
+    assert lease is not None
+    lease = ledger.checkpoint(lease, {"x": 1}, hold=AdvanceHold(5000, "m"))
+    assert lease.held_tokens is None
+    assert _counter(db, f"job:tokens/day:{JOB}")[:2] == (0, 0)

@@ -8,7 +8,7 @@ import pytest
 
 from idempotent_jobs import LeaseLostError
 from idempotent_jobs.core.heartbeat import LeaseHeartbeat, renewer_for
-from idempotent_jobs.core.records import Lease
+from idempotent_jobs.core.records import AdvanceHold, Lease
 from idempotent_jobs_tests.helpers import claimed, expire_lease, identity
 from idempotent_jobs_tests.ledgers import BothFaces
 
@@ -24,9 +24,9 @@ class CountingLedger(BothFaces):
         self.enough = threading.Event()
         self.lost_seen = threading.Event()
 
-    def renew(self, lease: Lease) -> Lease:
+    def renew(self, lease: Lease, *, hold: AdvanceHold | None = None) -> Lease:
         try:
-            renewed = super().renew(lease)
+            renewed = super().renew(lease, hold=hold)
         except LeaseLostError:
             self.lost += 1
             self.lost_seen.set()

@@ -119,7 +119,10 @@ CREATE TABLE {schema}.spend_budgets (
     declared_by  text NOT NULL CHECK (declared_by IN ('operator', 'spec')),
     set_at       timestamptz NOT NULL DEFAULT now(),
     set_by       text,
-    UNIQUE (scope, scope_name, unit, period)
+    -- The id names the budget: one per scope, name, unit and period, kept by the primary key
+    -- alone (a second unique index would refuse a racing first declaration ON CONFLICT
+    -- (budget_id) lets through).
+    CHECK (budget_id = scope || ':' || unit || '/' || period || ':' || scope_name)
 );
 CREATE INDEX spend_budgets_jobs ON {schema}.spend_budgets USING gin (jobs);
 
@@ -205,9 +208,11 @@ $body$;
 -- input price (a cache write may cost more than a plain read) plus `max_output` at the
 -- dearest output price, plus `max_total` (a step's declared ceiling, input or output) at the
 -- dearest of all. With none given the request is only checked: admitted while spent and held
--- are under the cap. Counter rows are locked in budget order, all checked before any is
--- changed: admitted under all, or under none. A money budget and a model with no price
--- refuse (`unpriced`): a call that cannot be priced cannot be capped.
+-- are under the cap. Each counter row is taken in budget order by one conditional UPDATE
+-- (admitted: the worst case is added under the row's lock); a refusal under one budget gives
+-- back what this call added to those before it: admitted under all, or under none. A money
+-- budget and a model with no price refuse (`unpriced`): a call that cannot be priced cannot
+-- be capped.
 -- Returns one row: outcome `admitted`, `refused`, `unpriced` or `lease_lost`, and for a
 -- refusal the budget, its amount, what was spent and reserved, and what the call wanted.
 CREATE FUNCTION {schema}.reserve_budget(p_run_id text, p_epoch integer, p_worker text,
@@ -223,11 +228,13 @@ DECLARE
   p {schema}.price_history;
   priced boolean;
   want numeric;
+  start date;
+  subject text;
   ids text[] := ARRAY[]::text[];
   starts date[] := ARRAY[]::date[];
   subjects text[] := ARRAY[]::text[];
   wants numeric[] := ARRAY[]::numeric[];
-  i integer;
+  admitted boolean;
 BEGIN
   SELECT x.job_name, x.subject_id INTO r FROM {schema}.runs AS x
   WHERE x.run_id = p_run_id AND x.status = 'running' AND x.lease_owner = p_worker
@@ -237,7 +244,10 @@ BEGIN
       NULL::numeric, NULL::numeric, NULL::date, NULL::text;
     RETURN;
   END IF;
-  PERFORM {schema}.release_holds(p_run_id, p_epoch, p_worker);
+  IF EXISTS (SELECT FROM {schema}.budget_holds AS x WHERE x.run_id = p_run_id
+      AND x.lease_epoch = p_epoch AND x.worker_id = p_worker) THEN
+    PERFORM {schema}.release_holds(p_run_id, p_epoch, p_worker);  -- replaced by this one
+  END IF;
   FOR b IN SELECT * FROM {schema}.spend_budgets AS s WHERE r.job_name = ANY(s.jobs)
     ORDER BY s.budget_id
   LOOP
@@ -248,9 +258,7 @@ BEGIN
     IF b.unit = 'tokens' THEN
       want := COALESCE(max_input, 0) + COALESCE(max_output, 0) + COALESCE(max_total, 0);
     ELSIF NOT priced THEN
-      RETURN QUERY SELECT 'unpriced'::text, b.budget_id, b.amount, NULL::numeric,
-        NULL::numeric, NULL::numeric, NULL::date, NULL::text;
-      RETURN;
+      want := NULL;
     ELSE
       want := (COALESCE(max_input, 0) * GREATEST(p.input_per_million,
           COALESCE(p.cache_write_per_million, 0), COALESCE(p.cache_write_1h_per_million, 0),
@@ -262,31 +270,55 @@ BEGIN
           COALESCE(p.cache_read_per_million, 0), COALESCE(p.reasoning_per_million, 0))
         ) / 1000000;
     END IF;
-    ids := ids || b.budget_id;
-    starts := starts || {schema}.period_start(b.period, now());
-    subjects := subjects || CASE WHEN b.scope = 'subject' THEN r.subject_id ELSE '' END;
-    wants := wants || want;
-    i := cardinality(ids);
-    INSERT INTO {schema}.budget_counters AS k (budget_id, period_start, subject_id)
-    VALUES (b.budget_id, starts[i], subjects[i]) ON CONFLICT DO NOTHING;
-    SELECT * INTO c FROM {schema}.budget_counters AS k
-    WHERE k.budget_id = b.budget_id AND k.period_start = starts[i]
-      AND k.subject_id = subjects[i]
-    FOR UPDATE;
-    IF c.spent + c.reserved + want > b.amount OR c.spent + c.reserved >= b.amount THEN
+    start := {schema}.period_start(b.period, now());
+    subject := CASE WHEN b.scope = 'subject' THEN r.subject_id ELSE '' END;
+    IF want = 0 THEN  -- only checked: read, not written (no row yet: nothing spent)
+      admitted := NOT EXISTS (SELECT FROM {schema}.budget_counters AS k
+        WHERE k.budget_id = b.budget_id AND k.period_start = start
+          AND k.subject_id = subject AND k.spent + k.reserved >= b.amount);
+    ELSIF want IS NOT NULL THEN
+      FOR tries IN 1 .. 2 LOOP
+        UPDATE {schema}.budget_counters AS k SET reserved = k.reserved + want
+        WHERE k.budget_id = b.budget_id AND k.period_start = start
+          AND k.subject_id = subject
+          AND k.spent + k.reserved + want <= b.amount AND k.spent + k.reserved < b.amount;
+        admitted := FOUND;
+        EXIT WHEN admitted OR tries = 2;
+        -- No row (the period's first call, perhaps made by a racing call meanwhile) or no
+        -- room: with the row there now, tried once more.
+        INSERT INTO {schema}.budget_counters AS k (budget_id, period_start, subject_id)
+        VALUES (b.budget_id, start, subject) ON CONFLICT DO NOTHING;
+      END LOOP;
+    END IF;
+    IF want IS NULL OR NOT admitted THEN
+      -- Refused (or unpriced): what this call added to the budgets before this one goes back.
+      FOR i IN 1 .. COALESCE(cardinality(ids), 0) LOOP
+        UPDATE {schema}.budget_counters AS k SET reserved = k.reserved - wants[i]
+        WHERE k.budget_id = ids[i] AND k.period_start = starts[i]
+          AND k.subject_id = subjects[i];
+      END LOOP;
+      IF want IS NULL THEN
+        RETURN QUERY SELECT 'unpriced'::text, b.budget_id, b.amount, NULL::numeric,
+          NULL::numeric, NULL::numeric, NULL::date, NULL::text;
+        RETURN;
+      END IF;
+      SELECT * INTO c FROM {schema}.budget_counters AS k
+      WHERE k.budget_id = b.budget_id AND k.period_start = start AND k.subject_id = subject;
       RETURN QUERY SELECT 'refused'::text, b.budget_id, b.amount, c.spent, c.reserved, want,
-        starts[i], subjects[i];
+        start, subject;
       RETURN;
     END IF;
+    ids := ids || b.budget_id;
+    starts := starts || start;
+    subjects := subjects || subject;
+    wants := wants || want;
   END LOOP;
-  FOR i IN 1 .. COALESCE(cardinality(ids), 0) LOOP
-    CONTINUE WHEN wants[i] = 0;  -- only checked: nothing to hold
-    UPDATE {schema}.budget_counters AS k SET reserved = k.reserved + wants[i]
-    WHERE k.budget_id = ids[i] AND k.period_start = starts[i] AND k.subject_id = subjects[i];
-    INSERT INTO {schema}.budget_holds (run_id, lease_epoch, worker_id, budget_id, period_start,
-      subject_id, amount)
-    VALUES (p_run_id, p_epoch, p_worker, ids[i], starts[i], subjects[i], wants[i]);
-  END LOOP;
+  -- A check only (nothing wanted) holds nothing.
+  INSERT INTO {schema}.budget_holds (run_id, lease_epoch, worker_id, budget_id, period_start,
+    subject_id, amount)
+  SELECT p_run_id, p_epoch, p_worker, h.id, h.start, h.subject, h.want
+  FROM unnest(ids, starts, subjects, wants) AS h(id, start, subject, want)
+  WHERE h.want > 0;
   RETURN QUERY SELECT 'admitted'::text, NULL::text, NULL::numeric, NULL::numeric,
     NULL::numeric, NULL::numeric, NULL::date, NULL::text;
 END
@@ -301,24 +333,36 @@ CREATE FUNCTION {schema}.settle_call() RETURNS trigger LANGUAGE plpgsql AS $body
 DECLARE
   r record;
   b record;
-  h record;
   p {schema}.price_history;
   priced boolean;
   unknown boolean := NEW.input_tokens IS NULL AND NEW.output_tokens IS NULL;
   cost numeric;
   actual numeric;
+  held_ids text[];
+  held_starts date[];
+  held_subjects text[];
+  held_amounts numeric[];
+  i integer;
 BEGIN
   IF NOT EXISTS (SELECT FROM {schema}.spend_budgets) THEN
     RETURN NULL;
   END IF;
   SELECT x.job_name, x.subject_id INTO r FROM {schema}.runs AS x WHERE x.run_id = NEW.run_id;
+  -- The attempt's holds, taken off at once (in budget order, as reserve_budget took them).
+  WITH gone AS (
+    DELETE FROM {schema}.budget_holds AS x
+    WHERE x.run_id = NEW.run_id AND x.lease_epoch = NEW.lease_epoch
+      AND x.worker_id = NEW.worker_id
+    RETURNING x.budget_id, x.period_start, x.subject_id, x.amount
+  )
+  SELECT array_agg(g.budget_id ORDER BY g.budget_id), array_agg(g.period_start ORDER BY
+      g.budget_id), array_agg(g.subject_id ORDER BY g.budget_id),
+    array_agg(g.amount ORDER BY g.budget_id)
+  INTO held_ids, held_starts, held_subjects, held_amounts FROM gone AS g;
   -- In budget order, as reserve_budget locks counter rows: two statements never wait on each
   -- other's rows in opposite orders.
   FOR b IN SELECT * FROM {schema}.spend_budgets AS s
-    WHERE r.job_name = ANY(s.jobs)
-      OR s.budget_id IN (SELECT x.budget_id FROM {schema}.budget_holds AS x
-        WHERE x.run_id = NEW.run_id AND x.lease_epoch = NEW.lease_epoch
-          AND x.worker_id = NEW.worker_id)
+    WHERE r.job_name = ANY(s.jobs) OR s.budget_id = ANY(held_ids)
     ORDER BY s.budget_id
   LOOP
     IF b.unit = 'money' AND priced IS NULL THEN  -- priced once, for a money budget only
@@ -331,17 +375,15 @@ BEGIN
     END IF;
     actual := CASE WHEN b.unit = 'tokens'
       THEN COALESCE(NEW.input_tokens, 0) + COALESCE(NEW.output_tokens, 0) ELSE cost END;
-    DELETE FROM {schema}.budget_holds AS x
-    WHERE x.run_id = NEW.run_id AND x.lease_epoch = NEW.lease_epoch
-      AND x.worker_id = NEW.worker_id AND x.budget_id = b.budget_id
-    RETURNING x.period_start, x.subject_id, x.amount INTO h;
-    IF FOUND THEN
+    i := array_position(held_ids, b.budget_id);
+    IF i IS NOT NULL THEN
       UPDATE {schema}.budget_counters AS k
-      SET reserved = k.reserved - h.amount,
-        spent = k.spent + CASE WHEN unknown THEN h.amount ELSE COALESCE(actual, h.amount) END,
+      SET reserved = k.reserved - held_amounts[i],
+        spent = k.spent + CASE WHEN unknown THEN held_amounts[i]
+          ELSE COALESCE(actual, held_amounts[i]) END,
         calls = k.calls + 1, unknown_calls = k.unknown_calls + unknown::integer
-      WHERE k.budget_id = b.budget_id AND k.period_start = h.period_start
-        AND k.subject_id = h.subject_id;
+      WHERE k.budget_id = b.budget_id AND k.period_start = held_starts[i]
+        AND k.subject_id = held_subjects[i];
     ELSE
       -- No hold: charged what it cost; a call that reported no usage (or cannot be priced)
       -- and declared no worst case is charged all the room its budget had left, so the cap

@@ -152,29 +152,47 @@ FROM claimed
 -- Extend a held lease by its duration from now; hand back the checkpoint.
 -- Heartbeat, or taking over a lease handed on by an earlier step: push the expiry forward by the
 -- lease duration, only while still the owner, and hand back the checkpoint. Not a change of the
--- run's state, so updated_at stays.
-UPDATE {schema}.runs
-SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
-WHERE run_id = %(run_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
-  AND status = 'running'
-RETURNING lease_expires_at, raw_input, attempts, revision, input_fingerprint,
-  set_config('synchronous_commit',
-    COALESCE(%(lease_commit)s::text, current_setting('synchronous_commit')), true)
+-- run's state, so updated_at stays. With `hold_tokens`, the next request's worst case is
+-- reserved under the job's budgets in the same statement (`hold`: the function's outcome), so
+-- a budget adds no round trip to the handover before a model call.
+WITH renewed AS (
+  UPDATE {schema}.runs
+  SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+  WHERE run_id = %(run_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
+    AND status = 'running'
+  RETURNING lease_expires_at, raw_input, attempts, revision, input_fingerprint,
+    set_config('synchronous_commit',
+      COALESCE(%(lease_commit)s::text, current_setting('synchronous_commit')), true) AS commit_mode
+)
+SELECT r.lease_expires_at, r.raw_input, r.attempts, r.revision, r.input_fingerprint,
+  r.commit_mode, h.outcome
+FROM renewed AS r
+LEFT JOIN LATERAL (SELECT v.outcome FROM {schema}.reserve_budget(%(run_id)s, %(epoch)s,
+    %(worker_id)s, NULL, NULL, %(hold_tokens)s::bigint, %(requested)s, NULL, NULL) AS v
+  WHERE %(hold_tokens)s::bigint IS NOT NULL) AS h ON true
 
 -- name: save_raw_input
 -- Checkpoint the collected input under the lease; the first value wins.
 -- Checkpoint of the collected input: the first stored value wins and is returned with its
--- fingerprint (the right-hand sides see the row as it was).
-UPDATE {schema}.runs
-SET raw_input = COALESCE(raw_input, %(raw_input)s::jsonb),
-  input_fingerprint = CASE WHEN raw_input IS NULL THEN %(input_fingerprint)s
-    ELSE input_fingerprint END,
-  updated_at = now()
-WHERE run_id = %(run_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
-  AND status = 'running'
-RETURNING raw_input, input_fingerprint,
-  set_config('synchronous_commit',
-    COALESCE(%(lease_commit)s::text, current_setting('synchronous_commit')), true)
+-- fingerprint (the right-hand sides see the row as it was). With `hold_tokens`, the model
+-- call's worst case is reserved as in `renew`.
+WITH saved AS (
+  UPDATE {schema}.runs
+  SET raw_input = COALESCE(raw_input, %(raw_input)s::jsonb),
+    input_fingerprint = CASE WHEN raw_input IS NULL THEN %(input_fingerprint)s
+      ELSE input_fingerprint END,
+    updated_at = now()
+  WHERE run_id = %(run_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
+    AND status = 'running'
+  RETURNING raw_input, input_fingerprint,
+    set_config('synchronous_commit',
+      COALESCE(%(lease_commit)s::text, current_setting('synchronous_commit')), true) AS commit_mode
+)
+SELECT s.raw_input, s.input_fingerprint, s.commit_mode, h.outcome
+FROM saved AS s
+LEFT JOIN LATERAL (SELECT v.outcome FROM {schema}.reserve_budget(%(run_id)s, %(epoch)s,
+    %(worker_id)s, NULL, NULL, %(hold_tokens)s::bigint, %(requested)s, NULL, NULL) AS v
+  WHERE %(hold_tokens)s::bigint IS NOT NULL) AS h ON true
 
 -- name: complete
 -- Accept a candidate answer and queue its notifications, or refuse it as stale; say which.
