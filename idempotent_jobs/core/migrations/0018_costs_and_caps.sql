@@ -215,9 +215,11 @@ $body$;
 -- be capped.
 -- Returns one row: outcome `admitted`, `refused`, `unpriced` or `lease_lost`, and for a
 -- refusal the budget, its amount, what was spent and reserved, and what the call wanted.
+-- `fenced_job` and `fenced_subject`: the run's, given by a statement that has just proved the
+-- lease under its row lock (the checkpoint, the takeover), which need not be proved again.
 CREATE FUNCTION {schema}.reserve_budget(p_run_id text, p_epoch integer, p_worker text,
     max_input bigint, max_output bigint, max_total bigint, requested text, answered text,
-    call_tier text)
+    call_tier text, fenced_job text DEFAULT NULL, fenced_subject text DEFAULT NULL)
 RETURNS TABLE (outcome text, budget_id text, amount numeric, spent numeric,
     reserved numeric, wanted numeric, period_start date, subject_id text)
 LANGUAGE plpgsql AS $body$
@@ -236,9 +238,13 @@ DECLARE
   wants numeric[] := ARRAY[]::numeric[];
   admitted boolean;
 BEGIN
-  SELECT x.job_name, x.subject_id INTO r FROM {schema}.runs AS x
-  WHERE x.run_id = p_run_id AND x.status = 'running' AND x.lease_owner = p_worker
-    AND x.lease_epoch = p_epoch;
+  IF fenced_job IS NOT NULL THEN
+    SELECT fenced_job AS job_name, fenced_subject AS subject_id INTO r;
+  ELSE
+    SELECT x.job_name, x.subject_id INTO r FROM {schema}.runs AS x
+    WHERE x.run_id = p_run_id AND x.status = 'running' AND x.lease_owner = p_worker
+      AND x.lease_epoch = p_epoch;
+  END IF;
   IF NOT FOUND THEN
     RETURN QUERY SELECT 'lease_lost'::text, NULL::text, NULL::numeric, NULL::numeric,
       NULL::numeric, NULL::numeric, NULL::date, NULL::text;

@@ -160,15 +160,16 @@ WITH renewed AS (
   SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
   WHERE run_id = %(run_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
     AND status = 'running'
-  RETURNING lease_expires_at, raw_input, attempts, revision, input_fingerprint,
-    set_config('synchronous_commit',
+  RETURNING lease_expires_at, raw_input, attempts, revision, input_fingerprint, job_name,
+    subject_id, set_config('synchronous_commit',
       COALESCE(%(lease_commit)s::text, current_setting('synchronous_commit')), true) AS commit_mode
 )
 SELECT r.lease_expires_at, r.raw_input, r.attempts, r.revision, r.input_fingerprint,
   r.commit_mode, h.outcome
 FROM renewed AS r
 LEFT JOIN LATERAL (SELECT v.outcome FROM {schema}.reserve_budget(%(run_id)s, %(epoch)s,
-    %(worker_id)s, NULL, NULL, %(hold_tokens)s::bigint, %(requested)s, NULL, NULL) AS v
+    %(worker_id)s, NULL, NULL, %(hold_tokens)s::bigint, %(requested)s, NULL, NULL, r.job_name,
+    r.subject_id) AS v
   WHERE %(hold_tokens)s::bigint IS NOT NULL) AS h ON true
 
 -- name: save_raw_input
@@ -184,14 +185,15 @@ WITH saved AS (
     updated_at = now()
   WHERE run_id = %(run_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
     AND status = 'running'
-  RETURNING raw_input, input_fingerprint,
+  RETURNING raw_input, input_fingerprint, job_name, subject_id,
     set_config('synchronous_commit',
       COALESCE(%(lease_commit)s::text, current_setting('synchronous_commit')), true) AS commit_mode
 )
 SELECT s.raw_input, s.input_fingerprint, s.commit_mode, h.outcome
 FROM saved AS s
 LEFT JOIN LATERAL (SELECT v.outcome FROM {schema}.reserve_budget(%(run_id)s, %(epoch)s,
-    %(worker_id)s, NULL, NULL, %(hold_tokens)s::bigint, %(requested)s, NULL, NULL) AS v
+    %(worker_id)s, NULL, NULL, %(hold_tokens)s::bigint, %(requested)s, NULL, NULL, s.job_name,
+    s.subject_id) AS v
   WHERE %(hold_tokens)s::bigint IS NOT NULL) AS h ON true
 
 -- name: complete
