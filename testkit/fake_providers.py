@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
+from testkit.fake_batches import BatchBackend
+
 Api = Literal["openai", "anthropic"]
 
 
@@ -148,14 +150,36 @@ class FakeProviders:
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
+        #: The batch endpoints of both APIs (:mod:`testkit.fake_batches`), and their knobs.
+        self.batches = BatchBackend(answer=self._item_answer, render=self._item_reply)
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
+            def _batch(self, method: str, raw: bytes) -> None:
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                base = f"http://127.0.0.1:{fake.server.server_address[1]}"
+                status, reply_headers, data = fake.batches.handle(
+                    method, self.path, headers, raw, base
+                )
+                self.send_response(status)
+                for name, value in reply_headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self._batch("GET", b"")
+
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}")
+                raw = self.rfile.read(length)
+                if fake.batches.handles(self.path):
+                    self._batch("POST", raw)
+                    return
+                body = json.loads(raw or b"{}")
                 api: Api = "anthropic" if self.path.rstrip("/").endswith("/messages") else "openai"
                 request = Request(
                     api, self.path, body, {k.lower(): v for k, v in self.headers.items()}
@@ -224,6 +248,26 @@ class FakeProviders:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _item_answer(self, api: str, body: dict[str, Any]) -> Answer | Status:
+        """A batch item's answer: as the online endpoint would answer its body."""
+        path = "/v1/messages" if api == "anthropic" else "/v1/chat/completions"
+        request = Request("anthropic" if api == "anthropic" else "openai", path, body, {})
+        with self._lock:
+            self.requests.append(request)
+            scripted = self.script.pop(0) if self.script else None
+        if scripted is None:
+            scripted = self.default(request)
+        while isinstance(scripted, (Slow, Drop)):  # a batch has no client waiting
+            scripted = scripted.then
+        return scripted
+
+    def _item_reply(
+        self, api: str, body: dict[str, Any], scripted: Answer | Status
+    ) -> tuple[int, dict[str, Any]]:
+        request = Request("anthropic" if api == "anthropic" else "openai", "", body, {})
+        status, _, payload = self._reply(request.api, request, scripted)
+        return status, payload
 
     def _reply(
         self, api: Api, request: Request, scripted: Answer | Status

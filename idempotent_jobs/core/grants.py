@@ -38,6 +38,10 @@ WORKER_PRIVILEGES: dict[str, tuple[str, ...]] = {
     # Workers declare limits and reserve places; operators set and delete them.
     "rate_limits": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "rate_subjects": ("SELECT", "INSERT", "UPDATE"),  # each subject's latest reservation
+    # The batch lane: a worker opens, submits, polls and collects batches; operators cancel.
+    "batches": ("SELECT", "INSERT", "UPDATE"),
+    "batch_items": ("SELECT", "INSERT", "UPDATE"),
+    "batch_submissions": ("SELECT", "INSERT", "UPDATE"),
     "attempts": ("SELECT",),
     "schema_migrations": ("SELECT",),
 }

@@ -12,6 +12,7 @@ from typing import Any, cast
 
 from psycopg.rows import dict_row
 
+from idempotent_jobs.core.batch_book import BatchBook
 from idempotent_jobs.core.budgets import Budget, budget_refusal, declared_budget_params
 from idempotent_jobs.core.checks import (
     JsonPayload,
@@ -86,7 +87,7 @@ def _held(hold: AdvanceHold | None, outcome: str | None, before: int | None) -> 
     return hold.max_tokens if outcome == "admitted" else None
 
 
-class RunLedger(OutboxDelivery, StepOutputs):
+class RunLedger(OutboxDelivery, StepOutputs, BatchBook):
     """The ledger's worker face: durable run records, fenced leases, checkpoint, commit, outbox.
 
     ``RunLedger(conninfo, **settings)`` or ``RunLedger(LedgerSettings(...))`` (see

@@ -8,7 +8,7 @@ this package's, recorded (``answers``). The input tokens recorded are all the in
 read: uncached, written to the cache, and read from it.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from idempotent_jobs.core.rate_limits import RateRequest
@@ -70,10 +70,8 @@ class AnthropicMessages:
             )
         return self._made
 
-    def send(self, prompt: Prompt, schema: OutputSchema | None) -> Reply:
-        import anthropic
-
-        client = self._client()
+    def request_params(self, prompt: Prompt, schema: OutputSchema | None) -> dict[str, Any]:
+        """The Messages request's parameters (online, and as a batch request's ``params``)."""
         options: dict[str, Any] = {}
         if prompt.system:
             options["system"] = [
@@ -99,13 +97,24 @@ class AnthropicMessages:
             }
             for m in prompt.messages
         ]
+        return {"model": self.model, "max_tokens": self.max_tokens, "messages": messages, **options}
+
+    def send(self, prompt: Prompt, schema: OutputSchema | None) -> Reply:
+        import anthropic
+
+        client = self._client()
         try:
-            response = client.messages.create(
-                model=self.model, max_tokens=self.max_tokens, messages=messages, **options
-            )
+            response = client.messages.create(**self.request_params(prompt, schema))
         except anthropic.APIError as exc:
             raise self._error(exc) from None
+        return self.reply_of(response)
+
+    def reply_of(self, response: Any, tier: str | None = None) -> Reply:
+        """A message (the SDK's object) as a :class:`Reply`; ``tier`` overrides the usage's
+        service tier (a batch's answers are priced at the batch tier)."""
         used = anthropic_usage(response, self.model, self.name)
+        if tier is not None:
+            used = replace(used, tier=tier)
         text = "".join(getattr(block, "text", "") for block in response.content) or None
         stop = response.stop_reason
         if stop == "refusal":

@@ -6,7 +6,7 @@ the response's: the dated model that answered (``gpt-4o-2024-08-06``) beside the
 The SDK's own retries are off: a retry is this package's, recorded (``answers``).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from idempotent_jobs.core.rate_limits import RateRequest
@@ -100,10 +100,8 @@ class OpenAIChat:
             )
         return self._made
 
-    def send(self, prompt: Prompt, schema: OutputSchema | None) -> Reply:
-        import openai
-
-        client = self._client()
+    def request_body(self, prompt: Prompt, schema: OutputSchema | None) -> dict[str, Any]:
+        """The chat completion request's body (online, and as a batch line's ``body``)."""
         messages: list[Any] = (
             [{"role": "system", "content": "\n\n".join(b.text for b in prompt.system)}]
             if prompt.system
@@ -126,13 +124,24 @@ class OpenAIChat:
                     "strict": self.strict_schema,
                 },
             }
+        return {"model": self.model, "messages": messages, **options}
+
+    def send(self, prompt: Prompt, schema: OutputSchema | None) -> Reply:
+        import openai
+
+        client = self._client()
         try:
-            response = client.chat.completions.create(
-                model=self.model, messages=messages, **options
-            )
+            response = client.chat.completions.create(**self.request_body(prompt, schema))
         except openai.APIError as exc:
             raise self._error(exc) from None
+        return self.reply_of(response)
+
+    def reply_of(self, response: Any, tier: str | None = None) -> Reply:
+        """A chat completion (the SDK's object) as a :class:`Reply`; ``tier`` overrides the
+        response's service tier (a batch's answers are priced at the batch tier)."""
         used = openai_usage(response, self.model, self.name)
+        if tier is not None:
+            used = replace(used, tier=tier)
         if not response.choices:
             return Reply(None, used)
         choice = response.choices[0]

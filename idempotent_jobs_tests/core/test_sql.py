@@ -22,7 +22,7 @@ STATEMENTS = {
 }
 #: The modules each face's statements are run from.
 FACE_MODULES: dict[Face, tuple[str, ...]] = {
-    "worker": ("ledger.py", "delivery.py", "step_outputs.py"),
+    "worker": ("ledger.py", "delivery.py", "step_outputs.py", "batch_book.py"),
     "admin": ("admin.py",),
 }
 _USED = re.compile(r'(?:(?:_db|executor)\.(?:fetch|rows|query)|_fenced)\(\s*"([a-z_]+)"')
@@ -57,6 +57,21 @@ UNFENCED_WRITES = {
     "touches no run, and waiting for it is not paying for anything",
     "set_rate_limit": "an operator sets a provider's rate limit; it touches no run",
     "delete_rate_limit": "an operator removes a provider's rate limit; it touches no run",
+    "open_batch": "opens a new batch under its first lease; it touches no run",
+    "claim_batch": "takes the batch's lease when it is free (bumping its epoch), and extends only "
+    "the leases the batch holds on its pending runs (owner batch:<id>, at their epochs)",
+}
+#: The batch lane's writes, each fenced by the batch's own lease (its owner and epoch).
+BATCH_FENCED = {
+    "add_batch_items",
+    "renew_batch",
+    "start_submit",
+    "record_submitted",
+    "record_duplicate",
+    "record_batch_status",
+    "fail_batch_intent",
+    "end_batch_item",
+    "finish_batch",
 }
 _WRITE = re.compile(r"\b(INSERT INTO|UPDATE|DELETE FROM)\s+\{schema\}\.", re.IGNORECASE)
 _FENCE = (
@@ -72,7 +87,15 @@ def _one_line(text: str) -> str:
 def test_every_write_after_a_claim_carries_the_owner_and_epoch_fence() -> None:
     writes = {name for name, s in STATEMENTS.items() if _WRITE.search(s.text)}
     assert set(UNFENCED_WRITES) <= writes
-    fenced = writes - set(UNFENCED_WRITES)
+    fenced = writes - set(UNFENCED_WRITES) - BATCH_FENCED
+    for name in sorted(BATCH_FENCED):  # fenced by the batch's lease
+        text = _one_line(STATEMENTS[name].text)
+        assert re.search(
+            r"(\w+\.)?lease_owner = %\(worker_id\)s AND (\w+\.)?lease_epoch = %\(epoch\)s", text
+        ), name
+        # A run row is written only under the lease the batch holds on it.
+        for where in re.findall(r"UPDATE \{schema\}\.runs .*? WHERE (.*?)(?: RETURNING |$)", text):
+            assert "lease_owner = 'batch:' ||" in where and "lease_epoch = i.lease_epoch" in where
     assert fenced == {
         "renew",
         "save_raw_input",

@@ -1,0 +1,351 @@
+"""The batch lane: many logical runs computed by one provider batch, each submitted once and
+accepted once.
+
+:func:`open_intent` claims the runs for a new batch (owner ``batch:<id>``), checkpoints their
+inputs as online, holds their worst case under the job's budgets (at the batch tier) and commits
+the intent before any provider is called. :func:`advance` then moves the batch on, one step per
+call, under the batch's own lease (a sensor tick, a CLI command; any process may, after a crash):
+
+- an intent is **submitted once**. ``submit_started_at`` is committed before the create call;
+  an intent that has one and no provider id may have been created, so the provider is searched
+  first (:meth:`~idempotent_jobs.models.batches.BatchProvider.find_batches`), the batch found is
+  adopted, and any second one is cancelled and recorded as a duplicate;
+- a submitted batch is polled and its state recorded;
+- an ended batch is **collected** item by item through the fenced commit (``complete``): an
+  answer accepted only while the run is still the batch's, on the same basis; a run revised,
+  completed or taken meanwhile keeps its result and the item is recorded as a paid call, not
+  accepted; a per-item error or an answer outside the schema ends that run's attempt as
+  failed (with its cost), never the batch. Items without a result (expired, cancelled) are
+  released: their runs can go online or into a new batch.
+
+Every step can be cut at any point and run again: each write is fenced by the batch's epoch and
+each item's commit by the run's; a collected item is not taken twice.
+"""
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from idempotent_jobs.core.batch_book import ENDED_STATES, BatchItem, BatchLease, batch_worker
+from idempotent_jobs.core.errors import (
+    BudgetExceededError,
+    LeaseLostError,
+    LedgerError,
+    StaleCandidateError,
+)
+from idempotent_jobs.core.identity import RunIdentity
+from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.records import JobConfig, Lease
+from idempotent_jobs.core.steps import collect_once, end_attempt
+from idempotent_jobs.models.batches import BatchProvider, ItemResult, ProviderBatch
+from idempotent_jobs.models.prompts import Prompt
+from idempotent_jobs.models.schema import OutputSchema, SchemaMismatch
+
+#: Renew the batch's lease every this many items while collecting.
+RENEW_EVERY_ITEMS = 200
+
+
+@dataclass(frozen=True)
+class BatchSteps:
+    """What the lane needs of a job: its identity job name, the collector, the prompt builder
+    (raw input -> :class:`Prompt`), the output schema, the validator and the payload builder
+    (output -> notifications by channel), as the online job has them."""
+
+    job_name: str
+    collect: Callable[[RunIdentity], dict[str, Any]]
+    prompt: Callable[[dict[str, Any], str], Prompt]
+    schema: OutputSchema | None = None
+    validate: Callable[[dict[str, Any]], object] | None = None
+    notifications: Callable[[dict[str, Any]], Mapping[str, dict[str, Any]]] | None = None
+    config: JobConfig = field(default_factory=JobConfig)
+
+
+@dataclass(frozen=True)
+class BatchProgress:
+    """Where a batch stands after a step of :func:`advance`."""
+
+    batch_id: str
+    state: str
+    provider_batch_id: str | None
+    items: dict[str, int]
+    duplicates: int = 0
+
+    @property
+    def collected(self) -> bool:
+        return self.state == "collected"
+
+
+def open_intent(
+    ledger: RunLedger,
+    steps: BatchSteps,
+    provider: BatchProvider,
+    identities: Iterable[RunIdentity],
+    *,
+    worker_id: str,
+    lease_seconds: float = 1800.0,
+    caller_run_id: str | None = None,
+) -> BatchLease | None:
+    """A new batch's intent for the runs of ``identities`` it could claim (a run completed or
+    held elsewhere is left out), their inputs checkpointed and their worst case held under the
+    job's budgets; ``None`` when no run was left to compute. :class:`BudgetExceededError` when
+    the batch does not fit (nothing is held then, and its runs are given back)."""
+    batch = ledger.open_batch(
+        steps.job_name,
+        provider.name,
+        provider.model,
+        worker_id,
+        lease_seconds,
+        caller_run_id=caller_run_id,
+    )
+    owner = batch_worker(batch.batch_id)
+    leases: list[Lease] = []
+    for identity in identities:
+        _, lease = ledger.begin(identity, owner, lease_seconds)
+        if lease is None:
+            continue
+        try:
+            leases.append(collect_once(ledger, lease, _collector(steps, identity)))
+        except Exception:  # noqa: BLE001 - that run's attempt is ended failed; the batch goes on
+            continue
+    added = set(ledger.add_batch_items(batch, leases))
+    leases = [lease for lease in leases if lease.run_id in added]
+    if not leases:
+        ledger.fail_batch_intent(batch, "no run of the range was left to compute")
+        return None
+    try:
+        _hold_budgets(ledger, steps, provider, leases)
+    except BudgetExceededError as refused:
+        for lease in leases:
+            _give_back(ledger, batch, lease.run_id, lease)
+        ledger.fail_batch_intent(batch, f"refused by its budget: {refused}")
+        raise
+    return batch
+
+
+def _collector(steps: BatchSteps, identity: RunIdentity) -> Callable[[], dict[str, Any]]:
+    return lambda: steps.collect(identity)
+
+
+def _hold_budgets(
+    ledger: RunLedger, steps: BatchSteps, provider: BatchProvider, leases: list[Lease]
+) -> None:
+    """Hold every item's worst case at the batch tier; all or none."""
+    held: list[Lease] = []
+    try:
+        for lease in leases:
+            if lease.budgeted is False:
+                continue
+            prompt = steps.prompt(lease.stored_raw_input or {}, lease.run_id)
+            most_in, most_out = provider.worst_case(prompt, steps.schema)
+            ledger.reserve_budget(
+                lease,
+                max_input_tokens=most_in,
+                max_output_tokens=most_out,
+                requested_model=provider.model,
+                tier="batch",
+            )
+            held.append(lease)
+    except BaseException:
+        for lease in held:
+            ledger.release_budget(lease)
+        raise
+
+
+def _give_back(
+    ledger: RunLedger, batch: BatchLease, run_id: str, lease: Lease, error: str | None = None
+) -> None:
+    """Release a run the batch holds and what it holds of the budgets; end its item."""
+    ledger.release_budget(lease)
+    try:
+        ledger.release(lease)
+    except LeaseLostError:
+        pass  # taken meanwhile: nothing of the batch's is left on it
+    ledger.end_batch_item(batch, run_id, "released", error)
+
+
+def advance(
+    ledger: RunLedger,
+    steps: BatchSteps,
+    provider: BatchProvider,
+    batch_id: str,
+    *,
+    worker_id: str,
+) -> BatchProgress:
+    """Move the batch one step on (submit an intent; poll a submitted batch; collect an ended
+    one) under its lease, and say where it stands. :class:`LeaseLostError` while another
+    worker advances it."""
+    batch, row = ledger.claim_batch(batch_id, worker_id)
+    state = str(row["state"])
+    duplicates = 0
+    if state == "intent":
+        duplicates = _submit(ledger, steps, provider, batch)
+    elif state == "submitted":
+        found = provider.retrieve_batch(str(row["provider_batch_id"]))
+        state = ledger.record_batch_status(batch, found.state, found.status, found.error)
+        if state in ENDED_STATES:
+            _collect(ledger, steps, provider, batch, found)
+    elif state in ENDED_STATES and row["provider_batch_id"] is None:
+        _release_pending(ledger, batch, f"the intent {state}: {row['error']}")  # never sent
+        ledger.finish_batch(batch)
+    elif state in ENDED_STATES:
+        found = provider.retrieve_batch(str(row["provider_batch_id"]))
+        _collect(ledger, steps, provider, batch, found)
+    return progress(ledger, batch_id, duplicates)
+
+
+def progress(ledger: RunLedger, batch_id: str, duplicates: int = 0) -> BatchProgress:
+    row = ledger.batch_row(batch_id)
+    if row is None:
+        raise LedgerError(f"no batch {batch_id}")
+    return BatchProgress(
+        batch_id=batch_id,
+        state=str(row["state"]),
+        provider_batch_id=row["provider_batch_id"],
+        items=dict(row["item_states"] or {}),
+        duplicates=duplicates,
+    )
+
+
+def _submit(
+    ledger: RunLedger, steps: BatchSteps, provider: BatchProvider, batch: BatchLease
+) -> int:
+    """Submit the intent once; returns how many duplicates were found (and cancelled)."""
+    items = ledger.batch_items(batch.batch_id, pending_only=True)
+    if not items:
+        ledger.fail_batch_intent(batch, "no run was left to compute")
+        return 0
+    earlier = ledger.start_submit(batch)  # committed before the provider is called
+    if earlier is not None:
+        adopted, duplicates = _search(ledger, provider, batch, earlier, len(items))
+        if adopted:
+            return duplicates
+    lines = [
+        provider.batch_line(
+            item.custom_id, steps.prompt(item.raw_input or {}, item.run_id), steps.schema
+        )
+        for item in items
+    ]
+    made = provider.create_batch(lines, batch.batch_id)
+    if not ledger.record_submitted(batch, made.provider_batch_id, "created"):
+        # Another worker recorded one meanwhile (this lease was lost): this one is a duplicate.
+        provider.cancel_batch(made.provider_batch_id)
+        raise LeaseLostError()
+    return 0
+
+
+def _search(
+    ledger: RunLedger,
+    provider: BatchProvider,
+    batch: BatchLease,
+    since: datetime,
+    requests: int,
+) -> tuple[bool, int]:
+    """After a create that may have reached the provider: adopt the batch it made, if found
+    (the oldest), and cancel any other as a duplicate. Returns (adopted, duplicates)."""
+    found = provider.find_batches(batch.batch_id, since, requests)
+    known = set(ledger.recorded_provider_batches([b.provider_batch_id for b in found]))
+    found = [b for b in found if b.provider_batch_id not in known]  # other intents' batches
+    if not found:
+        return False, 0
+    first, *others = found
+    how = "found at the provider after a create whose answer was lost"
+    if not ledger.record_submitted(batch, first.provider_batch_id, how):
+        raise LeaseLostError()
+    for duplicate in others:
+        cancelled = _cancel_quietly(provider, duplicate.provider_batch_id)
+        ledger.record_duplicate(
+            batch, duplicate.provider_batch_id, "a second batch for one intent", cancelled=cancelled
+        )
+    return True, len(others)
+
+
+def _cancel_quietly(provider: BatchProvider, provider_batch_id: str) -> bool:
+    try:
+        provider.cancel_batch(provider_batch_id)
+    except Exception:  # noqa: BLE001 - recorded as not cancelled; its results are never used
+        return False
+    return True
+
+
+def _collect(
+    ledger: RunLedger,
+    steps: BatchSteps,
+    provider: BatchProvider,
+    batch: BatchLease,
+    found: ProviderBatch,
+) -> None:
+    """Take every result of the ended batch, then release what has none; mark it collected."""
+    pending = {item.custom_id: item for item in ledger.batch_items(batch.batch_id)}
+    for n, result in enumerate(provider.batch_results(found), 1):
+        item = pending.get(result.custom_id)
+        if item is None or item.state != "pending":
+            continue  # not this batch's, or taken before a crash
+        _take(ledger, steps, batch, item, result)
+        if n % RENEW_EVERY_ITEMS == 0:
+            ledger.renew_batch(batch)
+    _release_pending(ledger, batch, f"no result: the batch {found.state}")
+    ledger.finish_batch(batch)
+
+
+def _release_pending(ledger: RunLedger, batch: BatchLease, why: str) -> None:
+    for item in ledger.batch_items(batch.batch_id, pending_only=True):
+        _give_back(ledger, batch, item.run_id, item.lease, why)
+
+
+def _take(
+    ledger: RunLedger,
+    steps: BatchSteps,
+    batch: BatchLease,
+    item: BatchItem,
+    result: ItemResult,
+) -> None:
+    lease = item.lease
+    if result.missing:
+        _give_back(ledger, batch, item.run_id, lease, "no result: expired or cancelled")
+        return
+    if result.error is not None:
+        # Not answered, not billed: the run's attempt ends failed, its hold given back.
+        ledger.release_budget(lease)
+        end_attempt(ledger, lease, result.error)
+        ledger.end_batch_item(batch, item.run_id, "failed", str(result.error)[:2000])
+        return
+    reply = result.reply
+    assert reply is not None
+    if ledger.batch_item_paid(item):  # recorded before a crash: only the item's mark is left
+        ledger.end_batch_item(batch, item.run_id, _after_crash(ledger, item))
+        return
+    try:
+        output = _output(reply.text, steps.schema)
+        if steps.validate is not None and steps.validate(output) is False:
+            raise SchemaMismatch(["the validator refused the answer"])
+    except SchemaMismatch as mismatch:
+        problem = "; ".join(mismatch.problems)[:2000]
+        end_attempt(ledger, lease, ValueError(problem), reply.usage, call="rejected")
+        ledger.end_batch_item(batch, item.run_id, "failed", problem)
+        return
+    notes = dict(steps.notifications(output)) if steps.notifications is not None else None
+    try:
+        done = ledger.complete(
+            lease, output, notes, reply.usage, basis=item.basis, config=steps.config
+        )
+    except (StaleCandidateError, LeaseLostError) as moved:
+        ledger.end_batch_item(batch, item.run_id, "not_accepted", str(moved)[:2000])
+        return
+    ledger.end_batch_item(batch, item.run_id, "accepted" if done.accepted else "not_accepted")
+
+
+def _after_crash(ledger: RunLedger, item: BatchItem) -> str:
+    """The state of an item whose call was recorded before the collection was cut."""
+    record = ledger.get(item.run_id)
+    if record is not None and record.status == "completed":
+        return "accepted" if record.lease_epoch == item.epoch else "not_accepted"
+    return "failed"
+
+
+def _output(text: str | None, schema: OutputSchema | None) -> dict[str, Any]:
+    if schema is not None:
+        return schema.check(text)
+    if not text or not text.strip():
+        raise SchemaMismatch(["the answer is empty"])
+    return {"text": text.strip()}

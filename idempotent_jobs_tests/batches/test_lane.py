@@ -1,0 +1,330 @@
+"""The batch lane against local fake batch APIs of both providers (OpenAI's Batch API and
+Anthropic's Message Batches, testkit.fake_batches): each batch submitted once, even when a
+create's answer is lost; each run accepted once through the fenced commit; per-item failures,
+expiry and runs that moved on handled item by item; budgets held for the whole batch."""
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+
+from idempotent_jobs import (
+    Budget,
+    BudgetExceededError,
+    JobConfig,
+    LedgerAdmin,
+    ModelAnswer,
+    ModelUsage,
+    RunIdentity,
+    run_idempotent,
+)
+from idempotent_jobs.batches import BatchSteps, advance, open_intent
+from idempotent_jobs.models import OutputSchema, Prompt, ProviderUnavailableError
+from idempotent_jobs.models.batches import AnthropicBatches, BatchProvider, OpenAIBatches
+from idempotent_jobs_tests.ledgers import BothFaces
+from testkit.fake_providers import Answer, FakeProviders, Request, Status
+
+JOB = "batch-job"
+SCHEMA = OutputSchema.of(
+    {
+        "type": "object",
+        "properties": {"label": {"type": "string"}},
+        "required": ["label"],
+    },
+    name="Label",
+)
+
+
+def _answer(request: Request) -> Answer | Status:
+    """A label per subject; subject `err` gets a per-item error, `bad` an answer off-schema."""
+    text = json.dumps(request.body)
+    if "subject err" in text:
+        return Status(400, "invalid request", "invalid_request_error")
+    if "subject bad" in text:
+        return Answer('{"nolabel": 1}', input_tokens=50, output_tokens=5)
+    return Answer('{"label": "ok"}', input_tokens=50, output_tokens=5)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeProviders]:
+    with FakeProviders(default=_answer) as server:
+        yield server
+
+
+def _provider(api: str, fake: FakeProviders) -> BatchProvider:
+    if api == "openai":
+        return OpenAIBatches(model="gpt-4o-mini", api_key="k", base_url=fake.openai_url)
+    return AnthropicBatches(model="claude-x", api_key="k", base_url=fake.anthropic_url)
+
+
+def _steps() -> BatchSteps:
+    return BatchSteps(
+        job_name=JOB,
+        collect=lambda identity: {"subject": identity.subject_id},
+        prompt=lambda raw, run_id: Prompt.of(system="Label it.", user=f"subject {raw['subject']}"),
+        schema=SCHEMA,
+        notifications=lambda output: {"webhook": {"label": output["label"]}},
+        config=JobConfig.of(prompt="Label it.", model="m", validator=""),
+    )
+
+
+def _ids(*subjects: str) -> list[RunIdentity]:
+    return [RunIdentity(JOB, s, datetime(2026, 11, 1, tzinfo=UTC), "v1") for s in subjects]
+
+
+def _drive(ledger: BothFaces, provider: BatchProvider, batch_id: str, steps: int = 10) -> Any:
+    """Advance the batch as its worker (`w1`, restarted) until it is collected."""
+    for _ in range(steps):
+        progress = advance(ledger, _steps(), provider, batch_id, worker_id="w1")
+        if progress.collected:
+            return progress
+    raise AssertionError(f"batch {batch_id} not collected after {steps} steps")
+
+
+def _lapse(ledger: BothFaces, batch_id: str) -> None:
+    """The batch's lease lapses, as when the worker holding it died (the database's clock)."""
+    with ledger.connection() as conn:
+        conn.execute(
+            "UPDATE idempotent_jobs.batches SET lease_expires_at = now() - interval '1 second'"
+            " WHERE batch_id = %s",
+            (batch_id,),
+        )
+
+
+def _calls(db: psycopg.Connection) -> list[tuple[Any, ...]]:
+    return db.execute(
+        "SELECT r.subject_id, c.outcome, c.tier, c.input_tokens, c.worker_id"
+        " FROM idempotent_jobs.model_calls c JOIN idempotent_jobs.runs r USING (run_id)"
+        " ORDER BY r.subject_id"
+    ).fetchall()
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_a_backfill_through_a_batch_is_submitted_once_and_each_run_accepted_once(
+    api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    fake.batches.polls_to_complete = 2
+    provider = _provider(api, fake)
+    batch = open_intent(ledger, _steps(), provider, _ids("a", "b", "c"), worker_id="w1")
+    assert batch is not None
+    first = advance(ledger, _steps(), provider, batch.batch_id, worker_id="w1")
+    assert first.state == "submitted" and first.items == {"pending": 3}
+    # While the batch holds the runs, an online worker steps aside: busy, held by the batch.
+    online = run_idempotent(
+        ledger,
+        _ids("a")[0],
+        collect=lambda i: {"subject": "a"},
+        transform=lambda raw: {"label": "online"},
+        worker_id="online",
+    )
+    assert not online.executed and online.status == "running"
+    assert ledger.get(online.run_id).lease_owner == f"batch:{batch.batch_id}"  # type: ignore[union-attr]
+    done = _drive(ledger, provider, batch.batch_id)
+    assert done.items == {"accepted": 3}
+    assert len(fake.batches.created[api]) == 1
+    assert [(s, o, t) for s, o, t, _, _ in _calls(db)] == [
+        ("a", "accepted", "batch"),
+        ("b", "accepted", "batch"),
+        ("c", "accepted", "batch"),
+    ]
+    outbox = db.execute("SELECT count(*) FROM idempotent_jobs.notification_outbox").fetchone()
+    assert outbox == (3,)
+    # The partitions' ordinary runs reuse the batch's results: no model call.
+    called: list[str] = []
+    again = run_idempotent(
+        ledger,
+        _ids("b")[0],
+        collect=lambda i: {"subject": "b"},
+        transform=lambda raw: called.append("b") or {"label": "x"},  # type: ignore[func-returns-value]
+    )
+    assert again.output == {"label": "ok"} and not again.executed and called == []
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_a_create_whose_answer_was_lost_is_found_and_adopted_not_submitted_again(
+    api: str, fake: FakeProviders, ledger: BothFaces
+) -> None:
+    fake.batches.lose_next_creates = 1  # the provider makes the batch, the answer is a 500
+    provider = _provider(api, fake)
+    batch = open_intent(ledger, _steps(), provider, _ids("a", "b"), worker_id="w1")
+    assert batch is not None
+    with pytest.raises(ProviderUnavailableError):
+        advance(ledger, _steps(), provider, batch.batch_id, worker_id="w1")
+    # Another worker takes over once the first one's lease has lapsed: it looks before creating.
+    _lapse(ledger, batch.batch_id)
+    progress = advance(ledger, _steps(), provider, batch.batch_id, worker_id="w2")
+    assert progress.state == "submitted"
+    assert progress.provider_batch_id == fake.batches.created[api][0]
+    assert len(fake.batches.created[api]) == 1
+    _lapse(ledger, batch.batch_id)
+    assert _drive(ledger, provider, batch.batch_id).items == {"accepted": 2}
+
+
+def test_a_crash_after_the_create_before_its_id_is_recorded_adopts_the_batch(
+    fake: FakeProviders, ledger: BothFaces, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    provider = _provider("openai", fake)
+    batch = open_intent(ledger, _steps(), provider, _ids("a", "b"), worker_id="w1")
+    assert batch is not None
+
+    class Killed(BaseException):
+        pass
+
+    def crash(*args: Any) -> bool:
+        raise Killed()
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ledger, "record_submitted", crash)
+        with pytest.raises(Killed):
+            advance(ledger, _steps(), provider, batch.batch_id, worker_id="w1")
+    assert len(fake.batches.created["openai"]) == 1
+    _lapse(ledger, batch.batch_id)
+    progress = advance(ledger, _steps(), provider, batch.batch_id, worker_id="w2")
+    assert progress.provider_batch_id == fake.batches.created["openai"][0]
+    assert len(fake.batches.created["openai"]) == 1
+    row = ledger.batch_row(batch.batch_id)
+    assert row is not None and row["state"] == "submitted"
+
+
+def test_a_second_batch_for_one_intent_is_cancelled_and_reported(
+    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    """Two creates reached the provider (both answers lost): one is adopted, the other
+    cancelled before its results are used, and recorded as a duplicate."""
+    fake.batches.lose_next_creates = 2
+    provider = _provider("openai", fake)
+    batch = open_intent(ledger, _steps(), provider, _ids("a"), worker_id="w1")
+    assert batch is not None
+    # A worker whose search found nothing (the first lost create not listed yet) creates again.
+    with pytest.raises(ProviderUnavailableError):
+        advance(ledger, _steps(), provider, batch.batch_id, worker_id="w1")
+    made = fake.batches.created["openai"][0]
+    fake.batches.batches[made].metadata = {}  # hidden from the next search
+    with pytest.raises(ProviderUnavailableError):
+        advance(ledger, _steps(), provider, batch.batch_id, worker_id="w1")
+    fake.batches.batches[made].metadata = {"idempotent_jobs_batch": batch.batch_id}
+    progress = advance(ledger, _steps(), provider, batch.batch_id, worker_id="w1")
+    assert progress.duplicates == 1 and len(fake.batches.created["openai"]) == 2
+    assert progress.provider_batch_id == made  # the oldest is adopted
+    duplicate = fake.batches.created["openai"][1]
+    assert fake.batches.batches[duplicate].state == "cancelling"
+    rows = db.execute(
+        "SELECT provider_batch_id, role, cancelled_at IS NOT NULL"
+        " FROM idempotent_jobs.batch_submissions ORDER BY role"
+    ).fetchall()
+    assert rows == [(made, "adopted", False), (duplicate, "duplicate", True)]
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_per_item_errors_and_answers_outside_the_schema_fail_their_runs_only(
+    api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    provider = _provider(api, fake)
+    batch = open_intent(ledger, _steps(), provider, _ids("ok", "err", "bad"), worker_id="w1")
+    assert batch is not None
+    done = _drive(ledger, provider, batch.batch_id)
+    assert done.items == {"accepted": 1, "failed": 2}
+    assert [(s, o) for s, o, _, _, _ in _calls(db)] == [
+        ("bad", "rejected"),  # paid for, refused: its cost kept
+        ("ok", "accepted"),
+    ]  # the errored item was not answered, so not paid
+    states: dict[str, str] = dict(
+        db.execute("SELECT subject_id, status FROM idempotent_jobs.runs").fetchall()
+    )
+    assert states == {"ok": "completed", "err": "failed", "bad": "failed"}
+    # A failed run goes online (or into a new batch) like any failed run.
+    retried = run_idempotent(
+        ledger,
+        _ids("err")[0],
+        collect=lambda i: {"subject": "err"},
+        transform=lambda raw: {"label": "online"},
+    )
+    assert retried.executed and retried.output == {"label": "online"}
+
+
+def test_an_expired_batch_accepts_what_it_answered_and_releases_the_rest(
+    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    fake.batches.expire_after_items = 2
+    provider = _provider("openai", fake)
+    batch = open_intent(ledger, _steps(), provider, _ids("a", "b", "c", "d"), worker_id="w1")
+    assert batch is not None
+    done = _drive(ledger, provider, batch.batch_id)
+    assert done.items == {"accepted": 2, "released": 2}
+    released = [
+        row[0]
+        for row in db.execute(
+            "SELECT r.subject_id FROM idempotent_jobs.batch_items i"
+            " JOIN idempotent_jobs.runs r USING (run_id) WHERE i.state = 'released'"
+        ).fetchall()
+    ]
+    assert len(released) == 2
+    for subject in released:  # back to the online lane: computed there, once
+        free = run_idempotent(
+            ledger,
+            _ids(subject)[0],
+            collect=lambda i: {"subject": i.subject_id},
+            transform=lambda raw: {"label": "online"},
+        )
+        assert free.executed
+
+
+def test_a_run_taken_meanwhile_keeps_its_result_the_batch_answer_is_paid_not_accepted(
+    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    provider = _provider("openai", fake)
+    batch = open_intent(ledger, _steps(), provider, _ids("a", "b"), worker_id="w1")
+    assert batch is not None
+    advance(ledger, _steps(), provider, batch.batch_id, worker_id="w1")  # submitted
+    # The batch's lease on `a` lapsed (nobody drove it) and an online worker completed it.
+    db.execute(
+        "UPDATE idempotent_jobs.runs SET lease_expires_at = now() - interval '1 second'"
+        " WHERE subject_id = 'a'"
+    )
+    online = run_idempotent(
+        ledger,
+        _ids("a")[0],
+        collect=lambda i: {"subject": "a"},
+        transform=lambda raw: ModelAnswer({"label": "online"}, ModelUsage("m", 10, 1)),
+    )
+    assert online.executed
+    done = _drive(ledger, provider, batch.batch_id)
+    assert done.items == {"accepted": 1, "not_accepted": 1}
+    assert ledger.get(online.run_id).output == {"label": "online"}  # type: ignore[union-attr]
+    calls = [(s, o, t) for s, o, t, _, _ in _calls(db)]
+    assert calls == [
+        ("a", "accepted", None),
+        ("a", "lease_lost", "batch"),
+        ("b", "accepted", "batch"),
+    ]
+
+
+def test_a_batch_that_does_not_fit_its_budget_is_refused_before_it_is_submitted(
+    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    with LedgerAdmin.beside(ledger) as admin:
+        admin.set_budget(Budget(amount=300), job_name=JOB)
+    provider = _provider("anthropic", fake)
+    with pytest.raises(BudgetExceededError):
+        open_intent(ledger, _steps(), provider, _ids("a", "b", "c"), worker_id="w1")
+    assert fake.batches.created["anthropic"] == []
+    held = db.execute("SELECT count(*) FROM idempotent_jobs.budget_holds").fetchone()
+    assert held == (0,)
+    refused = advance(ledger, _steps(), provider, _open_batch_id(db), worker_id="w1")
+    assert refused.collected and refused.items == {"released": 3}
+    free = run_idempotent(
+        ledger,
+        _ids("a")[0],
+        collect=lambda i: {"subject": "a"},
+        transform=lambda raw: {"label": "online"},
+    )
+    assert free.executed
+
+
+def _open_batch_id(db: psycopg.Connection) -> str:
+    row = db.execute("SELECT batch_id FROM idempotent_jobs.batches").fetchone()
+    assert row is not None
+    return str(row[0])
