@@ -178,8 +178,17 @@ def advance(
     batch, row = ledger.claim_batch(batch_id, worker_id)
     state = str(row["state"])
     duplicates = 0
-    if state == "intent":
+    cancelling = row["cancel_requested_at"] is not None
+    if state == "intent" and cancelling:  # never sent: nothing to cancel at the provider
+        ledger.fail_batch_intent(batch, "cancelled by an operator", "cancelled")
+        _release_pending(ledger, batch, "the batch was cancelled before it was submitted")
+        ledger.finish_batch(batch)
+    elif state == "intent":
         duplicates = _submit(ledger, steps, provider, batch)
+    elif state == "submitted" and cancelling and row["cancel_sent_at"] is None:
+        found = provider.cancel_batch(str(row["provider_batch_id"]))
+        ledger.batch_cancel_sent(batch)
+        ledger.record_batch_status(batch, found.state, found.status, found.error)
     elif state == "submitted":
         found = provider.retrieve_batch(str(row["provider_batch_id"]))
         state = ledger.record_batch_status(batch, found.state, found.status, found.error)

@@ -347,6 +347,37 @@ class LedgerAdmin(LedgerFace):
         params = {"provider": provider, "model": model, "key_name": key_name}
         return bool(self._db.rows("delete_rate_limit", params))
 
+    def batches(
+        self,
+        *,
+        batch_id: str | None = None,
+        job_name: str | None = None,
+        state: str | None = None,
+        limit: int = 50,
+    ) -> list[dict[str, Any]]:
+        """Batches of the batch lane, newest first, with their items by state and their money
+        (at the price in force for each call; ``unpriced`` calls make it a floor)."""
+        params = {"batch_id": batch_id, "job_name": job_name, "state": state, "limit": limit}
+        return self._db.fetch("list_batches", params, dict_row)
+
+    def batch_runs(self, batch_id: str) -> list[dict[str, Any]]:
+        """A batch's runs: each item's run, subject, state, error and recorded call."""
+        return self._db.fetch("batch_runs", {"batch_id": batch_id}, dict_row)
+
+    def cancel_batch(self, batch_id: str, requested_by: str | None = None) -> dict[str, Any]:
+        """Ask for the batch to be cancelled: its lane cancels it at the provider at its next
+        step, accepts what was answered and releases the rest (their runs go online or into
+        another batch). :class:`InvalidInputError` naming ``batch_id`` when there is no such
+        batch or it has ended."""
+        rows = self._db.fetch(
+            "request_batch_cancel",
+            {"batch_id": batch_id, "requested_by": requested_by},
+            dict_row,
+        )
+        if not rows:
+            raise InvalidInputError("batch_id", f"no open batch {batch_id!r} to cancel")
+        return rows[0]
+
     def rate_limits(self) -> list[dict[str, Any]]:
         """Every provider rate limit, as rows (who declared it: a job's name, or ``operator``)."""
         return self._db.fetch("list_rate_limits", {}, dict_row)

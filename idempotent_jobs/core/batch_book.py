@@ -205,9 +205,15 @@ class BatchBook(LedgerFace):
             raise LeaseLostError()
         return str(rows[0][0])
 
-    def fail_batch_intent(self, batch: BatchLease, error: str) -> None:
-        """End an intent that will not be submitted (its items released by the caller)."""
-        self._db.rows("fail_batch_intent", {**batch.params(), "error": error[:2000]})
+    def fail_batch_intent(self, batch: BatchLease, error: str, state: str = "failed") -> None:
+        """End an intent that will not be submitted (its items released by the caller):
+        ``failed``, or ``cancelled`` by an operator."""
+        params = {**batch.params(), "error": error[:2000], "state": state}
+        self._db.rows("fail_batch_intent", params)
+
+    def batch_cancel_sent(self, batch: BatchLease) -> None:
+        """Record that the provider was asked to cancel the batch."""
+        self._db.rows("batch_cancel_sent", batch.params())
 
     def batch_items(self, batch_id: str, *, pending_only: bool = False) -> list[BatchItem]:
         """The batch's items with their runs' checkpoints."""

@@ -17,6 +17,7 @@ from idempotent_jobs import __version__
 from idempotent_jobs.core.constants import DATABASE_URL_ENV, DEFAULT_SCHEMA
 from idempotent_jobs.core.errors import LedgerError
 from idempotent_jobs.operator.commands import (
+    batches,
     costs,
     db,
     drill,
@@ -33,7 +34,7 @@ from idempotent_jobs.operator.commands.common import Shared, positive
 from idempotent_jobs.operator.render import escape_controls
 
 #: The command modules, in the order ``--help`` lists them.
-COMMANDS = (setup, db, launch, runs, outbox, health, revise, prune, drill, costs, limits)
+COMMANDS = (setup, db, launch, runs, outbox, health, revise, prune, drill, costs, limits, batches)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -34,6 +34,11 @@ CREATE TABLE {schema}.batches (
     -- What the provider said last: its status and counts, as JSON.
     provider_status    jsonb,
     error              text,
+    -- An operator's `batches cancel`: the lane cancels the provider batch at its next step
+    -- (`cancel_sent_at`), collects what was answered and releases the rest.
+    cancel_requested_at timestamptz,
+    cancel_requested_by text,
+    cancel_sent_at     timestamptz,
     -- The Dagster run (or other caller) that made the intent, for the UI and the operator.
     caller_run_id      text
 );
@@ -59,6 +64,7 @@ CREATE TABLE {schema}.batch_items (
     PRIMARY KEY (batch_id, run_id)
 );
 CREATE INDEX batch_items_run ON {schema}.batch_items (run_id);
+CREATE INDEX batches_job ON {schema}.batches (job_name, created_at);
 
 -- Every provider batch found for an intent: the one adopted, and any duplicate (a second
 -- create the provider accepted for the same intent), cancelled before its results are used.

@@ -613,3 +613,55 @@ RETURNING provider
 -- name: list_rate_limits
 -- Every provider rate limit, by provider, model and key name.
 SELECT * FROM {schema}.rate_limits ORDER BY provider, model, key_name
+
+-- name: list_batches
+-- Batches, newest first, of one job or all, in one state or any, with their items by state and their money.
+-- Money: the calls recorded under the batch (worker `batch:<id>`), each at the price in force
+-- when it was made; `unpriced` counts those no price covers (the money is then a floor).
+SELECT b.batch_id, b.job_name, b.provider, b.model, b.state, b.provider_batch_id, b.items,
+  b.lease_owner, b.lease_expires_at, b.created_at, b.submitted_at, b.ended_at, b.collected_at,
+  b.cancel_requested_at, b.cancel_requested_by, b.error, b.provider_status,
+  COALESCE((SELECT jsonb_object_agg(s.state, s.n) FROM (SELECT i.state, count(*) AS n
+    FROM {schema}.batch_items AS i WHERE i.batch_id = b.batch_id GROUP BY i.state) AS s),
+    jsonb_build_object()) AS item_states,
+  m.calls, m.money, m.unpriced,
+  (SELECT count(*) FROM {schema}.batch_submissions AS d
+    WHERE d.batch_id = b.batch_id AND d.role = 'duplicate') AS duplicates,
+  (SELECT currency FROM {schema}.ledger_currency) AS currency
+FROM {schema}.batches AS b
+LEFT JOIN LATERAL (
+  SELECT count(*) AS calls,
+    sum({schema}.usage_money(c.input_tokens, c.output_tokens, c.cache_read_tokens,
+      c.cache_write_tokens, c.cache_write_1h_tokens, c.reasoning_tokens, p)) AS money,
+    count(*) FILTER (WHERE p.input_per_million IS NULL) AS unpriced
+  FROM {schema}.batch_items AS i
+  JOIN {schema}.model_calls AS c ON c.run_id = i.run_id AND c.lease_epoch = i.lease_epoch
+    AND c.worker_id = 'batch:' || i.batch_id
+  LEFT JOIN LATERAL {schema}.price_in_force(c.requested_model, c.model_name, c.tier,
+    c.called_at) AS p ON true
+  WHERE i.batch_id = b.batch_id
+) AS m ON true
+WHERE (%(batch_id)s::text IS NULL OR b.batch_id = %(batch_id)s)
+  AND (%(job_name)s::text IS NULL OR b.job_name = %(job_name)s)
+  AND (%(state)s::text IS NULL OR b.state = %(state)s)
+ORDER BY b.created_at DESC
+LIMIT %(limit)s
+
+-- name: batch_runs
+-- A batch's runs: each item's run, subject, state, error and its recorded call's tokens.
+SELECT i.run_id, r.subject_id, r.scheduled_at, i.lease_epoch, i.custom_id, i.state, i.error,
+  r.status AS run_status, c.outcome AS call_outcome, c.input_tokens, c.output_tokens
+FROM {schema}.batch_items AS i
+JOIN {schema}.runs AS r ON r.run_id = i.run_id
+LEFT JOIN {schema}.model_calls AS c ON c.run_id = i.run_id AND c.lease_epoch = i.lease_epoch
+  AND c.worker_id = 'batch:' || i.batch_id
+WHERE i.batch_id = %(batch_id)s
+ORDER BY r.subject_id, r.scheduled_at
+
+-- name: request_batch_cancel
+-- Ask for a batch to be cancelled (the lane cancels it at the provider at its next step); not one already collected.
+UPDATE {schema}.batches
+SET cancel_requested_at = COALESCE(cancel_requested_at, now()),
+  cancel_requested_by = COALESCE(cancel_requested_by, %(requested_by)s)
+WHERE batch_id = %(batch_id)s AND state NOT IN ('collected', 'cancelled', 'expired', 'failed')
+RETURNING batch_id, state, cancel_requested_at

@@ -830,11 +830,17 @@ WHERE batch_id = %(batch_id)s AND lease_owner = %(worker_id)s AND lease_epoch = 
 RETURNING state
 
 -- name: fail_batch_intent
--- End an intent that will not be submitted (a budget refused it, or it has no items), under the batch's lease.
-UPDATE {schema}.batches SET state = 'failed', error = %(error)s, ended_at = now()
+-- End an intent that will not be submitted (a budget refused it, it has no items, an operator cancelled it), under the batch's lease.
+UPDATE {schema}.batches SET state = %(state)s, error = %(error)s, ended_at = now()
 WHERE batch_id = %(batch_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
   AND state = 'intent' AND provider_batch_id IS NULL
 RETURNING state
+
+-- name: batch_cancel_sent
+-- Record that the provider was asked to cancel the batch an operator cancelled, under the batch's lease.
+UPDATE {schema}.batches SET cancel_sent_at = COALESCE(cancel_sent_at, now())
+WHERE batch_id = %(batch_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
+RETURNING cancel_sent_at
 
 -- name: batch_items
 -- The batch's items with their runs' checkpoints, in custom_id order.
