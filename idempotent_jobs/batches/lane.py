@@ -49,15 +49,18 @@ RENEW_EVERY_ITEMS = 200
 @dataclass(frozen=True)
 class BatchSteps:
     """What the lane needs of a job: its identity job name, the collector, the prompt builder
-    (raw input -> :class:`Prompt`), the output schema, the validator and the payload builder
-    (output -> notifications by channel), as the online job has them."""
+    (raw input and the run's identity -> :class:`Prompt`), the output schema, the validator and
+    the payload builder (output and identity -> notifications by channel), as the online job
+    has them."""
 
     job_name: str
     collect: Callable[[RunIdentity], dict[str, Any]]
-    prompt: Callable[[dict[str, Any], str], Prompt]
+    prompt: Callable[[dict[str, Any], RunIdentity], Prompt]
     schema: OutputSchema | None = None
     validate: Callable[[dict[str, Any]], object] | None = None
-    notifications: Callable[[dict[str, Any]], Mapping[str, dict[str, Any]]] | None = None
+    notifications: Callable[[RunIdentity, dict[str, Any]], Mapping[str, dict[str, Any]]] | None = (
+        None
+    )
     config: JobConfig = field(default_factory=JobConfig)
 
 
@@ -100,10 +103,12 @@ def open_intent(
     )
     owner = batch_worker(batch.batch_id)
     leases: list[Lease] = []
+    claimed: dict[str, RunIdentity] = {}
     for identity in identities:
         _, lease = ledger.begin(identity, owner, lease_seconds)
         if lease is None:
             continue
+        claimed[lease.run_id] = identity
         try:
             leases.append(collect_once(ledger, lease, _collector(steps, identity)))
         except Exception:  # noqa: BLE001 - that run's attempt is ended failed; the batch goes on
@@ -114,7 +119,7 @@ def open_intent(
         ledger.fail_batch_intent(batch, "no run of the range was left to compute")
         return None
     try:
-        _hold_budgets(ledger, steps, provider, leases)
+        _hold_budgets(ledger, steps, provider, leases, claimed)
     except BudgetExceededError as refused:
         for lease in leases:
             _give_back(ledger, batch, lease.run_id, lease)
@@ -128,7 +133,11 @@ def _collector(steps: BatchSteps, identity: RunIdentity) -> Callable[[], dict[st
 
 
 def _hold_budgets(
-    ledger: RunLedger, steps: BatchSteps, provider: BatchProvider, leases: list[Lease]
+    ledger: RunLedger,
+    steps: BatchSteps,
+    provider: BatchProvider,
+    leases: list[Lease],
+    identities: dict[str, RunIdentity],
 ) -> None:
     """Hold every item's worst case at the batch tier; all or none."""
     held: list[Lease] = []
@@ -136,7 +145,7 @@ def _hold_budgets(
         for lease in leases:
             if lease.budgeted is False:
                 continue
-            prompt = steps.prompt(lease.stored_raw_input or {}, lease.run_id)
+            prompt = steps.prompt(lease.stored_raw_input or {}, identities[lease.run_id])
             most_in, most_out = provider.worst_case(prompt, steps.schema)
             ledger.reserve_budget(
                 lease,
@@ -171,11 +180,28 @@ def advance(
     batch_id: str,
     *,
     worker_id: str,
+    hand_back: bool = False,
 ) -> BatchProgress:
     """Move the batch one step on (submit an intent; poll a submitted batch; collect an ended
     one) under its lease, and say where it stands. :class:`LeaseLostError` while another
-    worker advances it."""
+    worker advances it. ``hand_back``: give the batch's lease back after the step, so another
+    process (the lane's sensor) takes the next one at once."""
     batch, row = ledger.claim_batch(batch_id, worker_id)
+    try:
+        duplicates = _step(ledger, steps, provider, batch, row)
+    finally:
+        if hand_back:
+            ledger.release_batch(batch)
+    return progress(ledger, batch_id, duplicates)
+
+
+def _step(
+    ledger: RunLedger,
+    steps: BatchSteps,
+    provider: BatchProvider,
+    batch: BatchLease,
+    row: dict[str, Any],
+) -> int:
     state = str(row["state"])
     duplicates = 0
     cancelling = row["cancel_requested_at"] is not None
@@ -200,7 +226,7 @@ def advance(
     elif state in ENDED_STATES:
         found = provider.retrieve_batch(str(row["provider_batch_id"]))
         _collect(ledger, steps, provider, batch, found)
-    return progress(ledger, batch_id, duplicates)
+    return duplicates
 
 
 def progress(ledger: RunLedger, batch_id: str, duplicates: int = 0) -> BatchProgress:
@@ -231,7 +257,7 @@ def _submit(
             return duplicates
     lines = [
         provider.batch_line(
-            item.custom_id, steps.prompt(item.raw_input or {}, item.run_id), steps.schema
+            item.custom_id, steps.prompt(item.raw_input or {}, item.identity), steps.schema
         )
         for item in items
     ]
@@ -326,14 +352,15 @@ def _take(
         return
     try:
         output = _output(reply.text, steps.schema)
-        if steps.validate is not None and steps.validate(output) is False:
-            raise SchemaMismatch(["the validator refused the answer"])
+        _validate(steps, output)
     except SchemaMismatch as mismatch:
         problem = "; ".join(mismatch.problems)[:2000]
         end_attempt(ledger, lease, ValueError(problem), reply.usage, call="rejected")
         ledger.end_batch_item(batch, item.run_id, "failed", problem)
         return
-    notes = dict(steps.notifications(output)) if steps.notifications is not None else None
+    notes = None
+    if steps.notifications is not None:
+        notes = dict(steps.notifications(item.identity, output))
     try:
         done = ledger.complete(
             lease, output, notes, reply.usage, basis=item.basis, config=steps.config
@@ -342,6 +369,18 @@ def _take(
         ledger.end_batch_item(batch, item.run_id, "not_accepted", str(moved)[:2000])
         return
     ledger.end_batch_item(batch, item.run_id, "accepted" if done.accepted else "not_accepted")
+
+
+def _validate(steps: BatchSteps, output: dict[str, Any]) -> None:
+    """The job's validator, as online: ``False`` or an exception refuses the answer."""
+    if steps.validate is None:
+        return
+    try:
+        accepted = steps.validate(output)
+    except Exception as exc:  # noqa: BLE001 - the validator's refusal, in its words
+        raise SchemaMismatch([f"the validator refused the answer: {exc}"]) from None
+    if accepted is False:
+        raise SchemaMismatch(["the validator refused the answer"])
 
 
 def _after_crash(ledger: RunLedger, item: BatchItem) -> str:

@@ -23,6 +23,7 @@ from psycopg.rows import dict_row
 from idempotent_jobs.core.checks import check_lease_seconds, check_name, check_worker_id
 from idempotent_jobs.core.errors import LeaseLostError, LedgerError
 from idempotent_jobs.core.face import LedgerFace
+from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.records import Basis, Lease
 
 #: A batch's states, from intent to collected (see migration 0019).
@@ -36,6 +37,13 @@ ITEM_STATES = ("pending", "accepted", "not_accepted", "failed", "released")
 def batch_worker(batch_id: str) -> str:
     """The lease owner of a batch's runs (and the worker id their calls are recorded under)."""
     return f"batch:{batch_id}"
+
+
+def batch_holding(lease_owner: str | None) -> str | None:
+    """The batch id of a lease owner that is a batch (``batch:<id>``), else ``None``."""
+    if lease_owner is not None and lease_owner.startswith("batch:"):
+        return lease_owner.removeprefix("batch:")
+    return None
 
 
 def custom_id_of(run_id: str, epoch: int) -> str:
@@ -75,7 +83,7 @@ class BatchItem:
     raw_input: dict[str, Any] | None
     revision: int
     input_fingerprint: str | None
-    subject_id: str
+    identity: RunIdentity
 
     @property
     def lease(self) -> Lease:
@@ -230,7 +238,9 @@ class BatchBook(LedgerFace):
                 raw_input=row["raw_input"],
                 revision=row["revision"],
                 input_fingerprint=row["input_fingerprint"],
-                subject_id=row["subject_id"],
+                identity=RunIdentity(
+                    row["job_name"], row["subject_id"], row["scheduled_at"], row["version"]
+                ),
             )
             for row in rows
         ]
@@ -257,6 +267,11 @@ class BatchBook(LedgerFace):
         """Which of these provider batches a batch of the ledger has recorded already."""
         rows = self._db.rows("recorded_provider_batches", {"ids": provider_batch_ids})
         return [row[0] for row in rows]
+
+    def release_batch(self, batch: BatchLease) -> bool:
+        """Give the batch's lease back, so another process (the lane's sensor) advances it at
+        once; the leases it holds on its runs stay, until their expiry."""
+        return bool(self._db.rows("release_batch", batch.params()))
 
     def finish_batch(self, batch: BatchLease) -> bool:
         """Mark the batch collected once no item is pending; returns whether it was."""

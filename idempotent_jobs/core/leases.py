@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from idempotent_jobs.core import telemetry
+from idempotent_jobs.core.batch_book import batch_holding
 from idempotent_jobs.core.errors import LeaseLostError, RunNotFoundError
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.ledger import RunLedger
@@ -46,7 +47,8 @@ def acquire(
         if record is None:
             raise RunNotFoundError(f"run {run_id} is not registered")
         remaining = deadline - time.monotonic()
-        if record.status == "completed" or remaining <= 0:
+        # A batch holds its runs for hours: stepping aside at once, not after the wait.
+        if record.status == "completed" or remaining <= 0 or batch_holding(record.lease_owner):
             if waited:
                 outcome = "reused" if record.status == "completed" else "busy"
                 telemetry.record_lease_wait(time.monotonic() - began, outcome)
@@ -66,9 +68,15 @@ class Reused:
 
 @dataclass(frozen=True)
 class Busy:
-    """Another worker still holds the run's lease (after any wait): do no work."""
+    """Another worker still holds the run's lease (after any wait), or a batch of the batch
+    lane does (at once: :attr:`batch_id`): do no work."""
 
     record: RunRecord
+
+    @property
+    def batch_id(self) -> str | None:
+        """The batch holding the run, when a batch does."""
+        return batch_holding(self.record.lease_owner)
 
 
 def claim_or_reuse(
@@ -142,7 +150,7 @@ def _claim_or_reuse(
             return lease
         if record.status == "completed":
             return Reused(record)
-        if wait_seconds <= 0:
+        if wait_seconds <= 0 or batch_holding(record.lease_owner):
             return Busy(record)
         run = record.run_id
     got = acquire(

@@ -10,6 +10,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from idempotent_jobs.dagster.batch_lane import BatchRange, build_batch_lane
     from idempotent_jobs.dagster.component import IdempotentJob
     from idempotent_jobs.dagster.job_factory import build_idempotent_job
     from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from idempotent_jobs.dagster.retention_job import build_retention_job
 
 _HOMES = {
+    "BatchRange": "batch_lane",
+    "build_batch_lane": "batch_lane",
     "IdempotentJob": "component",
     "IdempotentJobSpec": "job_spec",
     "build_idempotent_job": "job_factory",
@@ -55,6 +58,7 @@ _HOMES = {
 
 __all__ = [
     "AnthropicModel",
+    "BatchRange",
     "Collector",
     "IdempotentJob",
     "IdempotentJobSpec",
@@ -66,6 +70,7 @@ __all__ = [
     "StepContext",
     "StructuredModel",
     "WebhookChannel",
+    "build_batch_lane",
     "build_idempotent_job",
     "build_reconciliation_job",
     "build_retention_job",

@@ -15,6 +15,7 @@ from typing import Any
 import dagster as dg
 
 from idempotent_jobs.core import telemetry
+from idempotent_jobs.core.batch_book import batch_holding
 from idempotent_jobs.core.errors import (
     BudgetExceededError,
     LeaseBusyError,
@@ -120,6 +121,13 @@ def _report(
 
 
 def _busy(record: RunRecord) -> LeaseBusyError:
+    batch_id = batch_holding(record.lease_owner)
+    if batch_id is not None:
+        return LeaseBusyError(
+            f"run {record.run_id} is in batch {batch_id} of the batch lane, which computes it "
+            f"(held until {record.lease_expires_at}); nothing is paid for it here, and its "
+            "result is reused once the batch is collected"
+        )
     return LeaseBusyError(
         f"run {record.run_id} is held by {record.lease_owner} until {record.lease_expires_at}"
     )

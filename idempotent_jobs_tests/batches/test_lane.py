@@ -60,13 +60,19 @@ def _provider(api: str, fake: FakeProviders) -> BatchProvider:
     return AnthropicBatches(model="claude-x", api_key="k", base_url=fake.anthropic_url)
 
 
+def _prompt(raw: dict[str, Any], identity: RunIdentity) -> Prompt:
+    return Prompt.of(system="Label it.", user=f"subject {raw['subject']}")
+
+
 def _steps() -> BatchSteps:
     return BatchSteps(
         job_name=JOB,
         collect=lambda identity: {"subject": identity.subject_id},
-        prompt=lambda raw, run_id: Prompt.of(system="Label it.", user=f"subject {raw['subject']}"),
+        prompt=lambda raw, identity: Prompt.of(
+            system="Label it.", user=f"subject {raw['subject']}"
+        ),
         schema=SCHEMA,
-        notifications=lambda output: {"webhook": {"label": output["label"]}},
+        notifications=lambda identity, output: {"webhook": {"label": output["label"]}},
         config=JobConfig.of(prompt="Label it.", model="m", validator=""),
     )
 

@@ -893,3 +893,9 @@ SELECT provider_batch_id FROM {schema}.batch_submissions
 WHERE provider_batch_id = ANY(%(ids)s::text[])
 UNION
 SELECT provider_batch_id FROM {schema}.batches WHERE provider_batch_id = ANY(%(ids)s::text[])
+
+-- name: release_batch
+-- Give the batch's lease back (the process that opened it hands it to the lane's sensor); the leases it holds on its runs stay.
+UPDATE {schema}.batches SET lease_owner = NULL, lease_expires_at = NULL
+WHERE batch_id = %(batch_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
+RETURNING batch_id

@@ -33,6 +33,7 @@ from idempotent_jobs.core.steps import ModelAnswer
 from idempotent_jobs.dagster.resources.steps import ModelStep, StepContext
 from idempotent_jobs.models.answers import Provider, RetryPolicy, answer
 from idempotent_jobs.models.anthropic_messages import AnthropicMessages
+from idempotent_jobs.models.batches import AnthropicBatches, BatchProvider, OpenAIBatches
 from idempotent_jobs.models.openai_chat import OpenAIChat
 from idempotent_jobs.models.prompts import Prompt, json_prompt
 from idempotent_jobs.models.schema import OutputSchema
@@ -147,6 +148,10 @@ class StructuredModel(ModelStep):
     @abstractmethod
     def provider(self) -> Provider: ...
 
+    @abstractmethod
+    def batch_provider(self) -> BatchProvider:
+        """The provider's batch API with this step's settings (the batch lane's)."""
+
     def generate(self, raw_input: dict[str, Any], context: StepContext) -> ModelAnswer:
         return answer(
             self.provider(),
@@ -184,6 +189,18 @@ class OpenAICompatibleModel(StructuredModel):
             key_name=self.api_key_name,
         )
 
+    def batch_provider(self) -> BatchProvider:
+        return OpenAIBatches(
+            model=self.model,
+            api_key=self.api_key or "not-needed",
+            base_url=self.base_url,
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
+            timeout_seconds=self.timeout_seconds,
+            strict_schema=self.strict_schema,
+            key_name=self.api_key_name,
+        )
+
 
 class AnthropicModel(StructuredModel):
     """Anthropic's Messages: structured output by ``output_config`` with the job's JSON
@@ -195,6 +212,17 @@ class AnthropicModel(StructuredModel):
 
     def provider(self) -> Provider:
         return AnthropicMessages(
+            model=self.model,
+            api_key=self.api_key,
+            max_tokens=self.max_tokens,
+            base_url=self.base_url,
+            temperature=self.temperature,
+            timeout_seconds=self.timeout_seconds,
+            key_name=self.api_key_name,
+        )
+
+    def batch_provider(self) -> BatchProvider:
+        return AnthropicBatches(
             model=self.model,
             api_key=self.api_key,
             max_tokens=self.max_tokens,

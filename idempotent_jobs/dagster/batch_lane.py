@@ -1,0 +1,192 @@
+"""The batch lane in Dagster: a job that opens a batch for a range of a spec's partitions, and a
+sensor that advances every open batch of the spec until it is collected.
+
+Launch ``<name>_batch`` from the UI's launchpad with a range (``start`` and ``end``, window
+partition keys, both included, and optionally ``subjects``): its one op claims the range's runs
+for a new batch, checkpoints their inputs with the job's collector, holds the batch's worst
+case under the job's budgets, submits it, and ends. Nothing waits in an op: the sensor
+``<name>_batches`` polls each open batch (one step per tick, as :func:`advance` does) and
+collects it item by item when the provider ends it. Each tick says in the UI where every batch
+stands (state, items accepted, failed and pending). The partitions' ordinary runs then reuse
+the accepted results: a schedule tick or a re-execution makes no model call. While a batch
+holds a partition, an online run of it steps aside at once (its step fails, naming the batch,
+without retry and without paying).
+
+The model step must have a batch API: :class:`OpenAICompatibleModel` or
+:class:`AnthropicModel`.
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+import dagster as dg
+
+from idempotent_jobs.batches import BatchProgress, BatchSteps, advance, open_intent
+from idempotent_jobs.core.errors import InvalidInputError, LeaseLostError
+from idempotent_jobs.core.identity import RunIdentity
+from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
+from idempotent_jobs.dagster.partitions import partition_key
+from idempotent_jobs.dagster.resources.real_models import StructuredModel
+from idempotent_jobs.dagster.resources.steps import Collector, StepContext
+from idempotent_jobs.models.prompts import Prompt
+
+#: How long a batch holds its runs without a renewal (the sensor renews at every tick).
+DEFAULT_BATCH_LEASE_SECONDS = 1800.0
+
+
+class BatchRange(dg.Config):
+    """The partitions a batch computes: windows ``start`` to ``end`` (partition keys of the
+    window, both included), for ``subjects`` (empty: every subject of the spec)."""
+
+    start: str
+    end: str
+    subjects: list[str] = []
+
+
+def batch_model(spec: IdempotentJobSpec, resources: Any) -> StructuredModel:
+    """The spec's model step, which must have a batch API."""
+    model = getattr(resources, spec.model)
+    if not isinstance(model, StructuredModel):
+        raise InvalidInputError(
+            f"{spec.name}: model",
+            f"the batch lane needs a model step with a batch API (OpenAICompatibleModel or "
+            f"AnthropicModel); {type(model).__name__} has none",
+        )
+    return model
+
+
+def batch_steps(
+    spec: IdempotentJobSpec, model: StructuredModel, collector: Collector | None = None
+) -> BatchSteps:
+    """The lane's view of the spec: its collector, the model step's prompt builder and schema,
+    the spec's validator and payload, and the configuration results are recorded under."""
+
+    def prompt(raw_input: dict[str, Any], identity: RunIdentity) -> Prompt:
+        context = StepContext(identity, spec.prompt, identity.run_id, None, "batch")
+        return model.build_prompt(raw_input, context)
+
+    def collect(identity: RunIdentity) -> dict[str, Any]:
+        if collector is None:
+            raise InvalidInputError("collector", "the batch's sensor collects no input")
+        return collector.collect(identity)
+
+    return BatchSteps(
+        job_name=spec.identity_job_name,
+        collect=collect,
+        prompt=prompt,
+        schema=model.output_schema_of(),
+        validate=spec.validate,
+        notifications=spec.notifications,
+        config=spec.config_of(model),
+    )
+
+
+def range_identities(spec: IdempotentJobSpec, chosen: BatchRange) -> list[RunIdentity]:
+    """The runs of the range, refused in one line naming the field when it is not the spec's."""
+    keys = spec.window.get_partition_keys()
+    for field_name, key in (("start", chosen.start), ("end", chosen.end)):
+        if key not in keys:
+            raise InvalidInputError(
+                f"{spec.name}_batch: {field_name}",
+                f"{key!r} is not a window of the job (e.g. {keys[0]!r})",
+            )
+    windows = keys[keys.index(chosen.start) : keys.index(chosen.end) + 1]
+    if not windows:
+        raise InvalidInputError(f"{spec.name}_batch: end", "comes before start")
+    unknown = sorted(set(chosen.subjects) - set(spec.subjects))
+    if unknown:
+        raise InvalidInputError(f"{spec.name}_batch: subjects", f"not the job's: {unknown}")
+    subjects: Sequence[str] = chosen.subjects or spec.subjects
+    return [
+        spec.identity_for(partition_key(subject, window))
+        for window in windows
+        for subject in subjects
+    ]
+
+
+def describe(progress: BatchProgress) -> str:
+    items = ", ".join(
+        f"{n} {state.replace('_', ' ')}" for state, n in sorted(progress.items.items())
+    )
+    return f"batch {progress.batch_id} {progress.state} ({items or 'no items'})"
+
+
+def build_batch_lane(
+    spec: IdempotentJobSpec,
+    *,
+    minimum_interval_seconds: int = 30,
+    lease_seconds: float = DEFAULT_BATCH_LEASE_SECONDS,
+) -> tuple[dg.JobDefinition, dg.SensorDefinition]:
+    """The spec's batch job (``<name>_batch``, launched with a :class:`BatchRange`) and the
+    sensor that advances its batches (``<name>_batches``, every ``minimum_interval_seconds``).
+    Bind the same resources as the online job's."""
+    keys = {"ledger", spec.collector, spec.model}
+
+    @dg.op(name="open_batch", required_resource_keys=keys)
+    def open_batch_op(context: dg.OpExecutionContext, config: BatchRange) -> None:
+        ledger: RunLedger = context.resources.ledger
+        model = batch_model(spec, context.resources)
+        steps = batch_steps(spec, model, getattr(context.resources, spec.collector))
+        provider = model.batch_provider()
+        identities = range_identities(spec, config)
+        worker = f"dagster:{context.run_id}:open_batch"
+        batch = open_intent(
+            ledger,
+            steps,
+            provider,
+            identities,
+            worker_id=worker,
+            lease_seconds=lease_seconds,
+            caller_run_id=context.run_id,
+        )
+        if batch is None:
+            context.add_output_metadata(
+                {"result": "nothing to compute", "partitions": len(identities)}
+            )
+            return
+        # Submitted here, then handed to the sensor (the batch's lease given back).
+        progress = advance(
+            ledger, steps, provider, batch.batch_id, worker_id=worker, hand_back=True
+        )
+        context.add_output_metadata(
+            {
+                "batch_id": batch.batch_id,
+                "state": progress.state,
+                "provider_batch_id": progress.provider_batch_id or "",
+                "partitions": len(identities),
+                "runs_in_batch": sum(progress.items.values()),
+                "skipped": len(identities) - sum(progress.items.values()),
+            }
+        )
+
+    @dg.job(name=f"{spec.name}_batch", tags={**spec.tags(), "idempotent_jobs/lane": "batch"})
+    def batch_job() -> None:
+        open_batch_op()
+
+    @dg.sensor(
+        name=f"{spec.name}_batches",
+        minimum_interval_seconds=minimum_interval_seconds,
+        required_resource_keys={"ledger", spec.model},
+        description=f"Advances the batches of {spec.name}_batch until they are collected",
+    )
+    def batches_sensor(context: dg.SensorEvaluationContext) -> dg.SkipReason:
+        ledger: RunLedger = context.resources.ledger
+        model = batch_model(spec, context.resources)
+        steps = batch_steps(spec, model)
+        provider = model.batch_provider()
+        lines = []
+        for batch_id in ledger.open_batches([spec.identity_job_name]):
+            try:
+                progress = advance(
+                    ledger, steps, provider, batch_id, worker_id=f"sensor:{spec.name}_batches"
+                )
+            except LeaseLostError:
+                lines.append(f"batch {batch_id}: advanced by another worker now")
+                continue
+            lines.append(describe(progress))
+        text = "; ".join(lines) or "no open batch"
+        context.log.info(text)
+        return dg.SkipReason(text)
+
+    return batch_job, batches_sensor
