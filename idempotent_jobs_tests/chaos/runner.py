@@ -20,7 +20,9 @@ records its paid answer as Dagster's ``transform`` does, then is killed or pause
 before the commit: the recovery commits that answer with no model call, the paused one is
 fenced), ``provider`` (two workers on one run call a real model step, OpenAI's API, at a
 provider that throttles with ``Retry-After``, fails with 5xx, cuts answers off mid-way and
-answers outside the schema: every request it received is one recorded call). After each trial the
+answers outside the schema: every request it received is one recorded call), ``batch`` (a batch
+lane driver killed at one step of a batch's life while the batch API fails, loses a create's
+answer, expires or fails items: see ``batch_trials``). After each trial the
 invariants are checked from the database and the receiver, among them: every paid model call is
 recorded once, and no lease outlives its holder's failure. Prints ``N passed, M failed``.
 """
@@ -46,6 +48,7 @@ from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.retention import RetentionPolicy, prune
 from idempotent_jobs.dagster.resources import WebhookChannel
 from idempotent_jobs.operator.embedded import start_embedded_postgres, stop_embedded_postgres
+from idempotent_jobs_tests.chaos.batch_trials import BatchTrials
 from idempotent_jobs_tests.chaos.parts import (
     CHAOS_AUTHORIZATION,
     CRASH_POINTS,
@@ -76,6 +79,7 @@ KINDS = (
     "budget",
     "answered",
     "provider",
+    "batch",
 )
 # The budget trials: two calls' worst cases fit a subject's daily budget, a third's does not.
 BUDGET_TOKENS, CALL_TOKENS = 200, 80
@@ -139,10 +143,13 @@ class Chaos:
         self.proxy_url = make_conninfo(
             "", host="127.0.0.1", port=self.proxy.port, user="postgres", dbname="postgres"
         )
+        self._batch_trials: BatchTrials | None = None
         self.ctx = multiprocessing.get_context("forkserver")
         self.ctx.set_forkserver_preload(["idempotent_jobs", "idempotent_jobs_tests.chaos.parts"])
 
     def close(self) -> None:
+        if self._batch_trials is not None:
+            self._batch_trials.close()
         self.faulty.close()
         if self.bouncer is not None:
             self.bouncer.stop()
@@ -615,6 +622,13 @@ class Chaos:
             )
         return self.verdict(trial, "provider")
 
+    def batch(self, trial: int) -> Verdict:
+        """A batch lane driver killed at one step of a batch's life, a provider failing on
+        the way (see :mod:`~idempotent_jobs_tests.chaos.batch_trials`)."""
+        if self._batch_trials is None:
+            self._batch_trials = BatchTrials(self)
+        return self._batch_trials.trial(trial)
+
     def restart(self, trial: int) -> Verdict:
         trials = [trial * 1000 + i for i in range(RESTART_BATCH)]
         markers = [str(self.workdir / f"pause-{t}") for t in trials]
@@ -677,6 +691,7 @@ def summary(verdicts: list[Verdict]) -> str:
     restarts = Counter(v.kind.split(":")[1] for v in verdicts if v.kind.startswith("restart:"))
     revisions = Counter(v.kind.split(":")[1] for v in verdicts if v.kind.startswith("revise:"))
     prunes = Counter(v.kind.split(":")[1] for v in verdicts if v.kind.startswith("prune:"))
+    batch = Counter(v.kind.split(":")[1] for v in verdicts if v.kind.startswith("batch:"))
     hostile = Counter(
         part
         for v in verdicts
@@ -694,6 +709,8 @@ def summary(verdicts: list[Verdict]) -> str:
         "delivery faults: " + ", ".join(f"{k}={n}" for k, n in sorted(faults.items())),
         "prunes: " + ", ".join(f"{k}={n}" for k, n in sorted(prunes.items())),
         "hostile answers and modes: " + ", ".join(f"{k}={n}" for k, n in sorted(hostile.items())),
+        "batch providers and kill points: "
+        + ", ".join(f"{k}={n}" for k, n in sorted(batch.items())),
         f"duplicates={sum(v.duplicates for v in verdicts)} lost={sum(v.lost for v in verdicts)}",
         f"{len(verdicts) - len(failed)} passed, {len(failed)} failed",
     ]
