@@ -200,3 +200,8 @@ class JobHistory:
     p10_cost: float | None = None
     tokens_per_input_byte: float | None = None
     cost_per_input_byte: float | None = None
+    #: The accepted runs' money at the batch tier's prices in force now (the batch lane's).
+    batch_p10_cost: float | None = None
+    batch_median_cost: float | None = None
+    batch_p90_cost: float | None = None
+    batch_priced: bool = False

@@ -61,6 +61,11 @@ class Estimate:
     sized: int = 0
     basis: list[str] = field(default_factory=list)
     to_compute_keys: list[str] = field(default_factory=list)
+    #: The same runs through the batch lane, at the batch tier's prices in force now (``None``
+    #: where a model has no batch price).
+    batch_low_cost: float | None = None
+    batch_expected_cost: float | None = None
+    batch_high_cost: float | None = None
 
 
 def window_range(spec: IdempotentJobSpec, first: str, last: str) -> list[tuple[str, datetime]]:
@@ -190,6 +195,13 @@ def estimate(
             return None
         return _scaled(per_run, h.median_cost, per_byte_cost, unsized, size)
 
+    def batch_cost(per_run: float | None) -> float | None:
+        if not h.batch_priced or not h.median_cost or h.batch_median_cost is None:
+            return None
+        ratio = h.batch_median_cost / h.median_cost
+        per_byte = per_byte_cost * ratio if per_byte_cost is not None else None
+        return _scaled(per_run, h.batch_median_cost, per_byte, unsized, size)
+
     return Estimate(
         job=spec.name,
         identity_job=spec.identity_job_name,
@@ -214,6 +226,9 @@ def estimate(
         sized=sized,
         basis=basis,
         to_compute_keys=keys,
+        batch_low_cost=batch_cost(h.batch_p10_cost),
+        batch_expected_cost=batch_cost(h.batch_median_cost),
+        batch_high_cost=batch_cost(h.batch_p90_cost),
     )
 
 

@@ -71,3 +71,19 @@ def test_an_estimate_prices_at_the_history_of_prices(ledger: BothFaces) -> None:
         result = estimate(admin, SPEC, "2026-11-01", "2026-11-02", ["a", "b"])
     assert result.to_compute == 3 and result.expected_cost == 3 * 0.001
     assert result.currency == "USD"
+
+
+def test_an_estimate_shows_the_batch_lane_at_the_batch_tiers_price_side_by_side(
+    ledger: BothFaces,
+) -> None:
+    _run(ledger, "a|2026-11-01", "x", 1000)
+    with LedgerAdmin.beside(ledger) as admin:
+        admin.set_price("m", "1", "1", effective_from=datetime(2020, 1, 1, tzinfo=UTC))
+        no_batch_price = estimate(admin, SPEC, "2026-11-01", "2026-11-02", ["a", "b"])
+        admin.set_price("m", "0.5", "0.5", tier="batch")
+        result = estimate(admin, SPEC, "2026-11-01", "2026-11-02", ["a", "b"])
+    # Without a batch price the batch figure is unknown, never the standard price.
+    assert no_batch_price.batch_expected_cost is None
+    assert not no_batch_price.history.batch_priced
+    assert result.expected_cost == 3 * 0.001
+    assert result.batch_expected_cost == 3 * 0.0005

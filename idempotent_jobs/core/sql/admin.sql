@@ -203,19 +203,27 @@ DELETE FROM {schema}.spend_budgets WHERE budget_id = %(budget_id)s RETURNING bud
 -- Per accepted run (its accepted call; the latest `sample` runs): p10, median and p90 of tokens
 -- and money (at the price in force when each call was made), and the tokens per byte of its
 -- checkpointed input (to scale a partition whose input is already collected); and every call
--- not accepted (failed, rejected, stale, lease lost): how many and what they cost.
+-- not accepted (failed, rejected, stale, lease lost): how many and what they cost. `batch_*`:
+-- the same accepted calls at the batch tier's price in force now (NULL where the model has no
+-- batch price: unknown, never the standard price).
 WITH priced_calls AS (
   SELECT c.run_id, c.outcome, c.called_at,
     COALESCE(c.input_tokens, 0) + COALESCE(c.output_tokens, 0) AS tokens,
     {schema}.usage_money(c.input_tokens, c.output_tokens, c.cache_read_tokens,
-      c.cache_write_tokens, c.cache_write_1h_tokens, c.reasoning_tokens, p) AS cost
+      c.cache_write_tokens, c.cache_write_1h_tokens, c.reasoning_tokens, p) AS cost,
+    CASE WHEN b.tier = 'batch' THEN {schema}.usage_money(c.input_tokens, c.output_tokens,
+      c.cache_read_tokens, c.cache_write_tokens, c.cache_write_1h_tokens, c.reasoning_tokens,
+      b) END AS batch_cost
   FROM {schema}.runs AS r
   JOIN {schema}.model_calls AS c ON c.run_id = r.run_id
   LEFT JOIN LATERAL {schema}.price_in_force(c.requested_model, c.model_name, c.tier,
     c.called_at) AS p ON true
+  LEFT JOIN LATERAL {schema}.price_in_force(c.requested_model, c.model_name, 'batch',
+    now()) AS b ON true
   WHERE r.job_name = %(job_name)s
 ), accepted AS (
-  SELECT run_id, sum(tokens) AS tokens, sum(cost) AS cost, bool_and(cost IS NOT NULL) AS priced
+  SELECT run_id, sum(tokens) AS tokens, sum(cost) AS cost, bool_and(cost IS NOT NULL) AS priced,
+    sum(batch_cost) AS batch_cost, bool_and(batch_cost IS NOT NULL) AS batch_priced
   FROM priced_calls WHERE outcome = 'accepted'
   GROUP BY run_id ORDER BY max(called_at) DESC LIMIT %(sample)s
 ), sized AS (
@@ -236,6 +244,10 @@ SELECT all_accepted.runs AS accepted_runs, count(sized.run_id) AS sampled_runs,
   percentile_cont(0.5) WITHIN GROUP (ORDER BY sized.cost) AS median_cost,
   percentile_cont(0.9) WITHIN GROUP (ORDER BY sized.cost) AS p90_cost,
   COALESCE(bool_and(sized.priced), true) AND not_accepted.priced AS priced,
+  percentile_cont(0.1) WITHIN GROUP (ORDER BY sized.batch_cost) AS batch_p10_cost,
+  percentile_cont(0.5) WITHIN GROUP (ORDER BY sized.batch_cost) AS batch_median_cost,
+  percentile_cont(0.9) WITHIN GROUP (ORDER BY sized.batch_cost) AS batch_p90_cost,
+  COALESCE(bool_and(sized.batch_priced), false) AS batch_priced,
   not_accepted.calls AS failed_calls, not_accepted.tokens AS failed_tokens,
   not_accepted.cost AS failed_cost,
   sum(sized.tokens) FILTER (WHERE sized.input_bytes > 0)::float8

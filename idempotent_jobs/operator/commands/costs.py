@@ -202,6 +202,20 @@ def estimate_command(args: argparse.Namespace) -> int:
             f"{_tokens(r.failure_tokens)} tokens ({money(r.failure_cost, cur)})",
             "  basis: " + ("; ".join(r.basis) or "-"),
         ]
+        if args.batch:
+            lines += [
+                "",
+                "side by side, money for the partitions to compute (failures left out):",
+                f"  online:     low {_money(r.low_cost, cur, h.priced)}, expected "
+                f"{_money(r.expected_cost, cur, h.priced)}, high "
+                f"{_money(r.high_cost, cur, h.priced)}",
+                f"  batch lane: low {_money(r.batch_low_cost, cur, h.batch_priced)}, expected "
+                f"{_money(r.batch_expected_cost, cur, h.batch_priced)}, high "
+                f"{_money(r.batch_high_cost, cur, h.batch_priced)} (at the batch tier's "
+                "prices in force now"
+                + ("" if h.batch_priced else "; set one with `prices set MODEL --tier batch`")
+                + ")",
+            ]
     emit(args, result, "\n".join(escape_controls(line) for line in lines))
     return 0
 
@@ -291,4 +305,9 @@ def add_parser(commands: Any, shared: Shared) -> None:
     guess.add_argument("--from", dest="first", required=True, help="first window's key")
     guess.add_argument("--to", dest="last", required=True, help="last window's key (included)")
     guess.add_argument("--subject", action="append", help="only this subject (repeat for several)")
+    guess.add_argument(
+        "--batch",
+        action="store_true",
+        help="also the money through the batch lane (the batch tier's prices), side by side",
+    )
     guess.set_defaults(handler=estimate_command)
