@@ -4,6 +4,7 @@ create's answer is lost; each run accepted once through the fenced commit; per-i
 expiry and runs that moved on handled item by item; budgets held for the whole batch."""
 
 import json
+from decimal import Decimal
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -334,3 +335,28 @@ def _open_batch_id(db: psycopg.Connection) -> str:
     row = db.execute("SELECT batch_id FROM idempotent_jobs.batches").fetchone()
     assert row is not None
     return str(row[0])
+
+
+def test_a_batch_holds_its_worst_case_and_settles_each_item_to_what_it_cost(
+    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    """Money at the batch tier: held for every item before the submit, settled to each item's
+    recorded cost, given back for an item with no result."""
+    with LedgerAdmin.beside(ledger) as admin:
+        admin.set_price("claude-x", "3", "15")
+        admin.set_price("claude-x", "1.5", "7.5", tier="batch")
+        admin.set_budget(Budget(amount="1", unit="money", period="month"), job_name=JOB)
+    fake.batches.expire_after_items = 2
+    provider = _provider("anthropic", fake)
+    batch = open_intent(ledger, _steps(), provider, _ids("a", "b", "c"), worker_id="w1")
+    assert batch is not None
+    held = db.execute("SELECT count(*), sum(amount) FROM idempotent_jobs.budget_holds").fetchone()
+    assert held is not None and held[0] == 3 and held[1] > 0
+    done = _drive(ledger, provider, batch.batch_id)
+    assert done.items == {"accepted": 2, "released": 1}
+    counter = db.execute(
+        "SELECT spent, reserved, calls FROM idempotent_jobs.budget_counters"
+    ).fetchone()
+    # Two calls of 50 input and 5 output tokens at 1.5 and 7.5 per million.
+    assert counter == (2 * Decimal("0.0001125"), 0, 2)
+    assert db.execute("SELECT count(*) FROM idempotent_jobs.budget_holds").fetchone() == (0,)
