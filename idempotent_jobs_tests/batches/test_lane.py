@@ -4,9 +4,9 @@ create's answer is lost; each run accepted once through the fenced commit; per-i
 expiry and runs that moved on handled item by item; budgets held for the whole batch."""
 
 import json
-from decimal import Decimal
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import psycopg
