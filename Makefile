@@ -46,6 +46,7 @@ bench: install
 	$(BIN)/python benchmarks/bench_launched.py
 	$(BIN)/python benchmarks/bench_operators.py
 	$(BIN)/python benchmarks/bench_estimate.py
+	$(BIN)/python benchmarks/bench_batch.py
 	$(BIN)/python benchmarks/bench_capacity.py
 
 # Runs per second by worker processes, directly and through PgBouncer; connections; bytes per

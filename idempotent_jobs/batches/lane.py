@@ -219,13 +219,13 @@ def _step(
         found = provider.retrieve_batch(str(row["provider_batch_id"]))
         state = ledger.record_batch_status(batch, found.state, found.status, found.error)
         if state in ENDED_STATES:
-            _collect(ledger, steps, provider, batch, found)
+            _collect(ledger, steps, provider, batch, found, resumed=False)
     elif state in ENDED_STATES and row["provider_batch_id"] is None:
         _release_pending(ledger, batch, f"the intent {state}: {row['error']}")  # never sent
         ledger.finish_batch(batch)
-    elif state in ENDED_STATES:
+    elif state in ENDED_STATES:  # a collection begun by an earlier step, perhaps cut short
         found = provider.retrieve_batch(str(row["provider_batch_id"]))
-        _collect(ledger, steps, provider, batch, found)
+        _collect(ledger, steps, provider, batch, found, resumed=True)
     return duplicates
 
 
@@ -309,14 +309,18 @@ def _collect(
     provider: BatchProvider,
     batch: BatchLease,
     found: ProviderBatch,
+    *,
+    resumed: bool,
 ) -> None:
-    """Take every result of the ended batch, then release what has none; mark it collected."""
+    """Take every result of the ended batch, then release what has none; mark it collected.
+    ``resumed``: an earlier step may have taken some items and died before marking them, so
+    each answered item is first looked up among the recorded calls."""
     pending = {item.custom_id: item for item in ledger.batch_items(batch.batch_id)}
     for n, result in enumerate(provider.batch_results(found), 1):
         item = pending.get(result.custom_id)
         if item is None or item.state != "pending":
             continue  # not this batch's, or taken before a crash
-        _take(ledger, steps, batch, item, result)
+        _take(ledger, steps, batch, item, result, resumed)
         if n % RENEW_EVERY_ITEMS == 0:
             ledger.renew_batch(batch)
     _release_pending(ledger, batch, f"no result: the batch {found.state}")
@@ -334,6 +338,7 @@ def _take(
     batch: BatchLease,
     item: BatchItem,
     result: ItemResult,
+    resumed: bool,
 ) -> None:
     lease = item.lease
     if result.missing:
@@ -347,7 +352,7 @@ def _take(
         return
     reply = result.reply
     assert reply is not None
-    if ledger.batch_item_paid(item):  # recorded before a crash: only the item's mark is left
+    if resumed and ledger.batch_item_paid(item):  # recorded before a crash: only its mark left
         ledger.end_batch_item(batch, item.run_id, _after_crash(ledger, item))
         return
     try:

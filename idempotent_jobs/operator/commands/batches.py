@@ -3,6 +3,7 @@
 its next step)."""
 
 import argparse
+from datetime import UTC
 from typing import Any
 
 from idempotent_jobs.operator.commands.common import Shared, emit, open_admin
@@ -28,7 +29,8 @@ def batches_command(args: argparse.Namespace) -> int:
             if not rows:
                 raise InvalidInputError("batch_id", f"no batch {args.batch_id!r}")
             runs = admin.batch_runs(args.batch_id)
-            emit(args, {**rows[0], "runs": runs}, escape_controls(_shown(rows[0], runs)))
+            text = _shown(rows[0], runs).split("\n")
+            emit(args, {**rows[0], "runs": runs}, "\n".join(escape_controls(t) for t in text))
             return 0
         rows = admin.batches(job_name=args.job, state=args.state, limit=args.limit)
     shown = [
@@ -69,20 +71,28 @@ def _money(row: dict[str, Any]) -> str:
     return f"{row['money']:.6f} {row['currency'] or ''}".strip() + floor
 
 
+def _at(when: Any) -> str:
+    """A time to the second, in UTC; ``-`` for none."""
+    if when is None:
+        return "-"
+    return str(when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"))
+
+
 def _shown(row: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     lines = [
         f"batch {row['batch_id']} of {row['job_name']}: {row['state']}",
         f"provider {row['provider']} {row['model']}, id {row['provider_batch_id'] or '-'}"
         + (f" ({row['duplicates']} duplicate(s) cancelled)" if row["duplicates"] else ""),
         f"runs {row['items']}: {_items(row['item_states'])}; money {_money(row)}",
-        f"made {row['created_at']}, submitted {row['submitted_at'] or '-'}, "
-        f"ended {row['ended_at'] or '-'}, collected {row['collected_at'] or '-'}",
+        f"made {_at(row['created_at'])}, submitted {_at(row['submitted_at'])}, "
+        f"ended {_at(row['ended_at'])}, collected {_at(row['collected_at'])}",
     ]
     if row["lease_owner"]:
-        lines.append(f"advanced by {row['lease_owner']} until {row['lease_expires_at']}")
+        lines.append(f"advanced by {row['lease_owner']} until {_at(row['lease_expires_at'])}")
     if row["cancel_requested_at"]:
         lines.append(
-            f"cancel requested {row['cancel_requested_at']} by {row['cancel_requested_by'] or '-'}"
+            f"cancel requested {_at(row['cancel_requested_at'])} by "
+            f"{row['cancel_requested_by'] or '-'}"
         )
     if row["error"]:
         lines.append(f"error: {row['error']}")
