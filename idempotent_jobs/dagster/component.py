@@ -27,11 +27,17 @@ from idempotent_jobs.core.constants import DATABASE_URL_ENV
 from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.core.rate_limits import RateLimit
 from idempotent_jobs.core.retention import PARTS, RetentionPolicy
+from idempotent_jobs.dagster.batch_lane import build_batch_lane
 from idempotent_jobs.dagster.job_factory import build_idempotent_job
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec, default_payload, default_validate
 from idempotent_jobs.dagster.ledger_io import ledger_io_manager
 from idempotent_jobs.dagster.resource import RunLedgerResource
-from idempotent_jobs.dagster.resources import Collector, ModelStep, NotificationChannel
+from idempotent_jobs.dagster.resources import (
+    Collector,
+    ModelStep,
+    NotificationChannel,
+    StructuredModel,
+)
 
 #: The package's own resources, named without a module in ``type``.
 BUILT_IN = "idempotent_jobs.dagster"
@@ -138,7 +144,12 @@ class IdempotentJob(dg.Component, dg.Model, dg.Resolvable):
         description="where the ops hand each other their tickets: Dagster's IO manager, or the "
         "ledger (steps that share no storage, such as a pod per step)",
     )
-    lane: Literal["online"] = Field(default="online", description="how the model is called")
+    lane: Literal["online", "batch"] = Field(
+        default="online",
+        description="online: the job and its schedule; batch: also <name>_batch (launched with "
+        "a range of windows) and the sensor <name>_batches, for backfills through the "
+        "provider's batch API (OpenAICompatibleModel or AnthropicModel)",
+    )
     description: str = ""
 
     @field_validator("retention_days")
@@ -194,7 +205,18 @@ class IdempotentJob(dg.Component, dg.Model, dg.Resolvable):
         except (InvalidInputError, dg.DagsterInvalidDefinitionError, ValueError) as exc:
             raise InvalidInputError(where, str(exc)) from None
         job, schedule = build_idempotent_job(spec, io_manager_key=io_manager_key)
-        return dg.Definitions(jobs=[job], schedules=[schedule], resources=resources)
+        if self.lane == "online":
+            return dg.Definitions(jobs=[job], schedules=[schedule], resources=resources)
+        if not isinstance(resources[model_key], StructuredModel):
+            raise InvalidInputError(
+                f"{where}: lane",
+                "batch needs a model step with a batch API (OpenAICompatibleModel or "
+                f"AnthropicModel), not {type(resources[model_key]).__name__}",
+            )
+        batch_job, sensor = build_batch_lane(spec)
+        return dg.Definitions(
+            jobs=[job, batch_job], schedules=[schedule], sensors=[sensor], resources=resources
+        )
 
 
 class _References:

@@ -628,10 +628,13 @@ def _loaded(load: Callable[[], Any], target: Target, what: str) -> Any:
         with redirect_stdout(sys.stderr):
             return load()
     except Exception as exc:
-        raise CodeLocationError(
-            f"{target.describe()}: {what} failed: "
-            f"{type(exc).__name__}: {describe_resource_error(exc)}"
-        ) from None
+        why = f"{type(exc).__name__}: {describe_resource_error(exc)}"
+        cause = exc
+        while cause.__cause__ is not None:  # a component's own error, wrapped by Dagster
+            cause = cause.__cause__  # type: ignore[assignment]
+        if cause is not exc:
+            why += f" {type(cause).__name__}: {describe_resource_error(cause)}"
+        raise CodeLocationError(f"{target.describe()}: {what} failed: {why}") from None
 
 
 def load_location(target: Target) -> CodeLocation:

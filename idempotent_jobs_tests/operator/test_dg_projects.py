@@ -212,3 +212,30 @@ def test_dev_serves_a_create_dagster_project_under_dgs_location_names(
         "location_name": "churn-alerts",
     }
     assert Path(args[1]).parent == project / ".idempotent_jobs"
+
+
+def test_a_component_on_the_batch_lane_builds_the_batch_job_and_its_sensor(
+    tmp_path: Path, clean_modules: None
+) -> None:
+    project = tmp_path / "ticket-labels"
+    package = write_project(project, "ticket_labels")
+    defs_yaml = project / "src" / package / "defs" / "ticket_labels" / "defs.yaml"
+    text = defs_yaml.read_text()
+    defs_yaml.write_text(text + "  lane: batch\n")
+    with pytest.raises(CodeLocationError, match=r"lane.*batch API.*not Model"):
+        load_workspace(start=project)
+    defs_yaml.write_text(
+        text.replace(
+            "model_step: {type: .steps.Model}",
+            "model_step: {type: OpenAICompatibleModel, config: {model: gpt-4o-mini}}",
+        )
+        + "  lane: batch\n"
+    )
+    for name in [m for m in sys.modules if m.startswith("dgproj_")]:
+        del sys.modules[name]
+    workspace = load_workspace(start=project)
+    defs = workspace.locations[0].defs
+    assert defs.resolve_job_def("ticket_labels_batch").name == "ticket_labels_batch"
+    assert defs.resolve_sensor_def("ticket_labels_batches").name == "ticket_labels_batches"
+    [spec] = workspace.specs  # the batch job is the spec's, not a second spec
+    assert spec.name == "ticket_labels"
