@@ -2,7 +2,8 @@
 alone (no Dagster, so ``doctor`` starts as fast as the other ledger commands)."""
 
 from dataclasses import dataclass, field
-from typing import Literal
+from datetime import datetime, timedelta
+from typing import Any, Literal
 
 from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.budgets import BudgetStanding, figure
@@ -73,6 +74,49 @@ def budget_findings(budgets: list[BudgetStanding]) -> list[Finding]:
     return found
 
 
+def _holder(lease_owner: str | None) -> str:
+    """Who holds a lease, as the operator reads it: a batch of the batch lane says so."""
+    if lease_owner is not None and lease_owner.startswith("batch:"):
+        return f"batch {lease_owner.removeprefix('batch:')} (the batch lane)"
+    return str(lease_owner)
+
+
+def batch_findings(batches: list[dict[str, Any]], now: datetime) -> list[Finding]:
+    """Each open batch of the batch lane (info: the runs it holds, where it stands), and a
+    problem for one that nothing advances: its lease lapsed, so its runs' leases lapse too and
+    an online run may compute them while the provider still does."""
+    found = []
+    for b in batches:
+        if b["state"] == "collected":
+            continue
+        pending = dict(b["item_states"] or {}).get("pending", 0)
+        what = (
+            f"batch {b['batch_id']} of {b['job_name']} ({b['provider']} {b['model']}, "
+            f"{b['provider_batch_id'] or 'not submitted'}): {b['state']}, holding {pending} "
+            "run(s)"
+        )
+        # Handed back (no owner): lapsed once a lease's time has passed since its last step.
+        last = b["checked_at"] or b["submitted_at"] or b["created_at"]
+        lapsed = (
+            b["lease_expires_at"] < now
+            if b["lease_owner"] is not None
+            else last + timedelta(seconds=b["lease_seconds"]) < now
+        )
+        if lapsed:
+            found.append(
+                Finding(
+                    "batch_not_advanced",
+                    "problem",
+                    f"{what}; nothing has advanced it for longer than its lease "
+                    f"({b['lease_seconds']:g} s), so its runs may be taken online while the "
+                    "provider computes them: is its sensor (<job>_batches) running?",
+                )
+            )
+        else:
+            found.append(Finding("batch_open", "info", what))
+    return found
+
+
 def ledger_findings(
     admin: LedgerAdmin, *, outbox_older_than_seconds: float, max_attempts: int
 ) -> list[Finding]:
@@ -85,8 +129,8 @@ def ledger_findings(
         Finding(
             "expired_lease",
             "problem",
-            f"{r.job_name}/{r.subject_id}@{r.scheduled_at.isoformat()} held by {r.lease_owner}, "
-            f"lease expired at {r.lease_expires_at}",
+            f"{r.job_name}/{r.subject_id}@{r.scheduled_at.isoformat()} held by "
+            f"{_holder(r.lease_owner)}, lease expired at {r.lease_expires_at}",
             r.run_id,
         )
         for r in admin.expired_leases(limit)
@@ -134,6 +178,7 @@ def ledger_findings(
     return [
         *ahead,
         *drills,
+        *batch_findings(admin.batches(limit=limit), admin.database_now()),
         *budget_findings(admin.budgets()),
         *_bounded("expired_lease", expired, "`runs list --status running`"),
         *_bounded("undelivered_outbox", undelivered, "`outbox list --pending`"),

@@ -57,6 +57,25 @@ def test_an_operator_lists_shows_and_cancels_batches(
         ("err", "failed"),
     ]
 
+    # doctor sees the open batch and the runs it holds; one nothing advances is a problem.
+    code, out = run(capsys, "doctor", "--json")
+    assert f"batch {open_.batch_id} of batch-job" in out and "holding 2 run(s)" in out, out
+    assert "nothing has advanced it" not in out
+    with ledger.connection() as conn:
+        conn.execute(
+            "UPDATE idempotent_jobs.batches SET lease_expires_at = now() - interval '1 hour',"
+            " lease_owner = 'gone' WHERE batch_id = %s",
+            (open_.batch_id,),
+        )
+        conn.execute(
+            "UPDATE idempotent_jobs.runs SET lease_expires_at = now() - interval '1 hour'"
+            " WHERE lease_owner = %s",
+            (f"batch:{open_.batch_id}",),
+        )
+    code, out = run(capsys, "doctor", "--json")
+    assert code == 1 and "nothing has advanced it" in out, out
+    assert f"held by batch {open_.batch_id} (the batch lane)" in out
+
     code, out = run(capsys, "batches", "cancel", open_.batch_id, "--requested-by", "ops")
     assert code == 0 and "cancel requested" in out, out
     code, out = run(capsys, "batches", "list", "--state", "submitted")

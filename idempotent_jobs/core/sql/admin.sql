@@ -631,7 +631,8 @@ SELECT * FROM {schema}.rate_limits ORDER BY provider, model, key_name
 -- Money: the calls recorded under the batch (worker `batch:<id>`), each at the price in force
 -- when it was made; `unpriced` counts those no price covers (the money is then a floor).
 SELECT b.batch_id, b.job_name, b.provider, b.model, b.state, b.provider_batch_id, b.items,
-  b.lease_owner, b.lease_expires_at, b.created_at, b.submitted_at, b.ended_at, b.collected_at,
+  b.lease_owner, b.lease_expires_at, b.lease_seconds, b.checked_at, b.created_at,
+  b.submitted_at, b.ended_at, b.collected_at,
   b.cancel_requested_at, b.cancel_requested_by, b.error, b.provider_status,
   COALESCE((SELECT jsonb_object_agg(s.state, s.n) FROM (SELECT i.state, count(*) AS n
     FROM {schema}.batch_items AS i WHERE i.batch_id = b.batch_id GROUP BY i.state) AS s),
