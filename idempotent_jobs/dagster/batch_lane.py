@@ -117,10 +117,12 @@ def build_batch_lane(
     *,
     minimum_interval_seconds: int = 30,
     lease_seconds: float = DEFAULT_BATCH_LEASE_SECONDS,
+    sensor_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
 ) -> tuple[dg.JobDefinition, dg.SensorDefinition]:
     """The spec's batch job (``<name>_batch``, launched with a :class:`BatchRange`) and the
-    sensor that advances its batches (``<name>_batches``, every ``minimum_interval_seconds``).
-    Bind the same resources as the online job's."""
+    sensor that advances its batches (``<name>_batches``, every ``minimum_interval_seconds``;
+    ``sensor_status``: whether it runs before anyone turns it on in the UI). Bind the same
+    resources as the online job's."""
     keys = {"ledger", spec.collector, spec.model}
 
     @dg.op(name="open_batch", required_resource_keys=keys)
@@ -169,6 +171,7 @@ def build_batch_lane(
         minimum_interval_seconds=minimum_interval_seconds,
         required_resource_keys={"ledger", spec.model},
         description=f"Advances the batches of {spec.name}_batch until they are collected",
+        default_status=sensor_status,
     )
     def batches_sensor(context: dg.SensorEvaluationContext) -> dg.SkipReason:
         ledger: RunLedger = context.resources.ledger
