@@ -25,6 +25,7 @@ each item's commit by the run's; a collected item is not taken twice.
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from idempotent_jobs.core.batch_book import ENDED_STATES, BatchItem, BatchLease, batch_worker
@@ -73,6 +74,11 @@ class BatchProgress:
     provider_batch_id: str | None
     items: dict[str, int]
     duplicates: int = 0
+    #: The money of the calls recorded so far (``None``: none, or none priced), its currency,
+    #: and how many calls no price covers.
+    money: Decimal | None = None
+    currency: str | None = None
+    unpriced: int = 0
 
     @property
     def collected(self) -> bool:
@@ -161,15 +167,25 @@ def _hold_budgets(
         raise
 
 
+class NoBatchResult(LedgerError):
+    """A run's batch ended with no result for it (expired, cancelled, failed): its attempt ends
+    failed with this error, and the run can go online or into a new batch."""
+
+
 def _give_back(
     ledger: RunLedger, batch: BatchLease, run_id: str, lease: Lease, error: str | None = None
 ) -> None:
-    """Release a run the batch holds and what it holds of the budgets; end its item."""
+    """Give back a run the batch holds and what it holds of the budgets; end its item. With
+    ``error`` (no result came) the attempt ends failed with it; without (the batch was never
+    submitted) it ends untouched."""
     ledger.release_budget(lease)
-    try:
-        ledger.release(lease)
-    except LeaseLostError:
-        pass  # taken meanwhile: nothing of the batch's is left on it
+    if error is not None:
+        end_attempt(ledger, lease, NoBatchResult(error))  # never raises; a lost lease: no write
+    else:
+        try:
+            ledger.release(lease)
+        except LeaseLostError:
+            pass  # taken meanwhile: nothing of the batch's is left on it
     ledger.end_batch_item(batch, run_id, "released", error)
 
 
@@ -239,6 +255,9 @@ def progress(ledger: RunLedger, batch_id: str, duplicates: int = 0) -> BatchProg
         provider_batch_id=row["provider_batch_id"],
         items=dict(row["item_states"] or {}),
         duplicates=duplicates,
+        money=row["money"],
+        currency=row["currency"],
+        unpriced=int(row["unpriced"] or 0),
     )
 
 

@@ -109,7 +109,11 @@ def describe(progress: BatchProgress) -> str:
     items = ", ".join(
         f"{n} {state.replace('_', ' ')}" for state, n in sorted(progress.items.items())
     )
-    return f"batch {progress.batch_id} {progress.state} ({items or 'no items'})"
+    money = ""
+    if progress.money is not None:
+        unpriced = f" + {progress.unpriced} unpriced call(s)" if progress.unpriced else ""
+        money = f"; {progress.money:.6f} {progress.currency or ''}".rstrip() + unpriced
+    return f"batch {progress.batch_id} {progress.state} ({items or 'no items'}{money})"
 
 
 def build_batch_lane(

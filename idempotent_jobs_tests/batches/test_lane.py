@@ -269,6 +269,14 @@ def test_an_expired_batch_accepts_what_it_answered_and_releases_the_rest(
         ).fetchall()
     ]
     assert len(released) == 2
+    ended = db.execute(
+        "SELECT status, last_error, lease_owner FROM idempotent_jobs.runs"
+        " WHERE subject_id = ANY(%s)",
+        (released,),
+    ).fetchall()
+    for status, error, owner in ended:  # attempts ended, errors kept, leases free
+        assert status == "failed" and owner is None
+        assert "no result: the batch expired" in error or "expired or cancelled" in error
     for subject in released:  # back to the online lane: computed there, once
         free = run_idempotent(
             ledger,

@@ -146,7 +146,11 @@ def test_fifty_partitions_through_the_batch_lane_survive_a_killed_daemon(
             assert (_batch(db) or (None, ""))[1] != "collected"
             daemon = _start_daemon(home, log)
             _wait(lambda: (_batch(db) or (None, ""))[1] == "collected", "the collection", log)
-            _wait(lambda: said("collected (50 accepted)"), "the tick that collected it", log)
+            _wait(
+                lambda: said("collected (50 accepted; 0.001635 USD)"),
+                "the tick that collected it",
+                log,
+            )
         finally:
             _kill(daemon)
 

@@ -874,11 +874,25 @@ WHERE b.batch_id = %(batch_id)s AND b.lease_owner = %(worker_id)s AND b.lease_ep
 RETURNING state
 
 -- name: get_batch
--- One batch, with its items counted by state.
+-- One batch, with its items counted by state and the money of its recorded calls.
+-- Money at the price in force for each call; `unpriced`: calls no price covers.
 SELECT b.*, (SELECT jsonb_object_agg(s.state, s.n) FROM (SELECT i.state, count(*) AS n
     FROM {schema}.batch_items AS i WHERE i.batch_id = b.batch_id GROUP BY i.state) AS s)
-  AS item_states
-FROM {schema}.batches AS b WHERE b.batch_id = %(batch_id)s
+  AS item_states,
+  m.money, m.unpriced, (SELECT currency FROM {schema}.ledger_currency) AS currency
+FROM {schema}.batches AS b
+LEFT JOIN LATERAL (
+  SELECT sum({schema}.usage_money(c.input_tokens, c.output_tokens, c.cache_read_tokens,
+      c.cache_write_tokens, c.cache_write_1h_tokens, c.reasoning_tokens, p)) AS money,
+    count(*) FILTER (WHERE p.input_per_million IS NULL) AS unpriced
+  FROM {schema}.batch_items AS i
+  JOIN {schema}.model_calls AS c ON c.run_id = i.run_id AND c.lease_epoch = i.lease_epoch
+    AND c.worker_id = 'batch:' || i.batch_id
+  LEFT JOIN LATERAL {schema}.price_in_force(c.requested_model, c.model_name, c.tier,
+    c.called_at) AS p ON true
+  WHERE i.batch_id = b.batch_id
+) AS m ON true
+WHERE b.batch_id = %(batch_id)s
 
 -- name: open_batches
 -- The batches not yet collected, of some jobs or all, oldest first.
