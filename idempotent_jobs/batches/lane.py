@@ -119,18 +119,28 @@ def open_intent(
             leases.append(collect_once(ledger, lease, _collector(steps, identity)))
         except Exception:  # noqa: BLE001 - that run's attempt is ended failed; the batch goes on
             continue
-    added = set(ledger.add_batch_items(batch, leases))
-    leases = [lease for lease in leases if lease.run_id in added]
     if not leases:
         ledger.fail_batch_intent(batch, "no run of the range was left to compute")
         return None
+    # Held before the items make it an intent the lane would submit: a crash in between
+    # leaves holds (given back with the empty intent), never an intent without them.
     try:
         _hold_budgets(ledger, steps, provider, leases, claimed)
     except BudgetExceededError as refused:
         for lease in leases:
-            _give_back(ledger, batch, lease.run_id, lease)
+            try:
+                ledger.release(lease)
+            except LeaseLostError:
+                pass  # taken meanwhile
         ledger.fail_batch_intent(batch, f"refused by its budget: {refused}")
         raise
+    added = set(ledger.add_batch_items(batch, leases))
+    for lease in leases:
+        if lease.run_id not in added:  # taken meanwhile: its hold is not the batch's to keep
+            ledger.release_budget(lease)
+    if not added:
+        ledger.fail_batch_intent(batch, "no run of the range was left to compute")
+        return None
     return batch
 
 
@@ -266,7 +276,8 @@ def _submit(
 ) -> int:
     """Submit the intent once; returns how many duplicates were found (and cancelled)."""
     items = ledger.batch_items(batch.batch_id, pending_only=True)
-    if not items:
+    if not items:  # its opener died before adding them: what it held goes back
+        ledger.release_batch_holds(batch)
         ledger.fail_batch_intent(batch, "no run was left to compute")
         return 0
     earlier = ledger.start_submit(batch)  # committed before the provider is called

@@ -268,6 +268,11 @@ class BatchBook(LedgerFace):
         rows = self._db.rows("recorded_provider_batches", {"ids": provider_batch_ids})
         return [row[0] for row in rows]
 
+    def release_batch_holds(self, batch: BatchLease) -> None:
+        """Give back every budget hold the batch's runs have (an opener that died before
+        adding its items left them)."""
+        self._db.rows("release_batch_holds", batch.params())
+
     def release_batch(self, batch: BatchLease) -> bool:
         """Give the batch's lease back, so another process (the lane's sensor) advances it at
         once; the leases it holds on its runs stay, until their expiry."""

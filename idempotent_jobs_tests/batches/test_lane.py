@@ -329,7 +329,7 @@ def test_a_batch_that_does_not_fit_its_budget_is_refused_before_it_is_submitted(
     held = db.execute("SELECT count(*) FROM idempotent_jobs.budget_holds").fetchone()
     assert held == (0,)
     refused = advance(ledger, _steps(), provider, _open_batch_id(db), worker_id="w1")
-    assert refused.collected and refused.items == {"released": 3}
+    assert refused.collected and refused.items == {}  # refused before any run was an item
     free = run_idempotent(
         ledger,
         _ids("a")[0],
@@ -368,3 +368,31 @@ def test_a_batch_holds_its_worst_case_and_settles_each_item_to_what_it_cost(
     # Two calls of 50 input and 5 output tokens at 1.5 and 7.5 per million.
     assert counter == (2 * Decimal("0.0001125"), 0, 2)
     assert db.execute("SELECT count(*) FROM idempotent_jobs.budget_holds").fetchone() == (0,)
+
+
+def test_an_opener_that_dies_before_adding_its_items_leaves_nothing_held(
+    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Holds are made before the items: a crash between leaves holds on an empty intent, which
+    the lane gives back (never an intent that would be submitted without its holds)."""
+    with LedgerAdmin.beside(ledger) as admin:
+        admin.set_budget(Budget(amount=10**9), job_name=JOB)
+
+    class Killed(BaseException):
+        pass
+
+    def crash(*args: Any) -> list[str]:
+        raise Killed()
+
+    provider = _provider("openai", fake)
+    with monkeypatch.context() as patch:
+        patch.setattr(ledger, "add_batch_items", crash)
+        with pytest.raises(Killed):
+            open_intent(ledger, _steps(), provider, _ids("a", "b"), worker_id="w1")
+    held = db.execute("SELECT count(*) FROM idempotent_jobs.budget_holds").fetchone()
+    assert held == (2,)
+    done = _drive(ledger, provider, _open_batch_id(db))
+    assert done.items == {} and fake.batches.created["openai"] == []
+    assert db.execute("SELECT count(*) FROM idempotent_jobs.budget_holds").fetchone() == (0,)
+    reserved = db.execute("SELECT sum(reserved) FROM idempotent_jobs.budget_counters").fetchone()
+    assert reserved == (0,)

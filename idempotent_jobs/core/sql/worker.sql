@@ -913,3 +913,11 @@ SELECT provider_batch_id FROM {schema}.batches WHERE provider_batch_id = ANY(%(i
 UPDATE {schema}.batches SET lease_owner = NULL, lease_expires_at = NULL
 WHERE batch_id = %(batch_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
 RETURNING batch_id
+
+-- name: release_batch_holds
+-- Give back every budget hold of the batch's runs (its opener died before adding them as items), under the batch's lease.
+SELECT {schema}.release_holds(h.run_id, h.lease_epoch, h.worker_id)
+FROM (SELECT DISTINCT x.run_id, x.lease_epoch, x.worker_id FROM {schema}.budget_holds AS x
+  JOIN {schema}.batches AS b ON b.batch_id = %(batch_id)s AND b.lease_owner = %(worker_id)s
+    AND b.lease_epoch = %(epoch)s
+  WHERE x.worker_id = 'batch:' || %(batch_id)s) AS h
