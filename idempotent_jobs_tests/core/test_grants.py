@@ -232,6 +232,8 @@ def test_the_reader_role_runs_every_read_of_the_operator_face(
         reader.storage()
         reader.prices()
         reader.rate_limits()
+        reader.batches()
+        reader.batch_runs("0" * 32)
         reader.spend_by_job()
         reader.job_history("competitor-summary")
         reader.run_statuses([run_id])

@@ -58,6 +58,8 @@ UNFENCED_WRITES = {
     "set_rate_limit": "an operator sets a provider's rate limit; it touches no run",
     "delete_rate_limit": "an operator removes a provider's rate limit; it touches no run",
     "open_batch": "opens a new batch under its first lease; it touches no run",
+    "request_batch_cancel": "an operator asks for a batch to be cancelled (its lane does it under "
+    "its lease); it touches no run",
     "claim_batch": "takes the batch's lease when it is free (bumping its epoch), and extends only "
     "the leases the batch holds on its pending runs (owner batch:<id>, at their epochs)",
 }
@@ -72,6 +74,8 @@ BATCH_FENCED = {
     "fail_batch_intent",
     "end_batch_item",
     "finish_batch",
+    "release_batch",
+    "batch_cancel_sent",
 }
 _WRITE = re.compile(r"\b(INSERT INTO|UPDATE|DELETE FROM)\s+\{schema\}\.", re.IGNORECASE)
 _FENCE = (
