@@ -18,6 +18,7 @@ model call and one notification per run, every paid call recorded, no launch fai
 """
 
 import json
+import os
 import queue
 import re
 import shutil
@@ -312,11 +313,32 @@ def fleet(
         "FLEET_MODEL_URL": provider.url,
         "FLEET_HOOK_URL": receiver.url,
     }
+    _create_dagster_storage(home, env)
     try:
         yield Fleet(project, env), provider, receiver
     finally:
         provider.close()
         receiver.close()
+
+
+def _create_dagster_storage(home: Path, env: dict[str, str]) -> None:
+    """Dagster's own tables, made once before the fleet starts, as a deployment makes them
+    (`dagster instance migrate`, or its first process): processes of both releases starting at
+    once on an empty database race in Dagster's table creation ("type snapshots already
+    exists"), which is Dagster's, not the ledger's."""
+    import dagster as dg
+
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            instance.get_runs(limit=1)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def key(region: str, day: int) -> str:
