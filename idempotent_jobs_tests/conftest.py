@@ -33,6 +33,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored() -> Iterator[None]:
+    """Each test leaves the process environment as it found it: a command run in process exports
+    the ledger's URL and the project home for its children (``ensure_database_url``), which must
+    not reach the next test in this process (the suite runs on two processes, in any order)."""
+    saved = dict(os.environ)
+    yield
+    if dict(os.environ) != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
 def server_url() -> str:
     """A URL of the server's maintenance database (``postgres``).

@@ -89,20 +89,22 @@ def running_dev(
     assert process.returncode == 0, log.read_text()[-3000:]
 
 
+def _without_ledger_urls() -> dict[str, str]:
+    """This environment less the ledger's and Dagster's locations: a command run with it uses
+    the project home it is given, as `dev` does."""
+    dropped = (
+        "IDEMPOTENT_JOBS_DATABASE_URL",
+        "IDEMPOTENT_JOBS_DAGSTER_STORAGE_URL",
+        "DAGSTER_HOME",
+    )
+    return {k: v for k, v in os.environ.items() if k not in dropped}
+
+
 @pytest.fixture
 def dev_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """`idempotent-jobs dev` in its own session; yields the UI URL and the project home."""
     home = tmp_path / "home"
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k
-        not in (
-            "IDEMPOTENT_JOBS_DATABASE_URL",
-            "IDEMPOTENT_JOBS_DAGSTER_STORAGE_URL",
-            "DAGSTER_HOME",
-        )
-    }
+    env = _without_ledger_urls()
     env["IDEMPOTENT_JOBS_HOME"] = str(home)
     with running_dev(env, tmp_path / "dev.log") as url:
         yield url, home
@@ -300,7 +302,7 @@ def test_every_used_by_path_from_the_ui(
                     "fail-model-calls",
                     "4",
                 ],
-                env={**os.environ, "IDEMPOTENT_JOBS_HOME": str(home)},
+                env={**_without_ledger_urls(), "IDEMPOTENT_JOBS_HOME": str(home)},
                 capture_output=True,
                 text=True,
                 timeout=60,
