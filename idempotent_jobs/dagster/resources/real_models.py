@@ -177,29 +177,24 @@ class OpenAICompatibleModel(StructuredModel):
         description="OpenAI's strict structured output (the schema must allow it)",
     )
 
+    def _client_settings(self) -> dict[str, Any]:
+        """What the online and the batch API are made with: the same model and settings."""
+        return {
+            "model": self.model,
+            "api_key": self.api_key or "not-needed",
+            "base_url": self.base_url,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            "timeout_seconds": self.timeout_seconds,
+            "strict_schema": self.strict_schema,
+            "key_name": self.api_key_name,
+        }
+
     def provider(self) -> Provider:
-        return OpenAIChat(
-            model=self.model,
-            api_key=self.api_key or "not-needed",
-            base_url=self.base_url,
-            temperature=self.temperature,
-            max_tokens=self.max_tokens,
-            timeout_seconds=self.timeout_seconds,
-            strict_schema=self.strict_schema,
-            key_name=self.api_key_name,
-        )
+        return OpenAIChat(**self._client_settings())
 
     def batch_provider(self) -> BatchProvider:
-        return OpenAIBatches(
-            model=self.model,
-            api_key=self.api_key or "not-needed",
-            base_url=self.base_url,
-            temperature=self.temperature,
-            max_tokens=self.max_tokens,
-            timeout_seconds=self.timeout_seconds,
-            strict_schema=self.strict_schema,
-            key_name=self.api_key_name,
-        )
+        return OpenAIBatches(**self._client_settings())
 
 
 class AnthropicModel(StructuredModel):
@@ -210,24 +205,20 @@ class AnthropicModel(StructuredModel):
         default=None, description="Unset: $ANTHROPIC_BASE_URL, else Anthropic's API"
     )
 
+    def _client_settings(self) -> dict[str, Any]:
+        """What the online and the batch API are made with: the same model and settings."""
+        return {
+            "model": self.model,
+            "api_key": self.api_key,
+            "max_tokens": self.max_tokens,
+            "base_url": self.base_url,
+            "temperature": self.temperature,
+            "timeout_seconds": self.timeout_seconds,
+            "key_name": self.api_key_name,
+        }
+
     def provider(self) -> Provider:
-        return AnthropicMessages(
-            model=self.model,
-            api_key=self.api_key,
-            max_tokens=self.max_tokens,
-            base_url=self.base_url,
-            temperature=self.temperature,
-            timeout_seconds=self.timeout_seconds,
-            key_name=self.api_key_name,
-        )
+        return AnthropicMessages(**self._client_settings())
 
     def batch_provider(self) -> BatchProvider:
-        return AnthropicBatches(
-            model=self.model,
-            api_key=self.api_key,
-            max_tokens=self.max_tokens,
-            base_url=self.base_url,
-            temperature=self.temperature,
-            timeout_seconds=self.timeout_seconds,
-            key_name=self.api_key_name,
-        )
+        return AnthropicBatches(**self._client_settings())
