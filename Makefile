@@ -22,9 +22,10 @@ demo: install
 dev: install
 	$(BIN)/idempotent-jobs dev
 
-# Two processes, a test file each at a time: the suite in about half the time on two cores.
+# One process. (`pytest -n 2 --dist loadfile` runs it in about 10 minutes on two cores, but one
+# such run hung in test_pooler_failover: not the default until that is understood.)
 test: install lint chromium tools
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest
 
 # The fast lane: lint and every test that needs no extra processes, browser or broker.
 check: install lint
