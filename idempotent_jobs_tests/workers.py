@@ -3,7 +3,6 @@
 import multiprocessing.synchronize
 import os
 import sys
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -154,24 +153,11 @@ def live_runs_while_pruning(
     stop: multiprocessing.synchronize.Event,
     out: "multiprocessing.Queue[dict[str, Any]]",
 ) -> None:
-    """New runs of the current windows, one after another, until ``stop`` (at least five):
-    each claim (``begin``) timed; reports the longest claim and how many runs it completed and
-    executed."""
-
-    longest = 0.0
+    """New runs of the current windows, one after another, until ``stop`` (at least five);
+    reports how many runs it completed and executed."""
     done = executed = 0
-
-    class TimedLedger(RunLedger):
-        def begin(self, *args: Any, **kwargs: Any) -> Any:
-            nonlocal longest
-            began = time.perf_counter()
-            try:
-                return super().begin(*args, **kwargs)
-            finally:
-                longest = max(longest, time.perf_counter() - began)
-
     now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
-    with TimedLedger(conninfo) as ledger:
+    with RunLedger(conninfo) as ledger:
         hour = 0
         while not stop.is_set() or hour < 5:
             outcome = run_idempotent(
@@ -185,7 +171,7 @@ def live_runs_while_pruning(
             executed += outcome.executed
             hour += 1
             started.set()
-    out.put({"subject": subject, "longest_claim": longest, "done": done, "executed": executed})
+    out.put({"subject": subject, "done": done, "executed": executed})
 
 
 def spend_until_refused(

@@ -8,7 +8,8 @@ then ``default``): an ``Answer`` is a succeeded line, a ``Status`` a per-item er
 many status reads a batch stays in progress (``polls_to_complete``), expiry with only the first
 ``expire_after_items`` done, cancellation, a 5xx on any endpoint (``fail_next``), and a create
 that makes the batch but answers 500 (``lose_next_creates``: the window where a retry would
-submit twice). ``created`` counts every batch made, per API.
+submit twice), and the most requests a create takes (``max_requests``, the providers' limits by
+default). ``created`` counts every batch made, per API.
 """
 
 import email.parser
@@ -52,6 +53,11 @@ class BatchBackend:
     expire_after_items: int | None = None
     fail_next: dict[Endpoint, list[int]] = field(default_factory=dict)
     lose_next_creates: int = 0
+    #: The most requests a create takes, per API (the providers' documented limits); more is
+    #: refused with a 400, as the providers do.
+    max_requests: dict[str, int] = field(
+        default_factory=lambda: {"openai": 50_000, "anthropic": 100_000}
+    )
     created: dict[str, list[str]] = field(default_factory=lambda: {"openai": [], "anthropic": []})
     calls: list[tuple[str, Endpoint]] = field(default_factory=list)
 
@@ -135,6 +141,9 @@ class BatchBackend:
                 return self._error("openai", 400, "input_file_id is not an uploaded file")
             lines = [json.loads(line) for line in uploaded.decode().splitlines() if line.strip()]
             requests = [(str(line["custom_id"]), dict(line["body"])) for line in lines]
+            refused = self._too_many("openai", requests)
+            if refused is not None:
+                return refused
             batch = self._create("openai", requests, dict(body.get("metadata") or {}))
             batch.input_file_id = str(body["input_file_id"])
             return self._created("openai", batch, lambda: self._openai_batch(batch))
@@ -187,6 +196,9 @@ class BatchBackend:
         if method == "POST" and len(parts) == 3:
             body = json.loads(raw or b"{}")
             requests = [(str(r["custom_id"]), dict(r["params"])) for r in body["requests"]]
+            refused = self._too_many("anthropic", requests)
+            if refused is not None:
+                return refused
             batch = self._create("anthropic", requests, {})
             return self._created("anthropic", batch, lambda: render(batch))
         if method == "POST":
@@ -227,6 +239,14 @@ class BatchBackend:
         }
 
     # -- shared ---------------------------------------------------------------------------------
+
+    def _too_many(
+        self, api: str, requests: list[tuple[str, dict[str, Any]]]
+    ) -> tuple[int, dict[str, str], bytes] | None:
+        most = self.max_requests[api]
+        if len(requests) <= most:
+            return None
+        return self._error(api, 400, f"a batch takes at most {most} requests, not {len(requests)}")
 
     def _create(
         self, api: str, requests: list[tuple[str, dict[str, Any]]], metadata: dict[str, str]

@@ -9,7 +9,9 @@ call, under the batch's own lease (a sensor tick, a CLI command; any process may
 - an intent is **submitted once**. ``submit_started_at`` is committed before the create call;
   an intent that has one and no provider id may have been created, so the provider is searched
   first (:meth:`~idempotent_jobs.models.batches.BatchProvider.find_batches`), the batch found is
-  adopted, and any second one is cancelled and recorded as a duplicate;
+  adopted, and any second one is cancelled and recorded as a duplicate. A create the provider
+  refuses (a 4xx: too many requests, a bad request) made nothing: the intent fails and its
+  runs are given back with the reason;
 - a submitted batch is polled and its state recorded;
 - an ended batch is **collected** item by item through the fenced commit (``complete``): an
   answer accepted only while the run is still the batch's, on the same basis; a run revised,
@@ -40,6 +42,7 @@ from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.records import JobConfig, Lease
 from idempotent_jobs.core.steps import collect_once, end_attempt
 from idempotent_jobs.models.batches import BatchProvider, ItemResult, ProviderBatch
+from idempotent_jobs.models.errors import ProviderError
 from idempotent_jobs.models.prompts import Prompt
 from idempotent_jobs.models.schema import OutputSchema, SchemaMismatch
 
@@ -98,7 +101,10 @@ def open_intent(
     """A new batch's intent for the runs of ``identities`` it could claim (a run completed or
     held elsewhere is left out), their inputs checkpointed and their worst case held under the
     job's budgets; ``None`` when no run was left to compute. :class:`BudgetExceededError` when
-    the batch does not fit (nothing is held then, and its runs are given back)."""
+    the batch does not fit (nothing is held then, and its runs are given back).
+
+    It claims at most the provider's ``max_batch_requests`` runs and draws no identity after
+    that: given an iterator, a caller opens the next batch with what is left."""
     batch = ledger.open_batch(
         steps.job_name,
         provider.name,
@@ -119,6 +125,8 @@ def open_intent(
             leases.append(collect_once(ledger, lease, _collector(steps, identity)))
         except Exception:  # noqa: BLE001 - that run's attempt is ended failed; the batch goes on
             continue
+        if len(leases) >= provider.max_batch_requests:
+            break
     if not leases:
         ledger.fail_batch_intent(batch, "no run of the range was left to compute")
         return None
@@ -291,12 +299,29 @@ def _submit(
         )
         for item in items
     ]
-    made = provider.create_batch(lines, batch.batch_id)
+    try:
+        made = provider.create_batch(lines, batch.batch_id)
+    except ProviderError as exc:
+        if not refused(exc):
+            raise  # it may have been made: the next step searches for it first
+        # Refused (too many requests, a bad request): the provider made nothing, and the same
+        # intent would be refused again. It fails, and its runs are given back with the reason.
+        why = f"the provider refused the batch: {exc}"
+        ledger.fail_batch_intent(batch, why)
+        _release_pending(ledger, batch, why)
+        ledger.finish_batch(batch)
+        return 0
     if not ledger.record_submitted(batch, made.provider_batch_id, "created"):
         # Another worker recorded one meanwhile (this lease was lost): this one is a duplicate.
         provider.cancel_batch(made.provider_batch_id)
         raise LeaseLostError()
     return 0
+
+
+def refused(exc: ProviderError) -> bool:
+    """Whether a create's error says the provider made no batch and never will for the same
+    request: a 4xx answer, except a timeout, a conflict and a rate limit (408, 409, 429)."""
+    return exc.status is not None and 400 <= exc.status < 500 and exc.status not in (408, 409, 429)
 
 
 def _search(

@@ -3,7 +3,8 @@ sensor that advances every open batch of the spec until it is collected.
 
 Launch ``<name>_batch`` from the UI's launchpad with a range (``start`` and ``end``, window
 partition keys, both included, and optionally ``subjects``): its one op claims the range's runs
-for a new batch, checkpoints their inputs with the job's collector, holds the batch's worst
+for a new batch (several, when the range holds more runs than one provider batch takes: its
+``max_batch_requests``), checkpoints their inputs with the job's collector, holds the batch's worst
 case under the job's budgets, submits it, and ends. Nothing waits in an op: the sensor
 ``<name>_batches`` polls each open batch (one step per tick, as :func:`advance` does) and
 collects it item by item when the provider ends it. Each tick says in the UI where every batch
@@ -16,13 +17,14 @@ The model step must have a batch API: :class:`OpenAICompatibleModel` or
 :class:`AnthropicModel`.
 """
 
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import dagster as dg
 
 from idempotent_jobs.batches import BatchProgress, BatchSteps, advance, open_intent
-from idempotent_jobs.core.errors import InvalidInputError, LeaseLostError
+from idempotent_jobs.core.errors import BudgetExceededError, InvalidInputError, LeaseLostError
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
@@ -137,32 +139,61 @@ def build_batch_lane(
         provider = model.batch_provider()
         identities = range_identities(spec, config)
         worker = f"dagster:{context.run_id}:open_batch"
-        batch = open_intent(
-            ledger,
-            steps,
-            provider,
-            identities,
-            worker_id=worker,
-            lease_seconds=lease_seconds,
-            caller_run_id=context.run_id,
-        )
-        if batch is None:
+        opened: list[BatchProgress] = []
+        left = deque(identities)
+
+        def draw() -> Iterator[RunIdentity]:
+            while left:
+                yield left.popleft()
+
+        while left:  # a batch per provider-sized part of the runs left to compute
+            try:
+                batch = open_intent(
+                    ledger,
+                    steps,
+                    provider,
+                    draw(),
+                    worker_id=worker,
+                    lease_seconds=lease_seconds,
+                    caller_run_id=context.run_id,
+                )
+            except BudgetExceededError:
+                if opened:  # they stand: the sensor advances them
+                    context.log.warning(
+                        "opened before the budget refused the next batch: "
+                        + ", ".join(p.batch_id for p in opened)
+                    )
+                raise
+            if batch is None:
+                continue
+            # Submitted here, then handed to the sensor (the batch's lease given back).
+            step = advance(
+                ledger, steps, provider, batch.batch_id, worker_id=worker, hand_back=True
+            )
+            if step.provider_batch_id is None and step.state != "intent":  # ended unsent
+                row = ledger.batch_row(batch.batch_id) or {}
+                before = f" (opened before it: {', '.join(p.batch_id for p in opened)})"
+                raise dg.Failure(
+                    description=f"batch {batch.batch_id} was not submitted: {row.get('error')}; "
+                    f"its runs were given back{before if opened else ''}",
+                    allow_retries=False,
+                )
+            opened.append(step)
+        if not opened:
             context.add_output_metadata(
                 {"result": "nothing to compute", "partitions": len(identities)}
             )
             return
-        # Submitted here, then handed to the sensor (the batch's lease given back).
-        progress = advance(
-            ledger, steps, provider, batch.batch_id, worker_id=worker, hand_back=True
-        )
+        in_batches = sum(sum(p.items.values()) for p in opened)
         context.add_output_metadata(
             {
-                "batch_id": batch.batch_id,
-                "state": progress.state,
-                "provider_batch_id": progress.provider_batch_id or "",
+                "batch_id": ", ".join(p.batch_id for p in opened),
+                "state": ", ".join(p.state for p in opened),
+                "provider_batch_id": ", ".join(p.provider_batch_id or "" for p in opened),
+                "batches": len(opened),
                 "partitions": len(identities),
-                "runs_in_batch": sum(progress.items.values()),
-                "skipped": len(identities) - sum(progress.items.values()),
+                "runs_in_batch": in_batches,
+                "skipped": len(identities) - in_batches,
             }
         )
 

@@ -27,6 +27,9 @@ from idempotent_jobs.models.schema import OutputSchema
 INTENT_KEY = "idempotent_jobs_batch"
 #: How far back of the marked start a listing looks (clocks of two hosts differ).
 CLOCK_SKEW = timedelta(minutes=5)
+#: The most requests one batch may hold, by provider (their documented limits).
+OPENAI_MAX_BATCH_REQUESTS = 50_000
+ANTHROPIC_MAX_BATCH_REQUESTS = 100_000
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,11 @@ class BatchProvider(Protocol):
 
     @property
     def model(self) -> str: ...
+
+    @property
+    def max_batch_requests(self) -> int:
+        """The most requests one batch may hold: a larger range is split into several."""
+        ...
 
     def batch_line(
         self, custom_id: str, prompt: Prompt, schema: OutputSchema | None
@@ -114,6 +122,7 @@ class OpenAIBatches(OpenAIChat):
     """OpenAI's Batch API for chat completions, on ``base_url`` with ``model``."""
 
     completion_window: str = "24h"
+    max_batch_requests: int = OPENAI_MAX_BATCH_REQUESTS
 
     def batch_line(
         self, custom_id: str, prompt: Prompt, schema: OutputSchema | None
@@ -230,6 +239,8 @@ class OpenAIBatches(OpenAIChat):
 @dataclass
 class AnthropicBatches(AnthropicMessages):
     """Anthropic's Message Batches, on ``base_url`` with ``model``."""
+
+    max_batch_requests: int = ANTHROPIC_MAX_BATCH_REQUESTS
 
     def batch_line(
         self, custom_id: str, prompt: Prompt, schema: OutputSchema | None

@@ -1,7 +1,9 @@
 """The chaos runner's ``batch`` kind: a batch lane driver (a real process) killed with SIGKILL at
 one step of a batch's life, against a fake batch API (OpenAI's or Anthropic's) that answers 5xx
-on some endpoint, loses a create's answer, completes slowly, expires part way or fails items;
-then recovery drivers until every batch is collected, and the outbox delivered.
+on some endpoint, loses a create's answer, completes slowly, expires part way or fails items,
+takes fewer requests a batch than the trial's runs (the driver splits them, or, not told, is
+refused with a 400 and gives the runs back); then recovery drivers until every batch is
+collected, and the outbox delivered.
 
 Kill points (the driver kills itself, ``kill -9``, exactly there): ``before_intent``,
 ``while_claiming`` (some runs claimed for the batch, no items yet), ``after_intent``,
@@ -19,7 +21,8 @@ import json
 import os
 import signal
 import time
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from random import Random
 from typing import Any
@@ -74,9 +77,10 @@ def _steps(trial: int) -> Any:
 def _provider(spec: dict[str, Any]) -> Any:
     from idempotent_jobs.models.batches import AnthropicBatches, OpenAIBatches
 
+    most = {"max_batch_requests": spec["split"]} if spec.get("split") else {}
     if spec["api"] == "openai":
-        return OpenAIBatches(model="gpt-4o-mini", api_key="k", base_url=spec["openai_url"])
-    return AnthropicBatches(model="claude-x", api_key="k", base_url=spec["anthropic_url"])
+        return OpenAIBatches(model="gpt-4o-mini", api_key="k", base_url=spec["openai_url"], **most)
+    return AnthropicBatches(model="claude-x", api_key="k", base_url=spec["anthropic_url"], **most)
 
 
 def _die() -> None:
@@ -153,19 +157,26 @@ def run_batch_driver(spec: dict[str, Any]) -> None:
     worker = f"driver-{os.getpid()}"
     if spec.get("open"):
         at("before_intent")
-        for _ in range(5):
-            try:
-                open_intent(
-                    ledger,
-                    steps,
-                    provider,
-                    batch_identities(spec["trial"]),
-                    worker_id=worker,
-                    lease_seconds=spec["lease_seconds"],
-                )
-                break
-            except ProviderError:
-                time.sleep(0.05)
+        left = deque(batch_identities(spec["trial"]))
+
+        def draw() -> Iterator[Any]:
+            while left:
+                yield left.popleft()
+
+        while left:  # a batch per provider-sized part, as the lane's Dagster op opens them
+            for _ in range(5):
+                try:
+                    open_intent(
+                        ledger,
+                        steps,
+                        provider,
+                        draw(),
+                        worker_id=worker,
+                        lease_seconds=spec["lease_seconds"],
+                    )
+                    break
+                except ProviderError:
+                    time.sleep(0.05)
         at("after_intent")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -209,6 +220,10 @@ class BatchTrials:
         batches.expire_after_items = rng.choice((None, None, None, 3))
         batches.fail_next = {rng.choice(ENDPOINTS): [rng.choice((500, 502, 503))]}
         batches.lose_next_creates = rng.choice((0, 0, 1))
+        # "split": the provider takes 2 requests a batch and the lane knows it (3 batches);
+        # "refused": the lane does not, and the provider refuses the create with a 400.
+        mode = rng.choice(("one", "one", "one", "split", "refused"))
+        batches.max_requests[api] = 2 if mode != "one" else 50_000
         subjects = [identity.subject_id for identity in batch_identities(trial)]
         self.failing = {rng.choice(subjects)} if rng.random() < 0.5 else set()
         spec = {
@@ -218,6 +233,7 @@ class BatchTrials:
             "api": api,
             "openai_url": self.fake.openai_url,
             "anthropic_url": self.fake.anthropic_url,
+            "split": 2 if mode == "split" else None,
         }
         created_before = len(batches.created[api])
         process = self.chaos.ctx.Process(
@@ -232,8 +248,11 @@ class BatchTrials:
             self._drive({**spec, "open": True})
         self._drive(spec)
         self._deliver(trial)
-        verdict = Verdict(trial, f"batch:{api}+{kill}")
+        verdict = Verdict(trial, f"batch:{api}+{kill}" + ("" if mode == "one" else f"+{mode}"))
         verdict.problems += self._check(trial, api, created_before)
+        made = len(batches.created[api]) - created_before
+        if mode == "refused" and made:
+            verdict.problems.append(f"{made} batches made over the provider's limit")
         return verdict
 
     def _wait_for_lapsed_claims(self, trial: int) -> None:

@@ -14,6 +14,7 @@ import pytest
 from idempotent_jobs import RunIdentity
 from idempotent_jobs.core.constants import DATABASE_URL_ENV
 from idempotent_jobs.dagster import (
+    AnthropicModel,
     IdempotentJobSpec,
     OpenAICompatibleModel,
     RunLedgerResource,
@@ -132,3 +133,109 @@ def test_a_range_backfilled_through_the_batch_lane_is_computed_once_and_reused(
         ("a", "2026-11-01"),
         ("c", "2026-11-02"),
     ]
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_a_range_larger_than_a_provider_batch_is_split_into_batches_it_takes(
+    api: str,
+    dagster_env: DagsterTestEnv,
+    ledger: BothFaces,
+    db: psycopg.Connection,
+    provider: FakeProviders,
+) -> None:
+    """7 runs where the provider takes 3 requests a batch (the fake refuses more, as the real
+    ones do above 50,000 and 100,000): 3 batches of 3, 3 and 1, each collected, each run
+    accepted once, and launching the same range again opens nothing."""
+    provider.batches.max_requests[api] = 3
+    resources = _resources(provider, dagster_env)
+    if api == "anthropic":
+        resources["model"] = AnthropicModel(
+            model="claude-haiku-4-5",
+            api_key="sk-test",
+            batch_max_requests=3,
+            base_url=provider.anthropic_url,
+            output_schema="idempotent_jobs_tests.dagster.test_batch_lane_in_dagster:LABEL_SCHEMA",
+        )
+    else:
+        resources["model"] = OpenAICompatibleModel(
+            model="gpt-4o-mini",
+            api_key="sk-test",
+            batch_max_requests=3,
+            base_url=provider.openai_url,
+            output_schema="idempotent_jobs_tests.dagster.test_batch_lane_in_dagster:LABEL_SCHEMA",
+        )
+    defs = dg.Definitions(jobs=[JOB, BATCH_JOB], sensors=[SENSOR], resources=resources)
+    batch_job = defs.resolve_job_def("labels_batch")
+    config = {
+        "ops": {
+            "open_batch": {
+                "config": {"start": "2026-11-01", "end": "2026-11-04", "subjects": ["a", "b"]}
+            }
+        }
+    }
+    _, done = ledger.begin(SPEC.identity_for("a|2026-11-01"), "w", 30)
+    assert done is not None  # one run of the range is done already: 7 are left to compute
+    ledger.complete(ledger.checkpoint(done, {}), {"label": "online"})
+    opened = batch_job.execute_in_process(run_config=config)
+    assert opened.success
+    [metadata] = [
+        e.event_specific_data.metadata  # type: ignore[union-attr]
+        for e in opened.all_events
+        if e.event_type_value == "STEP_OUTPUT"
+    ]
+    assert metadata["batches"].value == 3
+    assert (metadata["partitions"].value, metadata["runs_in_batch"].value) == (8, 7)
+    assert len(provider.batches.created[api]) == 3
+    sizes = sorted(len(b.requests) for b in provider.batches.batches.values())
+    assert sizes == [1, 3, 3]
+
+    for _ in range(5):
+        with dg.build_sensor_context(resources=resources, definitions=defs) as context:
+            text = SENSOR.evaluate_tick(context).skip_message or ""
+        if text.count("collected") == 3:
+            break
+    assert text.count("collected") == 3, text
+    accepted = db.execute(
+        "SELECT count(*), count(DISTINCT run_id) FROM idempotent_jobs.runs "
+        "WHERE status = 'completed' AND output->>'label' = 'ok'"
+    ).fetchone()
+    assert accepted == (7, 7)
+    again = batch_job.execute_in_process(run_config=config)
+    assert again.success
+    assert len(provider.batches.created[api]) == 3  # nothing left to compute: no batch
+
+
+def test_a_batch_the_provider_refuses_fails_the_launch_and_gives_its_runs_back(
+    dagster_env: DagsterTestEnv,
+    ledger: BothFaces,
+    db: psycopg.Connection,
+    provider: FakeProviders,
+) -> None:
+    """The provider takes fewer requests than the lane was told (a 400 at create): the launch
+    fails naming the reason, no provider batch exists, and the runs are free to compute online
+    at once (a refused create is not searched for and sent again at every sensor tick)."""
+    provider.batches.max_requests["openai"] = 3
+    resources = _resources(provider, dagster_env)
+    defs = dg.Definitions(jobs=[JOB, BATCH_JOB], sensors=[SENSOR], resources=resources)
+    config = {"ops": {"open_batch": {"config": {"start": "2026-11-01", "end": "2026-11-02"}}}}
+    opened = defs.resolve_job_def("labels_batch").execute_in_process(
+        run_config=config, raise_on_error=False
+    )
+    assert not opened.success
+    [failure] = [e for e in opened.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert "was not submitted: the provider refused the batch" in str(failure.event_specific_data)
+    assert "at most 3 requests, not 6" in str(failure.event_specific_data)
+    assert provider.batches.created["openai"] == []
+    [(state, provider_batch_id, error)] = db.execute(
+        "SELECT state, provider_batch_id, error FROM idempotent_jobs.batches"
+    ).fetchall()
+    assert (state, provider_batch_id) == ("collected", None)  # ended, nothing left pending
+    assert "at most 3 requests" in error
+    held = db.execute(
+        "SELECT count(*) FROM idempotent_jobs.runs WHERE lease_owner IS NOT NULL"
+    ).fetchone()
+    assert held == (0,)
+    with dg.build_sensor_context(resources=resources, definitions=defs) as context:
+        assert SENSOR.evaluate_tick(context).skip_message == "no open batch"
+    assert defs.resolve_job_def("labels").execute_in_process(partition_key="b|2026-11-02").success
+    assert len(provider.requests) == 1  # computed online, once

@@ -103,6 +103,14 @@ class StructuredModel(ModelStep):
     timeout_seconds: float = Field(default=60.0, gt=0, description="Per request")
     temperature: float | None = None
     max_tokens: int = Field(default=1024, ge=1, description="Most tokens an answer may have")
+    batch_max_requests: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "The batch lane: the most runs one provider batch holds (unset: the provider's "
+            "limit, 50,000 for OpenAI, 100,000 for Anthropic); a larger range is split"
+        ),
+    )
 
     @property
     def model_name(self) -> str:
@@ -144,6 +152,12 @@ class StructuredModel(ModelStep):
         return RetryPolicy(
             max_retries=self.max_retries, max_wait_seconds=self.max_retry_wait_seconds
         )
+
+    def _batch_settings(self) -> dict[str, Any]:
+        """What only the batch API takes: the most requests per batch, when set."""
+        if self.batch_max_requests is None:
+            return {}
+        return {"max_batch_requests": self.batch_max_requests}
 
     @abstractmethod
     def provider(self) -> Provider: ...
@@ -194,7 +208,7 @@ class OpenAICompatibleModel(StructuredModel):
         return OpenAIChat(**self._client_settings())
 
     def batch_provider(self) -> BatchProvider:
-        return OpenAIBatches(**self._client_settings())
+        return OpenAIBatches(**self._client_settings(), **self._batch_settings())
 
 
 class AnthropicModel(StructuredModel):
@@ -221,4 +235,4 @@ class AnthropicModel(StructuredModel):
         return AnthropicMessages(**self._client_settings())
 
     def batch_provider(self) -> BatchProvider:
-        return AnthropicBatches(**self._client_settings())
+        return AnthropicBatches(**self._client_settings(), **self._batch_settings())
