@@ -22,7 +22,7 @@ demo: install
 dev: install
 	$(BIN)/idempotent-jobs dev
 
-# Two processes (pytest-xdist), a test file per process at a time: about 12 minutes on two cores
+# Two processes (pytest-xdist), a test file per process at a time: 8 to 12 minutes on two cores
 # (`.venv/bin/python -m pytest` alone runs it on one process: about 18).
 test: install lint chromium tools
 	$(BIN)/python -m pytest -n 2 --dist loadfile
