@@ -239,7 +239,16 @@ def _step(
     state = str(row["state"])
     duplicates = 0
     cancelling = row["cancel_requested_at"] is not None
-    if state == "intent" and cancelling:  # never sent: nothing to cancel at the provider
+    if state == "intent" and cancelling and row["submit_started_at"] is not None:
+        # A create may have reached the provider: adopt what it made, then cancel it there
+        # at the next step, as a submitted batch's; found nothing, the intent just ends.
+        items = ledger.batch_items(batch.batch_id, pending_only=True)
+        adopted, duplicates = _search(ledger, provider, batch, row["submit_started_at"], len(items))
+        if not adopted:
+            ledger.fail_batch_intent(batch, "cancelled by an operator", "cancelled")
+            _release_pending(ledger, batch, "the batch was cancelled before it was submitted")
+            ledger.finish_batch(batch)
+    elif state == "intent" and cancelling:  # never sent: nothing to cancel at the provider
         ledger.fail_batch_intent(batch, "cancelled by an operator", "cancelled")
         _release_pending(ledger, batch, "the batch was cancelled before it was submitted")
         ledger.finish_batch(batch)
@@ -342,6 +351,11 @@ def _search(
     how = "found at the provider after a create whose answer was lost"
     if not ledger.record_submitted(batch, first.provider_batch_id, how):
         raise LeaseLostError()
+    if others and not provider.marks_batches:
+        if ledger.unresolved_creates_like(batch, provider.name, requests):
+            # Found by size alone, and another intent of that size has a create that may have
+            # reached the provider: they may be its batches, which its own search adopts.
+            return True, 0
     for duplicate in others:
         cancelled = _cancel_quietly(provider, duplicate.provider_batch_id)
         ledger.record_duplicate(

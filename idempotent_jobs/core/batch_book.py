@@ -268,6 +268,13 @@ class BatchBook(LedgerFace):
         rows = self._db.rows("recorded_provider_batches", {"ids": provider_batch_ids})
         return [row[0] for row in rows]
 
+    def unresolved_creates_like(self, batch: BatchLease, provider: str, requests: int) -> int:
+        """How many other intents of ``provider`` have a create that may have reached it and
+        no provider id recorded, with ``requests`` pending items (what a provider without
+        metadata on its batches is searched by)."""
+        params = {"provider": provider, "batch_id": batch.batch_id, "requests": requests}
+        return int(self._db.rows("unresolved_creates_like", params)[0][0])
+
     def release_batch_holds(self, batch: BatchLease) -> None:
         """Give back every budget hold the batch's runs have (an opener that died before
         adding its items left them)."""

@@ -71,6 +71,12 @@ class BatchProvider(Protocol):
     def model(self) -> str: ...
 
     @property
+    def marks_batches(self) -> bool:
+        """Whether a batch carries its intent (metadata), so :meth:`find_batches` finds only
+        that intent's; else it finds every batch of the same size created since."""
+        ...
+
+    @property
     def max_batch_requests(self) -> int:
         """The most requests one batch may hold: a larger range is split into several."""
         ...
@@ -123,6 +129,7 @@ class OpenAIBatches(OpenAIChat):
 
     completion_window: str = "24h"
     max_batch_requests: int = OPENAI_MAX_BATCH_REQUESTS
+    marks_batches: bool = field(default=True, init=False)
 
     def batch_line(
         self, custom_id: str, prompt: Prompt, schema: OutputSchema | None
@@ -241,6 +248,7 @@ class AnthropicBatches(AnthropicMessages):
     """Anthropic's Message Batches, on ``base_url`` with ``model``."""
 
     max_batch_requests: int = ANTHROPIC_MAX_BATCH_REQUESTS
+    marks_batches: bool = field(default=False, init=False)
 
     def batch_line(
         self, custom_id: str, prompt: Prompt, schema: OutputSchema | None

@@ -225,6 +225,56 @@ def test_a_second_batch_for_one_intent_is_cancelled_and_reported(
     assert rows == [(made, "adopted", False), (duplicate, "duplicate", True)]
 
 
+def test_two_intents_of_one_size_whose_creates_were_lost_each_adopt_their_own(
+    fake: FakeProviders, ledger: BothFaces
+) -> None:
+    """Anthropic's batches carry no metadata: a lost create is found by its size. Two intents of
+    the same size, both creates made and both answers lost: the first intent's search finds
+    both batches, adopts the oldest and leaves the other to the intent it may belong to (not
+    cancelled as its duplicate), whose own search adopts it. Two batches for two intents."""
+    fake.batches.lose_next_creates = 2
+    provider = _provider("anthropic", fake)
+    first = open_intent(ledger, _steps(), provider, _ids("a", "b"), worker_id="w1")
+    second = open_intent(ledger, _steps(), provider, _ids("c", "d"), worker_id="w1")
+    assert first is not None and second is not None
+    for batch in (first, second):
+        with pytest.raises(ProviderUnavailableError):
+            advance(ledger, _steps(), provider, batch.batch_id, worker_id="w1")
+    made = fake.batches.created["anthropic"]
+    assert len(made) == 2
+    one = advance(ledger, _steps(), provider, first.batch_id, worker_id="w1")
+    two = advance(ledger, _steps(), provider, second.batch_id, worker_id="w1")
+    assert (one.provider_batch_id, two.provider_batch_id) == (made[0], made[1])
+    assert one.duplicates == two.duplicates == 0
+    assert len(fake.batches.created["anthropic"]) == 2
+    assert all(fake.batches.batches[b].state != "cancelling" for b in made)
+    assert _drive(ledger, provider, first.batch_id).items == {"accepted": 2}
+    assert _drive(ledger, provider, second.batch_id).items == {"accepted": 2}
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_cancelling_an_intent_whose_create_answer_was_lost_cancels_what_it_made(
+    api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    """An operator cancels an intent whose create reached the provider unanswered: the lane
+    finds that batch and cancels it there, rather than ending the intent and leaving a batch
+    running (and paid for) that the ledger never recorded."""
+    fake.batches.lose_next_creates = 1
+    provider = _provider(api, fake)
+    batch = open_intent(ledger, _steps(), provider, _ids("a", "b"), worker_id="w1")
+    assert batch is not None
+    with pytest.raises(ProviderUnavailableError):
+        advance(ledger, _steps(), provider, batch.batch_id, worker_id="w1")
+    [made] = fake.batches.created[api]
+    ledger.admin.cancel_batch(batch.batch_id, "operator")
+    found = advance(ledger, _steps(), provider, batch.batch_id, worker_id="w1")
+    assert found.provider_batch_id == made
+    done = _drive(ledger, provider, batch.batch_id)
+    assert fake.batches.batches[made].state in ("cancelling", "ended")
+    assert "cancel" in [endpoint for _, endpoint in fake.batches.calls]
+    assert done.collected and len(fake.batches.created[api]) == 1
+
+
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_per_item_errors_and_answers_outside_the_schema_fail_their_runs_only(
     api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
