@@ -311,7 +311,7 @@ def _submit(
     try:
         made = provider.create_batch(lines, batch.batch_id)
     except ProviderError as exc:
-        if not refused(exc):
+        if not _refused(exc):
             raise  # it may have been made: the next step searches for it first
         # Refused (too many requests, a bad request): the provider made nothing, and the same
         # intent would be refused again. It fails, and its runs are given back with the reason.
@@ -327,7 +327,7 @@ def _submit(
     return 0
 
 
-def refused(exc: ProviderError) -> bool:
+def _refused(exc: ProviderError) -> bool:
     """Whether a create's error says the provider made no batch and never will for the same
     request: a 4xx answer, except a timeout, a conflict and a rate limit (408, 409, 429)."""
     return exc.status is not None and 400 <= exc.status < 500 and exc.status not in (408, 409, 429)
