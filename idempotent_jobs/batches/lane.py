@@ -239,19 +239,22 @@ def _step(
     state = str(row["state"])
     duplicates = 0
     cancelling = row["cancel_requested_at"] is not None
-    if state == "intent" and cancelling and row["submit_started_at"] is not None:
-        # A create may have reached the provider: adopt what it made, then cancel it there
-        # at the next step, as a submitted batch's; found nothing, the intent just ends.
-        items = ledger.batch_items(batch.batch_id, pending_only=True)
-        adopted, duplicates = _search(ledger, provider, batch, row["submit_started_at"], len(items))
-        if not adopted:
-            ledger.fail_batch_intent(batch, "cancelled by an operator", "cancelled")
-            _release_pending(ledger, batch, "the batch was cancelled before it was submitted")
-            ledger.finish_batch(batch)
-    elif state == "intent" and cancelling:  # never sent: nothing to cancel at the provider
-        ledger.fail_batch_intent(batch, "cancelled by an operator", "cancelled")
-        _release_pending(ledger, batch, "the batch was cancelled before it was submitted")
-        ledger.finish_batch(batch)
+    if state == "intent" and cancelling:
+        adopted = False
+        if row["submit_started_at"] is not None:
+            # A create may have reached the provider: adopt what it made, to cancel it there
+            # at the next step as a submitted batch's.
+            items = ledger.batch_items(batch.batch_id, pending_only=True)
+            started = row["submit_started_at"]
+            adopted, duplicates = _search(ledger, provider, batch, started, len(items))
+        if not adopted:  # never sent: nothing to cancel at the provider
+            _end_unsent(
+                ledger,
+                batch,
+                "cancelled by an operator",
+                "the batch was cancelled before it was submitted",
+                "cancelled",
+            )
     elif state == "intent":
         duplicates = _submit(ledger, steps, provider, batch)
     elif state == "submitted" and cancelling and row["cancel_sent_at"] is None:
@@ -316,9 +319,7 @@ def _submit(
         # Refused (too many requests, a bad request): the provider made nothing, and the same
         # intent would be refused again. It fails, and its runs are given back with the reason.
         why = f"the provider refused the batch: {exc}"
-        ledger.fail_batch_intent(batch, why)
-        _release_pending(ledger, batch, why)
-        ledger.finish_batch(batch)
+        _end_unsent(ledger, batch, why, why)
         return 0
     if not ledger.record_submitted(batch, made.provider_batch_id, "created"):
         # Another worker recorded one meanwhile (this lease was lost): this one is a duplicate.
@@ -393,6 +394,16 @@ def _collect(
         if n % RENEW_EVERY_ITEMS == 0:
             ledger.renew_batch(batch)
     _release_pending(ledger, batch, f"no result: the batch {found.state}")
+    ledger.finish_batch(batch)
+
+
+def _end_unsent(
+    ledger: RunLedger, batch: BatchLease, error: str, why: str, state: str = "failed"
+) -> None:
+    """End an intent the provider never took (``error`` on the batch, ``state`` ``failed`` or
+    ``cancelled``), give its runs back (``why`` on each) and mark it collected."""
+    ledger.fail_batch_intent(batch, error, state)
+    _release_pending(ledger, batch, why)
     ledger.finish_batch(batch)
 
 

@@ -2,8 +2,9 @@
 one step of a batch's life, against a fake batch API (OpenAI's or Anthropic's) that answers 5xx
 on some endpoint, loses a create's answer, completes slowly, expires part way or fails items,
 takes fewer requests a batch than the trial's runs (the driver splits them, or, not told, is
-refused with a 400 and gives the runs back); then recovery drivers until every batch is
-collected, and the outbox delivered.
+refused with a 400 and gives the runs back); in some trials an operator then cancels the
+batches left open (``batches cancel``); then recovery drivers until every batch is collected,
+and the outbox delivered.
 
 Kill points (the driver kills itself, ``kill -9``, exactly there): ``before_intent``,
 ``while_claiming`` (some runs claimed for the batch, no items yet), ``after_intent``,
@@ -224,6 +225,7 @@ class BatchTrials:
         # "refused": the lane does not, and the provider refuses the create with a 400.
         mode = rng.choice(("one", "one", "one", "split", "refused"))
         batches.max_requests[api] = 2 if mode != "one" else 50_000
+        cancel = rng.random() < 0.2  # an operator cancels the trial's batches after the kill
         subjects = [identity.subject_id for identity in batch_identities(trial)]
         self.failing = {rng.choice(subjects)} if rng.random() < 0.5 else set()
         spec = {
@@ -246,9 +248,12 @@ class BatchTrials:
             # the dead driver's claims have lapsed.
             self._wait_for_lapsed_claims(trial)
             self._drive({**spec, "open": True})
+        if cancel:
+            self._cancel_open()
         self._drive(spec)
         self._deliver(trial)
-        verdict = Verdict(trial, f"batch:{api}+{kill}" + ("" if mode == "one" else f"+{mode}"))
+        label = f"batch:{api}+{kill}" + ("" if mode == "one" else f"+{mode}")
+        verdict = Verdict(trial, label + ("+cancel" if cancel else ""))
         verdict.problems += self._check(trial, api, created_before)
         made = len(batches.created[api]) - created_before
         if mode == "refused" and made:
@@ -269,6 +274,22 @@ class BatchTrials:
                 ),
                 "the dead driver's claims to lapse",
             )
+
+    def _cancel_open(self) -> None:
+        """``batches cancel`` on every batch of the job that can still be cancelled: an intent
+        (whose create may have reached the provider), a submitted batch, a completed one not
+        yet collected (an ended one is refused, as it is to an operator)."""
+        from idempotent_jobs.core.admin import LedgerAdmin
+
+        with psycopg.connect(self.chaos.url, autocommit=True) as conn:
+            open_ = conn.execute(
+                "SELECT batch_id FROM idempotent_jobs.batches"
+                " WHERE job_name = 'chaos-batch'"
+                " AND state NOT IN ('collected', 'cancelled', 'expired', 'failed')"
+            ).fetchall()
+        with LedgerAdmin(self.chaos.url) as admin:
+            for (batch_id,) in open_:
+                admin.cancel_batch(batch_id, "chaos")
 
     def _drive(self, spec: dict[str, Any]) -> None:
         process = self.chaos.ctx.Process(target=run_batch_driver, args=(spec,))

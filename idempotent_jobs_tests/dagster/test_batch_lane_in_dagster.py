@@ -62,16 +62,26 @@ def provider() -> Iterator[FakeProviders]:
         yield fake
 
 
-def _resources(provider: FakeProviders, env: DagsterTestEnv) -> dict[str, Any]:
+def _resources(
+    provider: FakeProviders,
+    env: DagsterTestEnv,
+    api: str = "openai",
+    batch_max_requests: int | None = None,
+) -> dict[str, Any]:
+    settings: dict[str, Any] = {
+        "api_key": "sk-test",
+        "batch_max_requests": batch_max_requests,
+        "output_schema": "idempotent_jobs_tests.dagster.test_batch_lane_in_dagster:LABEL_SCHEMA",
+    }
+    model = (
+        OpenAICompatibleModel(model="gpt-4o-mini", base_url=provider.openai_url, **settings)
+        if api == "openai"
+        else AnthropicModel(model="claude-haiku-4-5", base_url=provider.anthropic_url, **settings)
+    )
     return {
         "ledger": RunLedgerResource(database_url=dg.EnvVar(DATABASE_URL_ENV)),
         "collector": Subject(),
-        "model": OpenAICompatibleModel(
-            model="gpt-4o-mini",
-            api_key="sk-test",
-            base_url=provider.openai_url,
-            output_schema="idempotent_jobs_tests.dagster.test_batch_lane_in_dagster:LABEL_SCHEMA",
-        ),
+        "model": model,
         "report_file": JsonLinesChannel(path=str(env.notifications)),
     }
 
@@ -147,23 +157,7 @@ def test_a_range_larger_than_a_provider_batch_is_split_into_batches_it_takes(
     ones do above 50,000 and 100,000): 3 batches of 3, 3 and 1, each collected, each run
     accepted once, and launching the same range again opens nothing."""
     provider.batches.max_requests[api] = 3
-    resources = _resources(provider, dagster_env)
-    if api == "anthropic":
-        resources["model"] = AnthropicModel(
-            model="claude-haiku-4-5",
-            api_key="sk-test",
-            batch_max_requests=3,
-            base_url=provider.anthropic_url,
-            output_schema="idempotent_jobs_tests.dagster.test_batch_lane_in_dagster:LABEL_SCHEMA",
-        )
-    else:
-        resources["model"] = OpenAICompatibleModel(
-            model="gpt-4o-mini",
-            api_key="sk-test",
-            batch_max_requests=3,
-            base_url=provider.openai_url,
-            output_schema="idempotent_jobs_tests.dagster.test_batch_lane_in_dagster:LABEL_SCHEMA",
-        )
+    resources = _resources(provider, dagster_env, api, batch_max_requests=3)
     defs = dg.Definitions(jobs=[JOB, BATCH_JOB], sensors=[SENSOR], resources=resources)
     batch_job = defs.resolve_job_def("labels_batch")
     config = {
