@@ -30,6 +30,7 @@ from idempotent_jobs.core.costs import (
     JobSpend,
     ModelPrice,
     check_currency,
+    check_effective_from,
     check_price,
 )
 from idempotent_jobs.core.errors import InvalidInputError, RunNotFoundError
@@ -421,7 +422,7 @@ class LedgerAdmin(LedgerFace):
             "model_pattern": name,
             "match_kind": "prefix" if prefix else "exact",
             "tier": tier_name,
-            "effective_from": effective_from,
+            "effective_from": check_effective_from(effective_from),
             "input_per_million": check_price("input_per_million", input_per_million),
             "output_per_million": check_price("output_per_million", output_per_million),
             **{k: None if v is None else check_price(k, v) for k, v in parts.items()},
@@ -429,13 +430,27 @@ class LedgerAdmin(LedgerFace):
             "set_by": set_by,
         }
         try:
-            [price] = self._db.fetch("set_price", params, record_row(ModelPrice))
+            [row] = self._db.fetch("set_price", params, dict_row)
         except psycopg.errors.ForeignKeyViolation:
             held = self.currency()
             raise InvalidInputError(
                 "currency", f"the ledger's prices are in {held}; got {code}"
             ) from None
-        return price
+        except psycopg.errors.UniqueViolation:
+            raise InvalidInputError(
+                "from",
+                f"{name} ({tier_name}) has a price from that time already; price history is "
+                "never rewritten: set the new price from another time (now, by default)",
+            ) from None
+        blocked = row.pop("blocked_at")
+        if blocked is not None:
+            raise InvalidInputError(
+                "from",
+                f"calls of {name} were priced since then (the first at {blocked:%Y-%m-%d %H:%M} "
+                "UTC): a price from the past would rewrite what they cost; set it from now on",
+            )
+        row.pop("priced_calls")
+        return ModelPrice(**row)
 
     def currency(self) -> str | None:
         """The ledger's currency (``None`` before the first price is set)."""
@@ -445,14 +460,27 @@ class LedgerAdmin(LedgerFace):
     def delete_prices(
         self, model_name: str, *, prefix: bool = False, tier: str | None = None
     ) -> list[ModelPrice]:
-        """Remove a model's (or prefix's) prices with their history, of ``tier`` or every
-        tier: its calls are unpriced from then on. Returns what was removed."""
+        """Remove a model's (or prefix's) prices, of ``tier`` or every tier, when none of them
+        priced a call (a mistyped price, say); a price that priced calls is history, and the
+        whole removal is refused (:class:`InvalidInputError`). Returns what was removed."""
         params = {
             "model_pattern": model_name.strip(),
             "match_kind": "prefix" if prefix else "exact",
             "tier": tier,
         }
-        return self._db.fetch("delete_prices", params, record_row(ModelPrice))
+        rows = self._db.fetch("delete_prices", params, dict_row)
+        kept = [r for r in rows if r["kept"]]
+        if kept:
+            first = kept[0]
+            raise InvalidInputError(
+                "model",
+                f"{len(kept)} price(s) of {model_name.strip()!r} priced calls (the first from "
+                f"{first['effective_from']:%Y-%m-%d %H:%M} UTC, {first['tier']}): price history "
+                "is kept; set a new price from now on instead",
+            )
+        return [
+            ModelPrice(**{k: v for k, v in r.items() if k not in ("kept", "removed")}) for r in rows
+        ]
 
     def prices(self) -> list[ModelPrice]:
         """Every price with its history, by model, tier and the time it applies from."""
@@ -480,6 +508,16 @@ class LedgerAdmin(LedgerFace):
         kind of token (input, cache read, cache write, cache write 1h, output, reasoning)."""
         params = {"start": start, "end": end, "job_name": job_name}
         return self._db.fetch("spend_by_kind", params, dict_row)
+
+    def spend_totals(
+        self, start: datetime, end: datetime, job_name: str | None = None
+    ) -> dict[str, Any]:
+        """What the calls from ``start`` to ``end`` cost in all (the money each was recorded
+        with), whether every call not in doubt was priced, and the calls in doubt and not
+        billed, counted apart."""
+        params = {"start": start, "end": end, "job_name": job_name}
+        [row] = self._db.fetch("spend_totals", params, dict_row)
+        return row
 
     def budgets(self, job_name: str | None = None) -> list[BudgetStanding]:
         """Every budget the ledger holds (those covering ``job_name``), with where its

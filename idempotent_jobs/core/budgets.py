@@ -188,6 +188,9 @@ class BudgetStanding:
     period_start: datetime
     spent: Decimal = Decimal(0)
     reserved: Decimal = Decimal(0)
+    #: What calls whose outcome is in doubt (no usage known) hold, apart from ``spent`` until
+    #: an operator settles them (``idempotent-jobs costs settle``) or the period ends.
+    in_doubt: Decimal = Decimal(0)
     calls: int = 0
     unknown_calls: int = 0
     subject_id: str = ""
@@ -196,7 +199,7 @@ class BudgetStanding:
 
     @property
     def left(self) -> Decimal:
-        return max(self.amount - self.spent - self.reserved, Decimal(0))
+        return max(self.amount - self.spent - self.reserved - self.in_doubt, Decimal(0))
 
 
 def figure(amount: Decimal, unit: str, currency: str | None) -> str:

@@ -12,18 +12,22 @@ prefix; the requested model's price first, then the answering model's. Every pri
 ledger's one currency (``ledger_currency``, held by a foreign key). A call whose model has no
 price, or that reported no usage, has no money figure: unknown, never 0.
 
-The ledger computes the same in SQL (``price_in_force`` and ``usage_money``, migration 0018);
-:func:`price_in_force` and :meth:`ModelPrice.cost` are the Python side (``runs show``, the
-metrics), checked against it by a test.
+**Money is decided once, in the database, when a call is admitted** (migration 0020): the
+statement that admits a request (the one that takes its budget hold) fixes the price row in
+force then, and the call is recorded with that row (``model_calls.price_id``) and its money
+(``model_calls.money``); a call no budget admitted is priced as it is recorded. A price set
+later never touches an in-flight or recorded call, and every report (``runs show``, ``runs
+spend``, ``runs stats``, ``budgets list``, ``estimate``, the metrics) reads that one figure.
+Python never prices a call. What a failed request costs follows what providers bill: an error
+the provider answered costs nothing (``unbilled``), a call whose outcome is unknown is
+``in_doubt`` until an operator settles it (``idempotent-jobs costs settle``).
 """
 
-from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 
 from idempotent_jobs.core.errors import InvalidInputError
-from idempotent_jobs.core.records import ModelCallRecord, ModelUsage
 
 #: Below this per million tokens (the column's check): 10^9 per million is 1000 per token.
 _MAX_PRICE = Decimal(10) ** 9
@@ -58,73 +62,15 @@ class ModelPrice:
     reasoning_per_million: Decimal | None = None
     set_at: datetime
     set_by: str | None = None
+    #: The row's id: what a call priced by it names (``model_calls.price_id``).
+    price_id: int | None = None
+    #: Set with a ``--from`` in the past, before any call of its model was priced since.
+    correction: bool = False
 
     @property
     def model_name(self) -> str:
         """The model (or prefix) the price is for."""
         return self.model_pattern
-
-    def matches(self, name: str | None) -> bool:
-        if name is None:
-            return False
-        if self.match_kind == "prefix":
-            return name.startswith(self.model_pattern)
-        return name == self.model_pattern
-
-    def cost(self, usage: ModelUsage | None) -> Decimal | None:
-        """What ``usage`` costs at this price, each kind of token at its own price; ``None``
-        when the call reported no usage (unknown)."""
-        if usage is None or usage.unknown:
-            return None
-        read = usage.cache_read_tokens or 0
-        written = usage.cache_write_tokens or 0
-        hour = usage.cache_write_1h_tokens or 0
-        reasoning = usage.reasoning_tokens or 0
-        cache_write = _or(self.cache_write_per_million, self.input_per_million)
-        spent = (
-            max((usage.input_tokens or 0) - read - written, 0) * self.input_per_million
-            + read * _or(self.cache_read_per_million, self.input_per_million)
-            + max(written - hour, 0) * cache_write
-            + hour * _or(self.cache_write_1h_per_million, cache_write)
-            + max((usage.output_tokens or 0) - reasoning, 0) * self.output_per_million
-            + reasoning * _or(self.reasoning_per_million, self.output_per_million)
-        )
-        return spent / 1_000_000
-
-
-def _or(price: Decimal | None, fallback: Decimal) -> Decimal:
-    return fallback if price is None else price
-
-
-def price_in_force(
-    prices: Iterable[ModelPrice],
-    requested: str | None,
-    answered: str | None,
-    tier: str | None,
-    at: datetime,
-) -> ModelPrice | None:
-    """The price of a call of ``requested`` (else ``answered``) made at ``at`` in ``tier``: the
-    tier's own over the standard one, the requested name over the answered one, an exact name
-    over a prefix, a longer prefix over a shorter, the latest ``effective_from`` not after
-    ``at`` (the ledger's ``price_in_force``, in Python)."""
-    wanted = tier or STANDARD_TIER
-    best: tuple[tuple[object, ...], ModelPrice] | None = None
-    for price in prices:
-        if price.effective_from > at or price.tier not in (wanted, STANDARD_TIER):
-            continue
-        for rank, name in enumerate((requested, answered)):
-            if not price.matches(name):
-                continue
-            key = (
-                price.tier != wanted,
-                rank,
-                price.match_kind != "exact",
-                -len(price.model_pattern),
-                -price.effective_from.timestamp(),
-            )
-            if best is None or key < best[0]:
-                best = (key, price)
-    return None if best is None else best[1]
 
 
 def check_price(field: str, value: object) -> Decimal:
@@ -146,18 +92,37 @@ def check_price(field: str, value: object) -> Decimal:
     return price.normalize() if price else Decimal(0)
 
 
+#: The earliest and latest a price may apply from (an earlier release's prices, whose history
+#: is unknown, apply from 1900-01-01: ``always``).
+EARLIEST_PRICE = datetime(1900, 1, 2, tzinfo=UTC)
+LATEST_PRICE = datetime(9999, 1, 1, tzinfo=UTC)
+
+
+def check_effective_from(value: datetime | None) -> datetime | None:
+    """When a price applies from: ``None`` (now), or a time with its zone from 1900-01-02 to
+    9999-01-01 (UTC)."""
+    if value is None:
+        return None
+    if not isinstance(value, datetime):
+        raise InvalidInputError("from", f"must be a date and time, got {value!r}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidInputError("from", f"must say its time zone, got {value.isoformat()}")
+    try:
+        at = value.astimezone(UTC)
+    except (OverflowError, ValueError):
+        at = None
+    if at is None or not EARLIEST_PRICE <= at < LATEST_PRICE:
+        raise InvalidInputError(
+            "from", f"must be from 1900-01-02 to 9999-01-01 UTC, got {value.isoformat()}"
+        )
+    return at
+
+
 def check_currency(value: str) -> str:
     code = value.strip().upper()
     if not (len(code) == 3 and code.isascii() and code.isalpha()):
         raise InvalidInputError("currency", f"must be a 3-letter code such as USD, got {value!r}")
     return code
-
-
-def call_cost(call: ModelCallRecord, prices: Iterable[ModelPrice]) -> Decimal | None:
-    """What ``call`` cost at the price in force when it was made; ``None`` when that is
-    unknown (no price for its model, or no usage reported)."""
-    price = price_in_force(prices, call.requested_model, call.model_name, call.tier, call.called_at)
-    return None if price is None else price.cost(call.usage)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -201,3 +201,22 @@ class PaidCallError(Exception):
         super().__init__(message)
         self.usage = usage
         self.answered = answered
+
+
+#: The attribute :func:`mark_unsent` sets on an exception.
+_UNSENT = "_idempotent_jobs_unsent"
+
+
+def mark_unsent(exc: BaseException) -> None:
+    """Say that ``exc`` ended a model call before any request reached the provider (a prompt
+    that could not be built, a budget, a drill, a lost lease): nothing was paid for, no call is
+    recorded, and retrying the step on the same stored input would end the same way."""
+    try:
+        setattr(exc, _UNSENT, True)
+    except Exception:  # an exception type that takes no attributes: it stays unmarked
+        pass
+
+
+def sent_nothing(exc: BaseException) -> bool:
+    """Whether :func:`mark_unsent` marked ``exc`` (a step's retry policy skips such errors)."""
+    return getattr(exc, _UNSENT, False) is True

@@ -34,6 +34,8 @@ WORKER_PRIVILEGES: dict[str, tuple[str, ...]] = {
     "spend_budgets": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "budget_counters": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # retention prunes old periods
     "budget_holds": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    # What calls in doubt hold of each budget: recorded as they settle, cleared by `costs settle`.
+    "budget_doubts": ("SELECT", "INSERT", "DELETE"),
     "step_outputs": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # the ledger IO manager's
     # Workers declare limits and reserve places; operators set and delete them.
     "rate_limits": ("SELECT", "INSERT", "UPDATE", "DELETE"),

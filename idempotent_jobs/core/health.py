@@ -43,13 +43,14 @@ def budget_findings(budgets: list[BudgetStanding]) -> list[Finding]:
     """Each budget in the ledger (what every worker enforces) and where its current period
     stands: ``budget_spent`` (a problem: no call fits until the period turns or the budget is
     raised) or ``budget`` (informational); ``usage_unknown`` when calls of the period reported
-    no usage (each charged its reservation in full)."""
+    no usage (each in doubt: its reservation stays charged apart until ``costs settle``)."""
     found = []
     for b in budgets:
         whose = f" (subject {b.subject_id}, the one that spent most)" if b.subject_id else ""
         detail = (
             f"budget {b.budget_id}{whose}: {figure(b.spent, b.unit, b.currency)} spent and "
-            f"{figure(b.reserved, b.unit, b.currency)} held by calls in flight, of "
+            f"{figure(b.reserved, b.unit, b.currency)} held by calls in flight, "
+            f"{figure(b.in_doubt, b.unit, b.currency)} in doubt, of "
             f"{figure(b.amount, b.unit, b.currency)} since {b.period_start:%Y-%m-%d} (UTC); "
             f"set by {b.declared_by}"
         )
@@ -68,7 +69,8 @@ def budget_findings(budgets: list[BudgetStanding]) -> list[Finding]:
                     "usage_unknown",
                     "info",
                     f"budget {b.budget_id}: {b.unknown_calls:,} call(s) this {b.period} reported "
-                    "no usage; each was charged its reservation in full",
+                    f"no usage; {figure(b.in_doubt, b.unit, b.currency)} stays charged in doubt "
+                    "until `idempotent-jobs costs settle` (or the period's end)",
                 )
             )
     return found

@@ -12,6 +12,7 @@ from typing import Any, cast
 
 from psycopg.rows import dict_row
 
+from idempotent_jobs.core import telemetry
 from idempotent_jobs.core.batch_book import BatchBook
 from idempotent_jobs.core.budgets import Budget, budget_refusal, declared_budget_params
 from idempotent_jobs.core.checks import (
@@ -29,7 +30,7 @@ from idempotent_jobs.core.checks import (
     usage_params,
 )
 from idempotent_jobs.core.delivery import OutboxDelivery
-from idempotent_jobs.core.error_text import safe_text
+from idempotent_jobs.core.error_text import redact_secrets, safe_text
 from idempotent_jobs.core.errors import (
     BudgetConflictError,
     IdentityConflictError,
@@ -103,6 +104,7 @@ class RunLedger(OutboxDelivery, StepOutputs, BatchBook):
     def __init__(self, settings: LedgerSettings | str, **options: Any) -> None:
         super().__init__(settings, **options)  # pool=, and any setting
         self._declared_budgets: set[tuple[str, tuple[Budget, ...], bool]] = set()
+        self._currency: str | None = None
 
     def __getattr__(self, name: str) -> Any:  # only for a name the class does not have
         if name in OPERATOR_METHODS:
@@ -342,9 +344,10 @@ class RunLedger(OutboxDelivery, StepOutputs, BatchBook):
             "config_fingerprint": config.fingerprint if parts else None,
             "config_parts": dump_json_object(parts, "config") if parts else None,
         }
-        [(outcome, stored, revision, fingerprint, mine, stored_parts)] = self._db.rows(
+        [(outcome, stored, revision, fingerprint, mine, stored_parts, money)] = self._db.rows(
             "complete", params
-        ) or [("lease_lost", None, None, None, False, None)]
+        ) or [("lease_lost", None, None, None, False, None, None)]
+        self._count_cost(money, usage)
         if outcome == FenceOutcome.APPLIED:
             return Completion(output=stored, accepted=True, config_parts=parts or None)
         if outcome == FenceOutcome.STALE:
@@ -380,7 +383,7 @@ class RunLedger(OutboxDelivery, StepOutputs, BatchBook):
         validator refused its answer); it is recorded with ``usage`` in ``model_calls``, even
         when the lease was lost (then as ``lease_lost``, :meth:`record_lost_call`).
         """
-        error = safe_text(str(error)) or "unknown error"
+        error = safe_text(redact_secrets(str(error))) or "unknown error"
         if ends not in ("failed", "drill", "budget"):
             raise InvalidInputError("ends", f"must be failed, drill or budget, got {ends!r}")
         if call not in (None, "failed", "rejected"):
@@ -393,12 +396,14 @@ class RunLedger(OutboxDelivery, StepOutputs, BatchBook):
             "call_outcome": call,
             "attempt_outcome": ends,
         }
-        try:
-            return self._fenced("fail", params)
-        except LeaseLostError:
-            if call is not None:
-                self.record_lost_call(lease, usage, lease.revision, origin=origin, error=error)
-            raise
+        rows = self._db.rows("fail", params)
+        outcome = FenceOutcome(rows[0][0]) if rows else FenceOutcome.LEASE_LOST
+        if outcome != FenceOutcome.LEASE_LOST:
+            self._count_cost(rows[0][1], usage)
+            return outcome
+        if call is not None:
+            self.record_lost_call(lease, usage, lease.revision, origin=origin, error=error)
+        raise LeaseLostError()
 
     def record_answer(
         self,
@@ -431,10 +436,11 @@ class RunLedger(OutboxDelivery, StepOutputs, BatchBook):
         }
         rows = self._db.rows("record_answer", params)
         if rows:
-            cost = rows[0][1]  # [money, currency], or no price / no usage
-            if cost is None or cost[0] is None:
+            money = rows[0][1]  # NULL: no price, or no usage known
+            self._count_cost(money, usage)
+            if money is None:
                 return None
-            return f"{Decimal(cost[0]).normalize():f} {cost[1]}"
+            return f"{Decimal(money).normalize():f} {self.currency() or ''}".rstrip()
         try:  # no row: recorded already (a retried statement), or the lease was lost
             self.renew(lease)
         except LeaseLostError:
@@ -466,7 +472,7 @@ class RunLedger(OutboxDelivery, StepOutputs, BatchBook):
         params = {
             "run_id": run_id,
             "caller_run_id": check_name("caller_run_id", caller_run_id),
-            "error": safe_text(str(error)) or "unknown error",
+            "error": safe_text(redact_secrets(str(error))) or "unknown error",
         }
         rows = self._db.rows("fail_by_caller", params)
         return FenceOutcome(rows[0][0]) if rows else FenceOutcome.LEASE_LOST
@@ -489,12 +495,17 @@ class RunLedger(OutboxDelivery, StepOutputs, BatchBook):
             **usage_params(usage),
             **origin_params(origin),
             "revision": revision,
-            "error": safe_text(error) if error else "the lease was lost before the call ended",
+            "error": safe_text(redact_secrets(error))
+            if error
+            else "the lease was lost before the call ended",
         }
         try:
-            return bool(self._db.rows("record_lost_call", params))
+            rows = self._db.rows("record_lost_call", params)
         except Exception:  # an outage: the LeaseLostError that follows says enough
             return False
+        if rows:
+            self._count_cost(rows[0][1], usage)
+        return bool(rows)
 
     def record_turn(
         self,
@@ -522,11 +533,32 @@ class RunLedger(OutboxDelivery, StepOutputs, BatchBook):
             **origin_params(origin),
             "revision": lease.revision,
             "call_outcome": call,
-            "error": safe_text(str(error)) or "unknown error",
+            "error": safe_text(redact_secrets(str(error))) or "unknown error",
             "turn": turn,
         }
         rows = self._db.rows("record_turn", params)
-        return cast(CallOutcome, rows[0][0]) if rows else None
+        if not rows:
+            return None
+        self._count_cost(rows[0][1], usage)
+        return cast(CallOutcome, rows[0][0])
+
+    def currency(self) -> str | None:
+        """The ledger's one currency (``None`` before the first price), read once: a ledger's
+        currency never changes once a price names it."""
+        if self._currency is None:
+            rows = self._db.rows("ledger_currency", {})
+            self._currency = str(rows[0][0]) if rows else None
+        return self._currency
+
+    def _count_cost(self, money: Any, usage: ModelUsage | None) -> None:
+        """The money a recording statement returned, in the metrics (never priced here)."""
+        if money is None:
+            return
+        try:
+            currency = self.currency()
+        except Exception:  # an outage: the metric is left out, the call is recorded
+            return
+        telemetry.record_cost(money, currency, usage.priced_model if usage else None)
 
     def _fenced(self, name: str, params: dict[str, Any]) -> FenceOutcome:
         """Run fenced statement ``name``; its outcome, or :class:`LeaseLostError`."""
@@ -609,11 +641,6 @@ class RunLedger(OutboxDelivery, StepOutputs, BatchBook):
     def release_budget(self, lease: Lease) -> None:
         """Give back what the attempt's unsent request holds of its budgets."""
         self._db.rows("release_budget", fence_params(lease))
-
-    def price_rows(self) -> list[dict[str, Any]]:
-        """Every model's price per million tokens, as rows (the metrics' money figure; see
-        :mod:`idempotent_jobs.core.costs` for the operator's side)."""
-        return self._db.fetch("list_prices", {}, dict_row)
 
     # -- provider rate limits ------------------------------------------------------------------
 

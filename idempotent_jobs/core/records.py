@@ -3,6 +3,7 @@
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import datetime
+from decimal import Decimal
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -123,6 +124,15 @@ class ModelCallRecord:
     reasoning_tokens: int | None = None
     provider_name: str | None = None
     tier: str | None = None
+    #: The price row the call was priced by (fixed when its request was admitted) and its
+    #: money at that row: ``None`` when unknown (no price, or in doubt until settled).
+    price_id: int | None = None
+    money: Decimal | None = None
+    #: ``billed``, ``unbilled`` (the provider answered an error and billed nothing: money 0),
+    #: ``in_doubt`` (no usage known) or ``settled`` (was in doubt; an operator settled it).
+    billing: str | None = None
+    settled_at: datetime | None = None
+    settled_by: str | None = None
 
     @property
     def usage(self) -> ModelUsage:

@@ -35,6 +35,7 @@ from idempotent_jobs.core.errors import (
     PaidCallError,
     StaleCandidateError,
     UsageRejectedError,
+    mark_unsent,
 )
 from idempotent_jobs.core.heartbeat import LeaseHeartbeat
 from idempotent_jobs.core.ledger import RunLedger
@@ -192,12 +193,12 @@ def check_output(output: JSONDict, validate: Callable[[JSONDict], object] | None
         raise OutputRejectedError()
 
 
-def _record_usage(ledger: RunLedger, span: Any, usage: ModelUsage | None) -> None:
+def _record_usage(span: Any, usage: ModelUsage | None) -> None:
     """The call's usage on its span (GenAI attributes) and in the metrics."""
     if usage is None:
         return
     telemetry.annotate(span, **telemetry.usage_attributes(usage))
-    telemetry.record_usage(usage, ledger)
+    telemetry.record_usage(usage)
 
 
 def call_model(
@@ -294,17 +295,21 @@ def call_model(
                 output, reported = _unpack(model(raw_input))
             answered = True
             usage = check_usage(reported)
-            _record_usage(ledger, span, usage)
+            _record_usage(span, usage)
             payload = ledger.output_payload(output)
             check_output(payload.value, validate)
         except BaseException as exc:
             if isinstance(exc, PaidCallError):  # the last request's cost, as the step knew it
                 usage, answered = recordable_usage(exc.usage), exc.answered
-            # Refused before its request was sent (the book's lease, budget or rate check):
-            # the requests that were sent are recorded already.
-            outcome = None if book.refused else call_outcome(called, answered)
-            if outcome is None and budgeted:  # a request held and never sent gives it back
-                _release_budget(ledger, lease)
+            # Refused before its request was sent (the book's lease, budget or rate check), or
+            # a step that announces its requests failed before its first (its prompt could not
+            # be built): the requests that were sent are recorded already, and no other is.
+            unsent = book.refused or (announces_requests and called and book.requests == 0)
+            outcome = None if unsent else call_outcome(called, answered)
+            if outcome is None:
+                mark_unsent(exc)
+                if budgeted:  # a request held and never sent gives it back
+                    _release_budget(ledger, lease)
             end_attempt(ledger, lease, exc, usage, call=outcome, origin=origin)
             raise
     if heartbeat.lost:  # the call was paid for: record it though the run moved on

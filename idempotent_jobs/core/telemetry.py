@@ -21,18 +21,16 @@ accepted, money, lease waits and notifications (:class:`Instruments`).
 import hashlib
 import importlib.util
 import os
-import re
 import sys
-import time
 import uuid
 import warnings
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import Any, ParamSpec, TypeVar
+
+from idempotent_jobs.core.error_text import redact_secrets as redact_secrets
 
 
 def _installed(module: str) -> bool:
@@ -64,7 +62,6 @@ SCOPE = "idempotent_jobs"
 #: ``IDEMPOTENT_JOBS_TELEMETRY=off`` turns every span and measurement off, SDK or not.
 TELEMETRY_ENV = "IDEMPOTENT_JOBS_TELEMETRY"
 enabled = os.environ.get(TELEMETRY_ENV, "on").strip().lower() not in ("off", "0", "false")
-PRICE_CACHE_SECONDS = 300.0
 #: The GenAI conventions' advisory buckets for ``gen_ai.client.token.usage``.
 TOKEN_BUCKETS = [4.0**n for n in range(14)]
 Attributes = Mapping[str, str | int | float | bool]
@@ -261,25 +258,6 @@ def _exit_span(started: AbstractContextManager[Any], exc: BaseException | None) 
 
 #: What a span's error message may hold at most (characters, after escaping).
 MAX_SPAN_MESSAGE_CHARS = 200
-_SECRETS = (
-    re.compile(r"(?i)\b(bearer|basic|token)\s+[A-Za-z0-9._~+/=-]{6,}"),
-    re.compile(r"\b(sk|pk|rk|xox[abprs]|ghp|gho|glpat|AKIA)[-_A-Za-z0-9]{8,}"),
-    re.compile(r"(?i)([a-z][a-z0-9+.-]*://[^/\s:@]*:)[^@\s]*@"),
-    re.compile(
-        r"(?i)\b(password|passwd|pwd|secret|api[_-]?key|access[_-]?token|token|authorization)"
-        r"(\s*[=:]\s*)('[^']*'|\"[^\"]*\"|\S+)"
-    ),
-)
-
-
-def redact_secrets(text: str) -> str:
-    """``text`` with what looks like a secret replaced by ``****``: bearer and basic
-    credentials, API keys by their usual prefixes, URL passwords, ``password=``/``api_key:``
-    style settings."""
-    text = _SECRETS[0].sub(lambda m: f"{m.group(1)} ****", text)
-    text = _SECRETS[1].sub("****", text)
-    text = _SECRETS[2].sub(lambda m: f"{m.group(1)}****@", text)
-    return _SECRETS[3].sub(lambda m: f"{m.group(1)}{m.group(2)}****", text)
 
 
 def span_message(exc: BaseException) -> str:
@@ -472,30 +450,6 @@ def count_notification(channel: str, outcome: str) -> None:
         )
 
 
-class PriceSource(Protocol):
-    """What prices are read from: a ledger (:meth:`RunLedger.price_rows`)."""
-
-    def price_rows(self) -> list[dict[str, Any]]: ...
-
-
-_prices: "weakref.WeakKeyDictionary[PriceSource, tuple[float, list[Any]]]" = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def prices_of(source: PriceSource) -> list[Any]:
-    """The ledger's prices with their history (:class:`~idempotent_jobs.core.costs.ModelPrice`),
-    read at most every :data:`PRICE_CACHE_SECONDS` per ledger."""
-    from idempotent_jobs.core.costs import ModelPrice  # imported as the module's others are
-
-    now = time.monotonic()
-    cached = _prices.get(source)
-    if cached is None or now - cached[0] > PRICE_CACHE_SECONDS:
-        rows = [ModelPrice(**row) for row in source.price_rows()]
-        cached = _prices[source] = (now, rows)
-    return cached[1]
-
-
 def usage_attributes(usage: Any) -> dict[str, Any]:
     """A model call's usage as the GenAI conventions name it (a part the provider did not
     report is left out: ``None`` values are dropped by :func:`annotate`)."""
@@ -511,11 +465,10 @@ def usage_attributes(usage: Any) -> dict[str, Any]:
 
 
 @best_effort()
-def record_usage(usage: Any, prices: PriceSource) -> None:
-    """A model call newly made: its tokens by type (``gen_ai.client.token.usage``) and, when its
-    model has a price (read from ``prices``, the ledger), its money
-    (``idempotent_jobs.model.cost``). A reused answer or run is never recorded here: the
-    conventions count an effect once, when it is executed."""
+def record_usage(usage: Any) -> None:
+    """A model call newly made: its tokens by type (``gen_ai.client.token.usage``). A reused
+    answer or run is never recorded here: the conventions count an effect once, when it is
+    executed. Its money is recorded by :func:`record_cost` as the ledger records the call."""
     found = instruments()
     if found is None:
         return
@@ -530,21 +483,21 @@ def record_usage(usage: Any, prices: PriceSource) -> None:
     for token_type, tokens in (("input", usage.input_tokens), ("output", usage.output_tokens)):
         if tokens is not None:
             found.token_usage.record(tokens, {**base, "gen_ai.token.type": token_type})
-    try:
-        from idempotent_jobs.core.costs import price_in_force
 
-        price = price_in_force(
-            prices_of(prices), model, usage.model_name, usage.tier, datetime.now(UTC)
-        )
-    except Exception:  # the prices could not be read (an outage): the call is not failed for it
-        price = None
-    cost = None if price is None else price.cost(usage)
-    if cost is not None and price is not None:
-        found.cost.add(
-            float(cost),
-            {
-                "gen_ai.request.model": model or "",
-                "idempotent_jobs.job": current_job(),
-                "idempotent_jobs.currency": price.currency,
-            },
-        )
+
+@best_effort()
+def record_cost(money: Any, currency: str | None, model: str | None) -> None:
+    """A paid call's money (``idempotent_jobs.model.cost``) as the statement that recorded it
+    returned it: priced in the ledger by the row its admission fixed, never here. Unknown
+    money (no price, or the call is in doubt) adds nothing."""
+    found = instruments()
+    if found is None or money is None or not currency:
+        return
+    found.cost.add(
+        float(money),
+        {
+            "gen_ai.request.model": model or "",
+            "idempotent_jobs.job": current_job(),
+            "idempotent_jobs.currency": currency,
+        },
+    )

@@ -16,12 +16,15 @@ import dagster as dg
 
 from idempotent_jobs.core import telemetry
 from idempotent_jobs.core.batch_book import batch_holding
+from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.errors import (
     BudgetExceededError,
     LeaseBusyError,
     LeaseLostError,
+    LedgerConnectionError,
     LedgerError,
     StaleCandidateError,
+    sent_nothing,
 )
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.leases import Busy, Reused, claim_or_reuse
@@ -245,6 +248,17 @@ def transform_step(
             metadata=budget_metadata(lease.run_id, exc),
             allow_retries=False,
         ) from None
+    except Exception as exc:
+        if not sent_nothing(exc) or isinstance(exc, _MAY_PASS):
+            raise
+        # Ended before any request reached the provider (a prompt that cannot be built from
+        # the stored input, a drill, a lost lease): nothing was paid, and a retry of this step
+        # would read the same stored input. Re-execute once the cause is fixed.
+        raise dg.Failure(
+            description=f"no request was sent: {describe_error(exc)}",
+            metadata={"ledger_run_id": lease.run_id, "result": "refused before any request"},
+            allow_retries=False,
+        ) from exc
     ticket = Ticket.under(lease, context.run_id, StepResult.MODEL_CALLED, answer)
     if answer.usage is not None:  # priced as it was recorded: no read of its own
         context.add_output_metadata({"model_cost": answer.cost or "unknown"})
@@ -253,6 +267,11 @@ def transform_step(
             {"rate_limit_wait_seconds": dg.MetadataValue.float(round(answer.rate_wait_seconds, 3))}
         )
     return _report(context, ticket, answer.usage)
+
+
+#: Errors before any request that a retry may not meet again (the ledger out of reach, a lease
+#: taken meanwhile): the step's retry policy still applies to them.
+_MAY_PASS = (LedgerConnectionError, LeaseLostError, LeaseBusyError, OSError, TimeoutError)
 
 
 def budget_metadata(run_id: str, exc: BudgetExceededError) -> dict[str, Any]:

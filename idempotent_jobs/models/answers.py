@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 from idempotent_jobs.core.calls import CallBook, current_calls
+from idempotent_jobs.core.error_text import redact_known
 from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.core.rate_limits import RateRequest
 from idempotent_jobs.core.records import ModelUsage
@@ -23,6 +24,7 @@ from idempotent_jobs.models.errors import (
     ContentFilteredError,
     OutputSchemaError,
     ProviderError,
+    ProviderTimeoutError,
     RefusalError,
 )
 from idempotent_jobs.models.prompts import Prompt
@@ -103,12 +105,58 @@ def send_with_retries(
         try:
             return provider.send(prompt, schema)
         except ProviderError as exc:
+            exc.usage = error_usage(exc, rate)
+            _redact_echoes(exc, provider, prompt)
             wait = retry.wait_for(attempt, exc.retry_after) if exc.transient else None
             if wait is None:
                 raise
             book.paid(exc.usage, "failed", exc)
             retry.sleep(wait)
     raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+
+def _redact_echoes(exc: ProviderError, provider: Provider, prompt: Prompt) -> None:
+    """Take out of ``exc``'s text what the request carried that a provider or a proxy may echo
+    in its error body: the API key (``****``) and the prompt (``[prompt]``), before the text is
+    stored or shown anywhere. The prompt holds the run's raw input, which never belongs in an
+    error text."""
+    try:
+        text = str(exc)
+        key = getattr(provider, "api_key", None)
+        text = redact_known(text, [key] if isinstance(key, str) else [])
+        sent = [block.text for block in prompt.system] + [m.content for m in prompt.messages]
+        exc.args = (redact_known(text, sent, "[prompt]"),)
+    except Exception:  # noqa: S110 - the error is raised as it is; describe_error redacts keys
+        pass
+
+
+def error_usage(exc: ProviderError, rate: RateRequest) -> ModelUsage:
+    """What a failed request cost, as providers bill it, with the model it asked for and its
+    provider (the ledger prices it by them):
+
+    - usage the provider reported, as it is;
+    - the provider answered with an error status (a 4xx including 429, a 5xx) and reported no
+      usage: nothing was billed, so 0 tokens (the ledger records it ``unbilled``, money 0);
+    - no answer at all (a timeout after the request was sent, a connection cut): no usage
+      known (``None``; the ledger records it ``in_doubt`` until an operator settles it).
+    """
+    usage = exc.usage
+    if usage is not None and not usage.unknown:
+        return replace(
+            usage,
+            requested_model=usage.requested_model or rate.model,
+            provider_name=usage.provider_name or rate.provider or exc.provider,
+        )
+    answered = exc.status is not None and not isinstance(exc, ProviderTimeoutError)
+    tokens = 0 if answered else None
+    return ModelUsage(
+        None,
+        tokens,
+        tokens,
+        requested_model=rate.model,
+        provider_name=rate.provider or exc.provider,
+        tier=usage.tier if usage is not None else None,
+    )
 
 
 def answer(

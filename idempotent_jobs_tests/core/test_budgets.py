@@ -91,6 +91,16 @@ def _counter(db: psycopg.Connection, budget_id: str) -> tuple[Any, Any, int, int
     return row[0], row[1], int(row[2] or 0), int(row[3] or 0)
 
 
+def _in_doubt(db: psycopg.Connection, budget_id: str) -> Any:
+    """What calls whose outcome is in doubt hold of a budget, apart from its spend."""
+    row = db.execute(
+        "SELECT sum(in_doubt) FROM idempotent_jobs.budget_counters WHERE budget_id = %s",
+        (budget_id,),
+    ).fetchone()
+    assert row is not None
+    return row[0]
+
+
 def test_a_call_with_no_declared_worst_case_is_refused_once_the_days_budget_is_spent(
     ledger: BothFaces, db: psycopg.Connection
 ) -> None:
@@ -210,18 +220,20 @@ def test_a_money_budget_caps_what_calls_cost_at_the_prices_in_force(
     assert ledger.model_calls(_ident("d").run_id) == []
 
 
-def test_a_call_that_reports_no_usage_is_charged_its_reservation_and_counted(
+def test_a_call_that_reports_no_usage_keeps_its_reservation_in_doubt_and_counted(
     ledger: BothFaces, db: psycopg.Connection
 ) -> None:
+    """A call with no usage known is in doubt: its hold stays charged, apart from spend."""
     budget = Budget(amount=10_000)
     for n in range(3):
         assert _run(ledger, _ident(f"s{n}"), None, budget, ceiling=1_000) == [f"s{n}"]
     key = f"job:tokens/day:{JOB}"
-    assert _counter(db, key) == (3_000, 0, 3, 3)
+    assert _counter(db, key) == (0, 0, 3, 3)
+    assert _in_doubt(db, key) == 3_000
     with LedgerAdmin.beside(ledger) as admin:
         [standing] = admin.budgets(JOB)
         findings = budget_findings([standing])
-    assert standing.spent == 3_000 and standing.unknown_calls == 3
+    assert standing.spent == 0 and standing.in_doubt == 3_000 and standing.unknown_calls == 3
     assert [f.kind for f in findings] == ["budget", "usage_unknown"]
     assert "3 call(s) this day reported no usage" in findings[1].detail
 
@@ -235,11 +247,12 @@ def test_a_1_token_budget_lets_one_call_with_no_usage_through_not_25(
         _run(ledger, _ident("a"), None, budget, ceiling=10)
     assert ledger.model_calls(_ident("a").run_id) == []
     # With no worst case declared the call is only checked; reporting no usage, it is
-    # charged all the room left, and the next is refused.
+    # held in doubt for all the room left, and the next is refused.
     assert _run(ledger, _ident("b"), None, budget) == ["b"]
     with pytest.raises(BudgetExceededError):
         _run(ledger, _ident("c"), None, budget)
-    assert _counter(db, f"job:tokens/day:{JOB}") == (1, 0, 1, 1)
+    assert _counter(db, f"job:tokens/day:{JOB}") == (0, 0, 1, 1)
+    assert _in_doubt(db, f"job:tokens/day:{JOB}") == 1
 
 
 def test_a_spec_that_declares_another_budget_than_the_ledgers_fails_naming_both(

@@ -243,6 +243,7 @@ def test_the_reader_role_runs_every_read_of_the_operator_face(
         reader.currency()
         reader.budgets()
         reader.spend_by_kind(reader.database_now() - timedelta(days=31), reader.database_now())
+        reader.spend_totals(reader.database_now() - timedelta(days=31), reader.database_now())
         reader.database_now()
         ledger_findings(reader, outbox_older_than_seconds=60, max_attempts=3)
     assert reads - ran == set(), "an admin read this test does not run"

@@ -161,8 +161,8 @@ def test_a_name_both_faces_hold_is_the_same_read() -> None:
     assert shared == {
         "get_run",
         "list_model_calls",
+        "ledger_currency",
         "list_outbox",
-        "list_prices",
         "list_rate_limits",
     }
     for name in shared:

@@ -20,41 +20,72 @@ DELETE FROM {schema}.drills WHERE job_name = %(job_name)s OR %(job_name)s::text 
 RETURNING job_name, remaining, expires_at, armed_by, armed_at
 
 -- name: set_price
--- Set a model's price per million tokens of each kind, from a time on.
--- In force from `effective_from` (now when NULL) on, for the model's exact name or every
--- name under a prefix, in a tier. Earlier prices
--- stay: a call is priced at the price in force when it was made. The first price sets the
--- ledger's currency; a price in another is refused by the foreign key, whatever races it.
+-- Add a model's price per million tokens of each kind, from a time on: history is append-only.
+-- In force from `effective_from` (now when NULL) on, for the model's exact name or every name
+-- under a prefix, in a tier. Nothing is updated in place: a second price of the same model,
+-- kind, tier and time is refused by the key. A time in the past is a correction: refused when a
+-- call of a model it matches was priced since (`blocked_at`: the first such call's time, and
+-- no row added); otherwise it prices the calls recorded since with no price (money unknown),
+-- and only those. The first price sets the ledger's currency; a price in another is refused
+-- by the foreign key, whatever races it.
 WITH currency AS (
   INSERT INTO {schema}.ledger_currency (currency) VALUES (%(currency)s) ON CONFLICT DO NOTHING
+), at AS (
+  SELECT COALESCE(%(effective_from)s::timestamptz, now()) AS t,
+    COALESCE(%(effective_from)s::timestamptz < now(), false) AS past
+), matching AS (
+  SELECT c.* FROM {schema}.model_calls AS c, at
+  WHERE at.past AND c.called_at >= at.t AND c.billing IN ('billed', 'settled')
+    AND (%(tier)s::text = 'standard' OR c.tier = %(tier)s)
+    AND EXISTS (SELECT FROM (VALUES (c.requested_model), (c.model_name)) AS n(name)
+      WHERE CASE WHEN %(match_kind)s = 'prefix' THEN starts_with(n.name, %(model_pattern)s)
+        ELSE n.name = %(model_pattern)s END)
+), blocked AS (
+  SELECT min(called_at) AS blocked_at FROM matching WHERE price_id IS NOT NULL
+), added AS (
+  INSERT INTO {schema}.price_history AS p (model_pattern, match_kind, tier, effective_from,
+    currency, input_per_million, output_per_million, cache_read_per_million,
+    cache_write_per_million, cache_write_1h_per_million, reasoning_per_million, set_by,
+    correction)
+  SELECT %(model_pattern)s, %(match_kind)s, %(tier)s, at.t, %(currency)s,
+    %(input_per_million)s, %(output_per_million)s, %(cache_read_per_million)s,
+    %(cache_write_per_million)s, %(cache_write_1h_per_million)s, %(reasoning_per_million)s,
+    %(set_by)s, at.past
+  FROM at, blocked WHERE blocked.blocked_at IS NULL
+  RETURNING p.*
+), repriced AS (
+  UPDATE {schema}.model_calls AS c
+  SET price_id = a.price_id, money = {schema}.usage_money(c.input_tokens, c.output_tokens,
+    c.cache_read_tokens, c.cache_write_tokens, c.cache_write_1h_tokens, c.reasoning_tokens,
+    a::{schema}.price_history)
+  FROM added AS a, matching AS m
+  WHERE c.call_id = m.call_id AND m.price_id IS NULL
+  RETURNING c.call_id
 )
-INSERT INTO {schema}.price_history AS p (model_pattern, match_kind, tier, effective_from,
-  currency, input_per_million, output_per_million, cache_read_per_million,
-  cache_write_per_million, cache_write_1h_per_million, reasoning_per_million, set_by)
-VALUES (%(model_pattern)s, %(match_kind)s, %(tier)s,
-  COALESCE(%(effective_from)s::timestamptz, now()), %(currency)s, %(input_per_million)s,
-  %(output_per_million)s, %(cache_read_per_million)s, %(cache_write_per_million)s,
-  %(cache_write_1h_per_million)s, %(reasoning_per_million)s, %(set_by)s)
-ON CONFLICT (model_pattern, match_kind, tier, effective_from) DO UPDATE
-SET currency = EXCLUDED.currency, input_per_million = EXCLUDED.input_per_million,
-  output_per_million = EXCLUDED.output_per_million,
-  cache_read_per_million = EXCLUDED.cache_read_per_million,
-  cache_write_per_million = EXCLUDED.cache_write_per_million,
-  cache_write_1h_per_million = EXCLUDED.cache_write_1h_per_million,
-  reasoning_per_million = EXCLUDED.reasoning_per_million, set_at = now(),
-  set_by = EXCLUDED.set_by
-RETURNING p.*
+SELECT a.*, b.blocked_at, (SELECT count(*) FROM repriced) AS priced_calls
+FROM blocked AS b LEFT JOIN added AS a ON true
 
 -- name: ledger_currency
 -- The ledger's currency (no row before the first price).
 SELECT currency FROM {schema}.ledger_currency
 
 -- name: delete_prices
--- Remove a model's (or prefix's) prices, of one tier or every tier: its calls become unpriced.
-DELETE FROM {schema}.price_history
-WHERE model_pattern = %(model_pattern)s AND match_kind = %(match_kind)s
-  AND (%(tier)s::text IS NULL OR tier = %(tier)s)
-RETURNING *
+-- Remove a model's (or prefix's) prices that never priced anything, of one tier or every tier.
+-- A price row a call was priced by (or an admitted request holds) is history and stays: its
+-- rows come back with `kept` true, and nothing is removed when any does.
+WITH wanted AS (
+  SELECT p.*, EXISTS (SELECT FROM {schema}.model_calls AS c WHERE c.price_id = p.price_id)
+    OR EXISTS (SELECT FROM {schema}.budget_holds AS h WHERE h.price_id = p.price_id) AS kept
+  FROM {schema}.price_history AS p
+  WHERE p.model_pattern = %(model_pattern)s AND p.match_kind = %(match_kind)s
+    AND (%(tier)s::text IS NULL OR p.tier = %(tier)s)
+), gone AS (
+  DELETE FROM {schema}.price_history AS p USING wanted AS w
+  WHERE p.price_id = w.price_id AND NOT EXISTS (SELECT FROM wanted WHERE kept)
+  RETURNING p.price_id
+)
+SELECT w.*, (SELECT count(*) FROM gone) AS removed FROM wanted AS w
+ORDER BY w.tier, w.effective_from
 
 -- name: list_prices
 -- Every price with its history, by model, tier and the time it applies from.
@@ -63,44 +94,37 @@ ORDER BY model_pattern, match_kind, tier, effective_from
 
 -- name: price_matches
 -- Which calls of the last `days` days each price priced.
--- Each call is priced at the price in force when it was made; the row with no pattern holds
--- the calls no price covers, and their models.
+-- Each call by the price row it was priced by; the row with no pattern holds the calls no
+-- price covered, and their models.
 SELECT p.model_pattern, p.match_kind, p.tier, p.effective_from, count(*) AS calls,
   array_agg(DISTINCT COALESCE(c.requested_model, c.model_name, '(none)')) AS models
 FROM {schema}.model_calls AS c
-LEFT JOIN LATERAL {schema}.price_in_force(c.requested_model, c.model_name, c.tier,
-  c.called_at) AS p ON true
+LEFT JOIN {schema}.price_history AS p ON p.price_id = c.price_id
 WHERE c.called_at >= now() - make_interval(days => %(days)s)
 GROUP BY 1, 2, 3, 4
 ORDER BY 1, 2, 3, 4
 
 -- name: call_costs
--- One run's calls, each priced at the price in force when it was made (NULL: unknown).
-SELECT c.call_id, {schema}.usage_money(c.input_tokens, c.output_tokens, c.cache_read_tokens,
-  c.cache_write_tokens, c.cache_write_1h_tokens, c.reasoning_tokens, p) AS cost
+-- One run's calls and the money each was recorded with (NULL: unknown).
+SELECT c.call_id, c.money AS cost
 FROM {schema}.model_calls AS c
-LEFT JOIN LATERAL {schema}.price_in_force(c.requested_model, c.model_name, c.tier,
-  c.called_at) AS p ON true
 WHERE c.run_id = %(run_id)s
 ORDER BY c.call_id
 
 -- name: spend_by_job
 -- What each job's model calls spent in one UTC day.
--- Today when `day` is NULL, by the database clock: calls, tokens, tokens not accepted, money at the price in force when each
--- call was made, the most any one subject spent, and the calls that reported no usage.
+-- Today when `day` is NULL, by the database clock: calls, tokens, tokens not accepted, the
+-- money each call was recorded with, the most any one subject spent, and the calls in doubt
+-- (no usage known; apart from the money, which they are not part of until settled).
 WITH calls AS (
   SELECT r.job_name, r.subject_id, c.outcome,
     COALESCE(c.input_tokens, 0) + COALESCE(c.output_tokens, 0) AS tokens,
-    {schema}.usage_money(c.input_tokens, c.output_tokens, c.cache_read_tokens,
-      c.cache_write_tokens, c.cache_write_1h_tokens, c.reasoning_tokens, p) AS cost,
-    c.input_tokens IS NULL AND c.output_tokens IS NULL AS unknown
+    c.money AS cost, c.billing = 'in_doubt' AS unknown
   FROM {schema}.model_calls AS c
   -- Each call's run by its key (LIMIT keeps the planner from turning it into a join that
   -- scans every run).
   CROSS JOIN LATERAL (SELECT job_name, subject_id FROM {schema}.runs AS r
     WHERE r.run_id = c.run_id LIMIT 1) AS r
-  LEFT JOIN LATERAL {schema}.price_in_force(c.requested_model, c.model_name, c.tier,
-    c.called_at) AS p ON true
   -- Written out, so the planner estimates the range (one day's calls).
   WHERE c.called_at >= date_trunc('day', COALESCE(%(day)s::timestamptz, now())
       AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
@@ -109,7 +133,8 @@ WITH calls AS (
 ), by_subject AS (
   SELECT job_name, subject_id, count(*) AS calls, sum(tokens) AS tokens,
     sum(tokens) FILTER (WHERE outcome <> 'accepted') AS wasted, sum(cost) AS cost,
-    bool_and(cost IS NOT NULL) AS priced, count(*) FILTER (WHERE unknown) AS unknown_calls
+    bool_and(cost IS NOT NULL OR unknown) AS priced,
+    count(*) FILTER (WHERE unknown) AS unknown_calls
   FROM calls GROUP BY job_name, subject_id
 )
 SELECT job_name,
@@ -125,8 +150,9 @@ ORDER BY 1
 -- name: spend_by_kind
 -- What each job's calls of a period spent, by model, price in force and kind of token.
 -- From `start` (included) to `end` (excluded), by the database clock; each call at the price
--- in force when it was made (`price_from`: when that price applies from), each kind of token
--- at its own price; `money` NULL where the model had no price (unknown).
+-- row it was recorded with (`price_from`: when that price applies from), each kind of token
+-- at its own price; `money` NULL where the call had no price (unknown). Calls in doubt are
+-- `spend_in_doubt`'s, and calls the provider never billed cost nothing.
 WITH calls AS (
   SELECT r.job_name, COALESCE(c.requested_model, c.model_name, '(none)') AS model,
     p.effective_from AS price_from, p.currency,
@@ -141,9 +167,9 @@ WITH calls AS (
   FROM {schema}.model_calls AS c
   CROSS JOIN LATERAL (SELECT job_name FROM {schema}.runs AS r
     WHERE r.run_id = c.run_id LIMIT 1) AS r
-  LEFT JOIN LATERAL {schema}.price_in_force(c.requested_model, c.model_name, c.tier,
-    c.called_at) AS p ON true
-  WHERE c.called_at >= %(start)s AND c.called_at < %(end)s
+  LEFT JOIN {schema}.price_history AS p ON p.price_id = c.price_id
+  WHERE c.called_at >= %(start)s AND c.called_at < %(end)s AND c.billing <> 'in_doubt'
+    AND c.billing <> 'unbilled' 
     AND (%(job_name)s::text IS NULL OR r.job_name = %(job_name)s)
 )
 SELECT job_name, model, price_from, currency, k.kind, sum(k.tokens)::bigint AS tokens,
@@ -161,6 +187,24 @@ GROUP BY job_name, model, price_from, currency, k.n, k.kind
 HAVING sum(k.tokens) > 0
 ORDER BY job_name, model, price_from NULLS FIRST, k.n
 
+-- name: spend_totals
+-- What the calls of a period cost in all: the money each was recorded with, and the calls apart.
+-- From `start` (included) to `end` (excluded), by the database clock, of one job or all:
+-- `money` sums the calls whose money is known (the calls the provider never billed at 0);
+-- `priced` is false when a call not in doubt had no price; calls in doubt (no usage known)
+-- are counted apart, with nothing in the money until `costs settle` gives their figure.
+SELECT sum(c.money) AS money,
+  COALESCE(bool_and(c.money IS NOT NULL) FILTER (WHERE c.billing <> 'in_doubt'), true)
+    AS priced,
+  count(*) FILTER (WHERE c.billing = 'in_doubt') AS in_doubt_calls,
+  count(*) FILTER (WHERE c.billing = 'unbilled') AS unbilled_calls,
+  count(*) AS calls
+FROM {schema}.model_calls AS c
+CROSS JOIN LATERAL (SELECT job_name FROM {schema}.runs AS r
+  WHERE r.run_id = c.run_id LIMIT 1) AS r
+WHERE c.called_at >= %(start)s AND c.called_at < %(end)s
+  AND (%(job_name)s::text IS NULL OR r.job_name = %(job_name)s)
+
 -- name: budget_standings
 -- Every budget in the ledger, with where its current period stands.
 -- Those covering one job, when `job_name` is given; the current period's counter (for a subject budget, the subject that spent most), and whether it
@@ -168,14 +212,14 @@ ORDER BY job_name, model, price_from NULLS FIRST, k.n
 SELECT b.*, {schema}.period_start(b.period, now())::timestamp AT TIME ZONE 'UTC'
     AS period_start,
   COALESCE(k.spent, 0) AS spent, COALESCE(k.reserved, 0) AS reserved,
-  COALESCE(k.calls, 0) AS calls, COALESCE(k.unknown_calls, 0) AS unknown_calls,
+  COALESCE(k.in_doubt, 0) AS in_doubt, COALESCE(k.calls, 0) AS calls, COALESCE(k.unknown_calls, 0) AS unknown_calls,
   COALESCE(k.subject_id, '') AS subject_id,
-  COALESCE(k.spent + k.reserved >= b.amount, false) AS refusing,
+  COALESCE(k.spent + k.reserved + k.in_doubt >= b.amount, false) AS refusing,
   (SELECT currency FROM {schema}.ledger_currency) AS currency
 FROM {schema}.spend_budgets AS b
 LEFT JOIN LATERAL (SELECT * FROM {schema}.budget_counters AS k
   WHERE k.budget_id = b.budget_id AND k.period_start = {schema}.period_start(b.period, now())
-  ORDER BY k.spent + k.reserved DESC LIMIT 1) AS k ON true
+  ORDER BY k.spent + k.reserved + k.in_doubt DESC LIMIT 1) AS k ON true
 WHERE %(job_name)s::text IS NULL OR %(job_name)s::text = ANY(b.jobs)
 ORDER BY b.budget_id
 
@@ -201,7 +245,7 @@ DELETE FROM {schema}.spend_budgets WHERE budget_id = %(budget_id)s RETURNING bud
 -- name: job_history
 -- What a job's runs cost so far, for an estimate.
 -- Per accepted run (its accepted call; the latest `sample` runs): p10, median and p90 of tokens
--- and money (at the price in force when each call was made), and the tokens per byte of its
+-- and money (as each call was recorded), and the tokens per byte of its
 -- checkpointed input (to scale a partition whose input is already collected); and every call
 -- not accepted (failed, rejected, stale, lease lost): how many and what they cost. `batch_*`:
 -- the same accepted calls at the batch tier's price in force now (NULL where the model has no
@@ -209,15 +253,12 @@ DELETE FROM {schema}.spend_budgets WHERE budget_id = %(budget_id)s RETURNING bud
 WITH priced_calls AS (
   SELECT c.run_id, c.outcome, c.called_at,
     COALESCE(c.input_tokens, 0) + COALESCE(c.output_tokens, 0) AS tokens,
-    {schema}.usage_money(c.input_tokens, c.output_tokens, c.cache_read_tokens,
-      c.cache_write_tokens, c.cache_write_1h_tokens, c.reasoning_tokens, p) AS cost,
+    c.money AS cost,
     CASE WHEN b.tier = 'batch' THEN {schema}.usage_money(c.input_tokens, c.output_tokens,
       c.cache_read_tokens, c.cache_write_tokens, c.cache_write_1h_tokens, c.reasoning_tokens,
       b) END AS batch_cost
   FROM {schema}.runs AS r
   JOIN {schema}.model_calls AS c ON c.run_id = r.run_id
-  LEFT JOIN LATERAL {schema}.price_in_force(c.requested_model, c.model_name, c.tier,
-    c.called_at) AS p ON true
   LEFT JOIN LATERAL {schema}.price_in_force(c.requested_model, c.model_name, 'batch',
     now()) AS b ON true
   WHERE r.job_name = %(job_name)s
@@ -628,8 +669,8 @@ SELECT * FROM {schema}.rate_limits ORDER BY provider, model, key_name
 
 -- name: list_batches
 -- Batches, newest first, of one job or all, in one state or any, with their items by state and their money.
--- Money: the calls recorded under the batch (worker `batch:<id>`), each at the price in force
--- when it was made; `unpriced` counts those no price covers (the money is then a floor).
+-- Money: the calls recorded under the batch (worker `batch:<id>`), each at the money it was
+-- recorded with; `unpriced` counts those with none (no price, in doubt: the money is a floor).
 SELECT b.batch_id, b.job_name, b.provider, b.model, b.state, b.provider_batch_id, b.items,
   b.lease_owner, b.lease_expires_at, b.lease_seconds, b.checked_at, b.created_at,
   b.submitted_at, b.ended_at, b.collected_at,
@@ -644,14 +685,10 @@ SELECT b.batch_id, b.job_name, b.provider, b.model, b.state, b.provider_batch_id
 FROM {schema}.batches AS b
 LEFT JOIN LATERAL (
   SELECT count(*) AS calls,
-    sum({schema}.usage_money(c.input_tokens, c.output_tokens, c.cache_read_tokens,
-      c.cache_write_tokens, c.cache_write_1h_tokens, c.reasoning_tokens, p)) AS money,
-    count(*) FILTER (WHERE p.input_per_million IS NULL) AS unpriced
+    sum(c.money) AS money, count(*) FILTER (WHERE c.money IS NULL) AS unpriced
   FROM {schema}.batch_items AS i
   JOIN {schema}.model_calls AS c ON c.run_id = i.run_id AND c.lease_epoch = i.lease_epoch
     AND c.worker_id = 'batch:' || i.batch_id
-  LEFT JOIN LATERAL {schema}.price_in_force(c.requested_model, c.model_name, c.tier,
-    c.called_at) AS p ON true
   WHERE i.batch_id = b.batch_id
 ) AS m ON true
 WHERE (%(batch_id)s::text IS NULL OR b.batch_id = %(batch_id)s)

@@ -214,7 +214,9 @@ LEFT JOIN LATERAL (SELECT v.outcome FROM {schema}.reserve_budget(%(run_id)s, %(e
 -- commit failed or was refused as stale) has its outcome updated, never a second row. A caller
 -- that names no run or retry (run_idempotent's own calls are committed once) is not matched.
 -- A recorded answer (`answered`) is dropped from the call's row once its commit decides it: the
--- accepted output lives on the run, under the retention policy, and nowhere else.
+-- accepted output lives on the run, under the retention policy, and nowhere else. The output
+-- returned is the row's (a stale commit left it as it was); last, the money of the call this
+-- statement recorded (NULL: none recorded here, no price, or in doubt), for the metrics.
 WITH cur AS (
   SELECT run_id, status, lease_epoch, output, revision, input_fingerprint, config_parts,
     COALESCE(lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s AND status = 'running',
@@ -268,6 +270,7 @@ WITH cur AS (
   %(u_rt)s, %(u_pn)s, %(u_tier)s
   FROM done
   WHERE NOT EXISTS (SELECT FROM again)
+  RETURNING money
 ), outbox AS (
   INSERT INTO {schema}.notification_outbox (run_id, channel, payload, revision)
   SELECT done.run_id, n.key, n.value, done.revision
@@ -282,8 +285,9 @@ SELECT CASE
     WHEN cur.status = 'completed' THEN 'already_done'
     WHEN cur.status = 'pending' AND cur.lease_epoch = %(epoch)s AND NOT cur.holds THEN 'stale'
     ELSE 'lease_lost' END AS outcome,
-  CASE WHEN done.run_id IS NOT NULL THEN done.output ELSE cur.output END AS output,
-  cur.revision, cur.input_fingerprint, cur.lease_epoch = %(epoch)s AS mine, cur.config_parts
+  COALESCE(done.output, cur.output),
+  cur.revision, cur.input_fingerprint, cur.lease_epoch = %(epoch)s AS mine, cur.config_parts,
+  (SELECT money FROM call)
 FROM cur LEFT JOIN done ON true
 
 -- name: fail
@@ -328,6 +332,7 @@ WITH cur AS (
   %(u_rt)s, %(u_pn)s, %(u_tier)s
   FROM failed
   WHERE %(call_outcome)s::text IS NOT NULL AND NOT EXISTS (SELECT FROM call_again)
+  RETURNING money
 ), attempt AS (
   INSERT INTO {schema}.run_attempts (run_id, lease_epoch, worker_id, caller_run_id, caller_step,
     started_at, ended_at, outcome, error, model_name, input_tokens, output_tokens)
@@ -340,7 +345,7 @@ SELECT CASE
     WHEN EXISTS (SELECT FROM failed) THEN 'applied'
     WHEN cur.status = 'failed' AND cur.lease_epoch = %(epoch)s AND cur.last_error = %(error)s
       THEN 'already_done'
-    ELSE 'lease_lost' END AS outcome
+    ELSE 'lease_lost' END AS outcome, (SELECT money FROM call) AS money
 FROM cur
 
 -- name: record_answer
@@ -364,11 +369,7 @@ WHERE r.run_id = %(run_id)s AND r.lease_owner = %(worker_id)s AND r.lease_epoch 
     WHERE c.run_id = r.run_id AND c.caller_run_id = %(call_caller_run_id)s
       AND c.caller_step = %(call_caller_step)s AND c.retry_number = %(call_retry)s
       AND c.turn IS NULL)
-RETURNING call_id,
-  -- What the call cost at the price in force (NULL: unknown), for the step's metadata.
-  (SELECT ARRAY[{schema}.usage_money(input_tokens, output_tokens, cache_read_tokens,
-      cache_write_tokens, cache_write_1h_tokens, reasoning_tokens, p)::text, p.currency]
-    FROM {schema}.price_in_force(requested_model, model_name, tier, called_at) AS p) AS cost
+RETURNING call_id, money  -- priced as it was recorded (NULL: unknown)
 
 -- name: recorded_answer
 -- The latest recorded answer still waiting for its commit on this revision and checkpoint.
@@ -408,7 +409,7 @@ WHERE a.run_id = %(run_id)s AND a.lease_epoch = %(epoch)s AND a.worker_id = %(wo
     WHERE c.run_id = a.run_id AND c.caller_run_id = %(call_caller_run_id)s
       AND c.caller_step = %(call_caller_step)s AND c.retry_number = %(call_retry)s
       AND c.turn IS NULL)
-RETURNING call_id
+RETURNING call_id, money
 
 -- name: record_turn
 -- Record a paid call made while its attempt goes on, numbered within the attempt (`turn`).
@@ -433,7 +434,7 @@ WHERE r.run_id = %(run_id)s
     OR EXISTS (SELECT FROM {schema}.run_attempts AS a WHERE a.run_id = r.run_id
       AND a.lease_epoch = %(epoch)s AND a.worker_id = %(worker_id)s))
 ON CONFLICT (run_id, lease_epoch, worker_id, turn) WHERE turn IS NOT NULL DO NOTHING
-RETURNING c.outcome
+RETURNING c.outcome, c.money
 
 -- name: fail_by_caller
 -- End the attempt a Dagster run holds when one of its steps failed before it could end it.
@@ -541,10 +542,9 @@ LEFT JOIN {schema}.runs AS r ON r.run_id = %(run_id)s
 -- Give back what this attempt's unsent request holds of its budgets.
 SELECT {schema}.release_holds(%(run_id)s, %(epoch)s, %(worker_id)s)
 
--- name: list_prices
--- Every price with its history, by model, tier and the time it applies from.
-SELECT * FROM {schema}.price_history
-ORDER BY model_pattern, match_kind, tier, effective_from
+-- name: ledger_currency
+-- The ledger's currency (no row before the first price).
+SELECT currency FROM {schema}.ledger_currency
 
 -- name: get_run
 -- One run's record.
@@ -875,21 +875,17 @@ RETURNING state
 
 -- name: get_batch
 -- One batch, with its items counted by state and the money of its recorded calls.
--- Money at the price in force for each call; `unpriced`: calls no price covers.
+-- Money as each call was recorded; `unpriced`: calls with none (no price, or in doubt).
 SELECT b.*, (SELECT jsonb_object_agg(s.state, s.n) FROM (SELECT i.state, count(*) AS n
     FROM {schema}.batch_items AS i WHERE i.batch_id = b.batch_id GROUP BY i.state) AS s)
   AS item_states,
   m.money, m.unpriced, (SELECT currency FROM {schema}.ledger_currency) AS currency
 FROM {schema}.batches AS b
 LEFT JOIN LATERAL (
-  SELECT sum({schema}.usage_money(c.input_tokens, c.output_tokens, c.cache_read_tokens,
-      c.cache_write_tokens, c.cache_write_1h_tokens, c.reasoning_tokens, p)) AS money,
-    count(*) FILTER (WHERE p.input_per_million IS NULL) AS unpriced
+  SELECT sum(c.money) AS money, count(*) FILTER (WHERE c.money IS NULL) AS unpriced
   FROM {schema}.batch_items AS i
   JOIN {schema}.model_calls AS c ON c.run_id = i.run_id AND c.lease_epoch = i.lease_epoch
     AND c.worker_id = 'batch:' || i.batch_id
-  LEFT JOIN LATERAL {schema}.price_in_force(c.requested_model, c.model_name, c.tier,
-    c.called_at) AS p ON true
   WHERE i.batch_id = b.batch_id
 ) AS m ON true
 WHERE b.batch_id = %(batch_id)s

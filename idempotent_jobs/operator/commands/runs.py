@@ -115,7 +115,7 @@ def _spend_rows(spend: "list[JobSpend]", currency: str) -> list[tuple[Any, ...]]
 
 
 SPEND_HEADERS = ["job", "calls", "tokens", "not accepted", "cost", "usage unknown"]
-BUDGET_HEADERS = ["budget", "jobs", "since", "spent", "held", "cap", "left", "refusing"]
+BUDGET_HEADERS = ["budget", "jobs", "since", "spent", "held", "in doubt", "cap", "left", "refusing"]
 
 
 def budget_rows(budgets: "list[BudgetStanding]") -> list[tuple[Any, ...]]:
@@ -127,6 +127,7 @@ def budget_rows(budgets: "list[BudgetStanding]") -> list[tuple[Any, ...]]:
             f"{b.period_start:%Y-%m-%d}",
             figure(b.spent, b.unit, b.currency),
             figure(b.reserved, b.unit, b.currency),
+            figure(b.in_doubt, b.unit, b.currency),
             figure(b.amount, b.unit, b.currency),
             figure(b.left, b.unit, b.currency),
             "yes" if b.refusing else "no",
@@ -193,14 +194,40 @@ def _sum(amounts: Iterable[Decimal | None]) -> Decimal | None:
 
 
 def _money_line(figures: dict[str, Any], currency: str) -> str:
+    doubt = figures["in_doubt_calls"]
+    apart = f"; {doubt} call(s) in doubt (idempotent-jobs costs settle)" if doubt else ""
     if all(m is None for m in figures["calls"]):
-        return "unknown: no price in force for these calls' models (idempotent-jobs prices set)"
+        if doubt == len(figures["calls"]):
+            return f"unknown{apart}"
+        return (
+            "unknown: no price in force for these calls' models (idempotent-jobs prices set)"
+            + apart
+        )
     priced = None not in figures["calls"]
     return (
         f"{money(figures['accepted'], currency, priced=priced)} accepted, "
         f"{money(figures['not_accepted'], currency, priced=priced)} not accepted"
         + ("" if priced else " (+: a call with no price or no usage is left out)")
+        + apart
     )
+
+
+def _model_of(requested: str | None, answered: str | None, provider: str | None) -> str:
+    """The model a call asked for (and the one that answered, when another), and where."""
+    name = requested or answered or "-"
+    if answered and requested and answered != requested:
+        name = f"{requested} ({answered})"
+    return f"{provider}/{name}" if provider else name
+
+
+def _call_money(billing: str | None, cost: Decimal | None, currency: str) -> str:
+    """A call's money as recorded: in doubt until settled, 0 for what was never billed."""
+    if billing == "in_doubt":
+        return "in doubt"
+    if cost is None:
+        return "unknown"
+    shown = money(cost, currency)
+    return f"{shown} (not billed)" if billing == "unbilled" else shown
 
 
 def runs_show(args: argparse.Namespace) -> int:
@@ -214,18 +241,18 @@ def runs_show(args: argparse.Namespace) -> int:
         calls = admin.model_calls(run_id)
         outbox = admin.outbox(run_id)
         revisions = admin.revisions(run_id)
-        priced = admin.call_costs(run_id)
         currency = admin.currency() or ""
     from idempotent_jobs.core.records import CallCosts
 
     costs = CallCosts.of(calls)
-    call_money = [priced.get(c.call_id) for c in calls]
+    call_money = [c.money for c in calls]  # as each call was recorded: every report's figure
     paid = list(zip(call_money, calls, strict=True))
     figures: dict[str, Any] = {
         "currency": currency or None,
         "calls": call_money,
         "accepted": _sum(m for m, c in paid if c.outcome == "accepted"),
         "not_accepted": _sum(m for m, c in paid if c.outcome != "accepted"),
+        "in_doubt_calls": sum(c.billing == "in_doubt" for c in calls),
     }
     data = {
         "run": record,
@@ -281,7 +308,7 @@ def runs_show(args: argparse.Namespace) -> int:
             c.caller_step,
             c.caller_run_id,
             c.retry_number,
-            c.model_name,
+            _model_of(c.requested_model, c.model_name, c.provider_name),
             c.input_tokens,
             c.output_tokens,
             c.cache_read_tokens,
@@ -289,7 +316,7 @@ def runs_show(args: argparse.Namespace) -> int:
             if not c.cache_write_1h_tokens
             else f"{c.cache_write_tokens} ({c.cache_write_1h_tokens} 1h)",
             c.reasoning_tokens,
-            "unknown" if cost is None else money(cost, currency),
+            _call_money(c.billing, cost, currency),
             c.outcome,
             c.error,
         )
@@ -375,9 +402,11 @@ def _month(text: str) -> tuple[datetime, datetime]:
     """``2026-12``: that calendar month's start and the next one's, UTC."""
     try:
         start = datetime.strptime(text, "%Y-%m").replace(tzinfo=UTC)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a month such as 2026-12, got {text!r}") from None
-    following = (start + timedelta(days=32)).replace(day=1)
+        following = (start + timedelta(days=32)).replace(day=1)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(
+            f"must be a month from 0001-01 to 9999-11, such as 2026-12, got {text!r}"
+        ) from None
     return start, following
 
 
@@ -388,6 +417,7 @@ def runs_spend(args: argparse.Namespace) -> int:
             args.month = _month(f"{now:%Y-%m}")
         start, end = args.month
         rows = admin.spend_by_kind(start, end, args.job)
+        totals = admin.spend_totals(start, end, args.job)
         currency = admin.currency() or ""
     shown = [
         (
@@ -400,18 +430,31 @@ def runs_spend(args: argparse.Namespace) -> int:
         )
         for r in rows
     ]
-    total = _sum(r["money"] for r in rows)
-    unknown = any(not r["priced"] for r in rows)
-    human = "\n".join(
-        [
-            f"model calls from {start:%Y-%m-%d} to {end:%Y-%m-%d} (UTC), each at the price in "
-            "force when it was made:",
-            table(["job", "model", "price from", "kind", "tokens", "money"], shown),
-            f"total: {money(total, currency, priced=not unknown)}"
-            + (" (+: calls with no price are left out)" if unknown else ""),
-        ]
-    )
-    emit(args, {"rows": rows, "currency": currency or None, "total": total}, human)
+    total, priced = totals["money"], bool(totals["priced"])
+    doubt, unbilled = int(totals["in_doubt_calls"]), int(totals["unbilled_calls"])
+    lines = [
+        f"model calls from {start:%Y-%m-%d} to {end:%Y-%m-%d} (UTC), each at the price row "
+        "fixed when it was admitted:",
+        table(["job", "model", "price from", "kind", "tokens", "money"], shown),
+        f"total: {money(total, currency, priced=priced)}"
+        + ("" if priced else " (+: calls with no price are left out)"),
+    ]
+    if doubt:
+        lines.append(
+            f"in doubt: {doubt:,} call(s) with no usage known, not in the total "
+            "(idempotent-jobs costs settle)"
+        )
+    if unbilled:
+        lines.append(f"not billed: {unbilled:,} call(s) the provider answered with an error (0)")
+    payload = {
+        "rows": rows,
+        "currency": currency or None,
+        "total": total,
+        "priced": priced,
+        "in_doubt_calls": doubt,
+        "unbilled_calls": unbilled,
+    }
+    emit(args, payload, "\n".join(lines))
     return 0
 
 
