@@ -519,6 +519,53 @@ class LedgerAdmin(LedgerFace):
         [row] = self._db.fetch("spend_totals", params, dict_row)
         return row
 
+    def calls_in_doubt(self, job_name: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """The calls whose outcome is in doubt (a timeout after the request was sent, a cut
+        connection: no usage known), oldest first, with what each holds of each budget."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+            raise InvalidInputError("limit", f"must be 1 to 10,000, got {limit!r}")
+        return self._db.fetch("calls_in_doubt", {"job_name": job_name, "limit": limit}, dict_row)
+
+    def settle_call(
+        self,
+        call_id: int,
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        settled_by: str | None = None,
+    ) -> dict[str, Any]:
+        """Settle a call in doubt with the provider's figure: the tokens it billed (0 and 0:
+        not billed), priced at the price row its request was admitted at. What it held of each
+        budget in doubt becomes spend. Refused (:class:`InvalidInputError`) for a call that
+        is not in doubt or does not exist: a settled figure is never changed again."""
+        for name, value in (("call_id", call_id), ("input_tokens", input_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidInputError(name, f"must be a whole number from 0, got {value!r}")
+        if isinstance(output_tokens, bool) or not isinstance(output_tokens, int):
+            raise InvalidInputError(
+                "output_tokens", f"must be a whole number, got {output_tokens!r}"
+            )
+        if output_tokens < 0 or max(input_tokens, output_tokens) > 10**12:
+            raise InvalidInputError(
+                "output_tokens" if output_tokens < 0 else "input_tokens",
+                "must be from 0 to 10^12 tokens",
+            )
+        params = {
+            "call_id": call_id,
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "settled_by": settled_by,
+        }
+        [row] = self._db.fetch("settle_doubt", params, dict_row)
+        if row["outcome"] == "missing":
+            raise InvalidInputError("call_id", f"no model call {call_id}")
+        if row["outcome"] == "not_in_doubt":
+            raise InvalidInputError(
+                "call_id",
+                f"call {call_id} is not in doubt (it is {row['billing']}): nothing to settle",
+            )
+        return {"call_id": call_id, **row}
+
     def budgets(self, job_name: str | None = None) -> list[BudgetStanding]:
         """Every budget the ledger holds (those covering ``job_name``), with where its
         current period stands: what every worker enforces."""

@@ -29,6 +29,7 @@ from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.errors import (
     BudgetExceededError,
     DrilledFailure,
+    InvalidInputError,
     LeaseLostError,
     LedgerError,
     OutputRejectedError,
@@ -304,7 +305,12 @@ def call_model(
             # Refused before its request was sent (the book's lease, budget or rate check), or
             # a step that announces its requests failed before its first (its prompt could not
             # be built): the requests that were sent are recorded already, and no other is.
-            unsent = book.refused or (announces_requests and called and book.requests == 0)
+            # The library's own refusal of the input (a prompt builder's `require`, a request
+            # schema it cannot make) is raised before any request, by any step.
+            before_any = called and not answered and book.requests == 0
+            unsent = book.refused or (
+                before_any and (announces_requests or isinstance(exc, InvalidInputError))
+            )
             outcome = None if unsent else call_outcome(called, answered)
             if outcome is None:
                 mark_unsent(exc)

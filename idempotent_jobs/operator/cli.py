@@ -20,6 +20,7 @@ from idempotent_jobs.operator.commands import (
     batches,
     costs,
     db,
+    doubts,
     drill,
     health,
     launch,
@@ -34,7 +35,21 @@ from idempotent_jobs.operator.commands.common import Shared, positive
 from idempotent_jobs.operator.render import escape_controls
 
 #: The command modules, in the order ``--help`` lists them.
-COMMANDS = (setup, db, launch, runs, outbox, health, revise, prune, drill, costs, limits, batches)
+COMMANDS = (
+    setup,
+    db,
+    launch,
+    runs,
+    outbox,
+    health,
+    revise,
+    prune,
+    drill,
+    costs,
+    doubts,
+    limits,
+    batches,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

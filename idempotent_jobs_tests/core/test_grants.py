@@ -199,7 +199,10 @@ def test_the_reader_role_runs_every_read_of_the_operator_face(
     from idempotent_jobs.core.sql import face_statements
 
     done = run_idempotent(ledger, identity(), collect=lambda i: {"x": 1}, transform=answer)
-    writes = re.compile(r"\b(INSERT INTO|UPDATE|DELETE FROM)\s+\{schema\}\.", re.IGNORECASE)
+    writes = re.compile(
+        r"\b(INSERT INTO|UPDATE|DELETE FROM)\s+\{schema\}\.|\{schema\}\.settle_doubt\(",
+        re.IGNORECASE,
+    )
     reads = {n for n, s in face_statements("admin").items() if not writes.search(s.text)}
     ran: set[str] = set()
 
@@ -244,6 +247,7 @@ def test_the_reader_role_runs_every_read_of_the_operator_face(
         reader.budgets()
         reader.spend_by_kind(reader.database_now() - timedelta(days=31), reader.database_now())
         reader.spend_totals(reader.database_now() - timedelta(days=31), reader.database_now())
+        reader.calls_in_doubt()
         reader.database_now()
         ledger_findings(reader, outbox_older_than_seconds=60, max_attempts=3)
     assert reads - ran == set(), "an admin read this test does not run"

@@ -205,6 +205,27 @@ CROSS JOIN LATERAL (SELECT job_name FROM {schema}.runs AS r
 WHERE c.called_at >= %(start)s AND c.called_at < %(end)s
   AND (%(job_name)s::text IS NULL OR r.job_name = %(job_name)s)
 
+-- name: calls_in_doubt
+-- The calls whose outcome is in doubt (no usage known), oldest first, of one job or all.
+-- Each with its run, job, the model asked for, its provider, the price row it was admitted at
+-- and what it holds in doubt of each budget (budget id to amount): what `costs settle` ends.
+SELECT c.call_id, c.run_id, r.job_name, r.subject_id, c.called_at, c.requested_model,
+  c.model_name, c.provider_name, c.tier, c.outcome, c.error, c.price_id,
+  COALESCE((SELECT jsonb_object_agg(d.budget_id, d.amount) FROM {schema}.budget_doubts AS d
+    WHERE d.call_id = c.call_id), jsonb_build_object()) AS held
+FROM {schema}.model_calls AS c
+JOIN {schema}.runs AS r ON r.run_id = c.run_id
+WHERE c.billing = 'in_doubt' AND (%(job_name)s::text IS NULL OR r.job_name = %(job_name)s)
+ORDER BY c.called_at, c.call_id
+LIMIT %(limit)s
+
+-- name: settle_doubt
+-- Settle a call in doubt with the provider's figure (its tokens; 0 and 0: not billed).
+-- The ledger's function `settle_doubt` (migration 0020): priced at the row the call was
+-- admitted at, and what it held of each budget in doubt becomes spend, in one transaction.
+SELECT v.outcome, v.money, v.billing FROM {schema}.settle_doubt(%(call_id)s, %(input_tokens)s,
+  %(output_tokens)s, %(settled_by)s) AS v
+
 -- name: budget_standings
 -- Every budget in the ledger, with where its current period stands.
 -- Those covering one job, when `job_name` is given; the current period's counter (for a subject budget, the subject that spent most), and whether it

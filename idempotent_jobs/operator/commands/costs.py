@@ -31,7 +31,12 @@ def _when(text: str | None) -> datetime | None:
         raise InvalidInputError(
             "--from", f"must be an ISO date or time such as 2026-12-01, got {text!r}"
         ) from None
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+    from idempotent_jobs.core.costs import check_effective_from
+
+    try:
+        return check_effective_from(when if when.tzinfo is not None else when.replace(tzinfo=UTC))
+    except InvalidInputError as exc:
+        raise InvalidInputError("--from", exc.reason) from None
 
 
 def prices_command(args: argparse.Namespace) -> int:

@@ -114,7 +114,7 @@ def _spend_rows(spend: "list[JobSpend]", currency: str) -> list[tuple[Any, ...]]
     ]
 
 
-SPEND_HEADERS = ["job", "calls", "tokens", "not accepted", "cost", "usage unknown"]
+SPEND_HEADERS = ["job", "calls", "tokens", "not accepted", "cost", "in doubt"]
 BUDGET_HEADERS = ["budget", "jobs", "since", "spent", "held", "in doubt", "cap", "left", "refusing"]
 
 
@@ -163,7 +163,7 @@ def runs_stats(args: argparse.Namespace) -> int:
     day = f"{spend[0].day_start:%Y-%m-%d}" if spend else "today"
     human = "\n".join(
         [
-            f"model calls on {day} (UTC), at the price in force when each was made:",
+            f"model calls on {day} (UTC), each at the price row fixed when it was admitted:",
             table(SPEND_HEADERS, _spend_rows(spend, currency)),
             "",
             "budgets in the ledger (what every worker enforces), this period:",
@@ -302,6 +302,7 @@ def runs_show(args: argparse.Namespace) -> int:
     ]
     call_rows = [
         (
+            c.call_id,
             c.called_at,
             c.revision,
             c.lease_epoch,
@@ -361,6 +362,7 @@ def runs_show(args: argparse.Namespace) -> int:
             "model calls:",
             table(
                 [
+                    "call",
                     "called",
                     "revision",
                     "epoch",
@@ -400,22 +402,26 @@ def runs_show(args: argparse.Namespace) -> int:
 
 def _month(text: str) -> tuple[datetime, datetime]:
     """``2026-12``: that calendar month's start and the next one's, UTC."""
+    from idempotent_jobs.core.errors import InvalidInputError
+
     try:
         start = datetime.strptime(text, "%Y-%m").replace(tzinfo=UTC)
         following = (start + timedelta(days=32)).replace(day=1)
     except (ValueError, OverflowError):
-        raise argparse.ArgumentTypeError(
-            f"must be a month from 0001-01 to 9999-11, such as 2026-12, got {text!r}"
+        raise InvalidInputError(
+            "--month", f"must be a month from 0001-01 to 9999-11, such as 2026-12, got {text!r}"
         ) from None
     return start, following
 
 
 def runs_spend(args: argparse.Namespace) -> int:
+    if args.month is not None:
+        _month(args.month)  # checked before any statement
     with open_admin(args) as admin:
         if args.month is None:
             now = admin.database_now()
-            args.month = _month(f"{now:%Y-%m}")
-        start, end = args.month
+            args.month = f"{now:%Y-%m}"
+        start, end = _month(args.month)
         rows = admin.spend_by_kind(start, end, args.job)
         totals = admin.spend_totals(start, end, args.job)
         currency = admin.currency() or ""
@@ -495,7 +501,7 @@ def add_parser(commands: Any, shared: Shared) -> None:
         parents=[shared.json_flag],
         help="a month's spend by job, model, price and kind of token",
     )
-    spend.add_argument("--month", type=_month, help="YYYY-MM (default: this month, UTC)")
+    spend.add_argument("--month", help="YYYY-MM (default: this month, UTC)")
     spend.add_argument("--job", help="only this identity job")
     spend.set_defaults(handler=runs_spend)
     show.set_defaults(handler=runs_show)
