@@ -399,7 +399,7 @@ class RunLedger(OutboxDelivery, StepOutputs, BatchBook):
         rows = self._db.rows("fail", params)
         outcome = FenceOutcome(rows[0][0]) if rows else FenceOutcome.LEASE_LOST
         if outcome != FenceOutcome.LEASE_LOST:
-            self._count_cost(rows[0][1], usage)
+            self._count_cost(rows[0][1], usage, added=call is not None)
             return outcome
         if call is not None:
             self.record_lost_call(lease, usage, lease.revision, origin=origin, error=error)
@@ -437,7 +437,7 @@ class RunLedger(OutboxDelivery, StepOutputs, BatchBook):
         rows = self._db.rows("record_answer", params)
         if rows:
             money = rows[0][1]  # NULL: no price, or no usage known
-            self._count_cost(money, usage)
+            self._count_cost(money, usage, added=True)
             if money is None:
                 return None
             return f"{Decimal(money).normalize():f} {self.currency() or ''}".rstrip()
@@ -504,7 +504,7 @@ class RunLedger(OutboxDelivery, StepOutputs, BatchBook):
         except Exception:  # an outage: the LeaseLostError that follows says enough
             return False
         if rows:
-            self._count_cost(rows[0][1], usage)
+            self._count_cost(rows[0][1], usage, added=True)
         return bool(rows)
 
     def record_turn(
@@ -539,7 +539,7 @@ class RunLedger(OutboxDelivery, StepOutputs, BatchBook):
         rows = self._db.rows("record_turn", params)
         if not rows:
             return None
-        self._count_cost(rows[0][1], usage)
+        self._count_cost(rows[0][1], usage, added=True)
         return cast(CallOutcome, rows[0][0])
 
     def currency(self) -> str | None:
@@ -550,8 +550,14 @@ class RunLedger(OutboxDelivery, StepOutputs, BatchBook):
             self._currency = str(rows[0][0]) if rows else None
         return self._currency
 
-    def _count_cost(self, money: Any, usage: ModelUsage | None) -> None:
-        """The money a recording statement returned, in the metrics (never priced here)."""
+    def _count_cost(self, money: Any, usage: ModelUsage | None, *, added: bool = False) -> None:
+        """The money a recording statement returned, in the metrics (never priced here).
+        ``added``: the statement added the call's row, so a call with no usage known is counted
+        in doubt (the ledger's own rule, migration 0020)."""
+        if usage is None or usage.unknown:
+            if added:
+                telemetry.count_call_in_doubt(usage.priced_model if usage else None)
+            return
         if money is None:
             return
         try:

@@ -373,7 +373,13 @@ class Instruments:
         )
         self.cost = meter.create_counter(
             "idempotent_jobs.model.cost",
-            description="Money spent on model calls, at the prices set in the ledger",
+            description="Money spent on model calls, as the ledger priced each when admitted",
+        )
+        self.calls_in_doubt = meter.create_counter(
+            "idempotent_jobs.model.calls_in_doubt",
+            unit="{call}",
+            description="Model calls recorded with no usage known: charged in doubt, apart from "
+            "the money, until an operator settles them",
         )
         self.lease_waits = meter.create_histogram(
             "idempotent_jobs.lease.wait.duration",
@@ -483,6 +489,17 @@ def record_usage(usage: Any) -> None:
     for token_type, tokens in (("input", usage.input_tokens), ("output", usage.output_tokens)):
         if tokens is not None:
             found.token_usage.record(tokens, {**base, "gen_ai.token.type": token_type})
+
+
+@best_effort()
+def count_call_in_doubt(model: str | None) -> None:
+    """A paid call recorded with no usage known (a timeout after send, a cut answer): its money
+    is in doubt, so it is counted here and never in ``idempotent_jobs.model.cost``."""
+    found = instruments()
+    if found is not None:
+        found.calls_in_doubt.add(
+            1, {"gen_ai.request.model": model or "", "idempotent_jobs.job": current_job()}
+        )
 
 
 @best_effort()

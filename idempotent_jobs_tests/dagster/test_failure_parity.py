@@ -23,6 +23,7 @@ from idempotent_jobs.dagster.job_factory import build_idempotent_job
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 from idempotent_jobs.dagster.resource import RunLedgerResource
 from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel, ModelStep, StepContext
+from idempotent_jobs.models.prompts import require
 from idempotent_jobs_tests.ledgers import BothFaces
 from testkit.dagster_harness import DagsterTestEnv
 
@@ -46,6 +47,12 @@ def _raises(text: str) -> Behaviour:
         raise RuntimeError(text)
 
     return call
+
+
+def _refuse_prompt(raw: dict[str, Any], run_id: str, db: str) -> Any:
+    """A prompt builder that needs a key the stored input lacks: nothing is sent."""
+    require(raw, "contract_text")
+    raise AssertionError("unreachable")
 
 
 def _deep(levels: int) -> dict[str, Any]:
@@ -92,6 +99,7 @@ CASES: dict[str, Case] = {
     "lost lease": Case(_lose_lease, outcome="running"),
     "stale basis": Case(_move_basis, outcome="pending"),
     "failure drill": Case(_answer({"summary": "never asked"}), drilled=True),
+    "prompt refused": Case(_refuse_prompt),
 }
 
 CURRENT: dict[str, Case] = {}  # the case the Dagster resources below act out
@@ -229,6 +237,7 @@ def test_a_failure_leaves_the_same_ledger_state_through_both_drivers(
         ("huge tokens", [(1, 0, "rejected", "m", None, 5)]),
         ("negative tokens", [(1, 0, "rejected", "m", None, None)]),
         ("oversize input", []),
+        ("prompt refused", []),  # sent nothing: no call, not even one of unknown usage
         ("lost lease", [(1, 0, "lease_lost", "m", 10, 5)]),  # paid for: recorded though lost
         ("stale basis", [(1, 0, "stale", "m", 10, 5)]),
     ],
@@ -347,3 +356,75 @@ def test_a_paid_answer_survives_storage_between_steps_failing(
     assert db.execute(
         "SELECT answer FROM idempotent_jobs.model_calls WHERE run_id = %s", (run_id,)
     ).fetchall() == [(None,)]
+
+
+RETRIED = IdempotentJobSpec(
+    name="retried_job",
+    identity_job_name="retried-job",
+    version="v1",
+    window=dg.DailyPartitionsDefinition(start_date="2026-08-01"),
+    subjects=["refused", "flaky"],
+    lease_seconds=30.0,
+    wait_seconds=0.0,
+    model_retry=dg.RetryPolicy(max_retries=3),
+)
+RETRIED_JOB, _ = build_idempotent_job(RETRIED)
+
+
+class CountingModel(ModelStep):
+    """Refuses its prompt before any request for subject ``refused``; raises a provider-like
+    error once, then answers, for ``flaky``. Counts what it was asked."""
+
+    database_url: str
+
+    @property
+    def model_name(self) -> str:
+        return "counting-model"
+
+    def generate(self, raw_input: dict[str, Any], context: StepContext) -> Any:
+        ASKED.append(context.identity.subject_id)
+        if context.identity.subject_id == "refused":
+            require(raw_input, "contract_text")
+        if ASKED.count("flaky") == 1:
+            raise RuntimeError("provider down")
+        return ModelAnswer({"summary": "ok"}, ModelUsage("m", 10, 5))
+
+
+ASKED: list[str] = []
+
+
+@pytest.mark.parametrize(
+    ("subject", "asked", "succeeds"), [("refused", 1, False), ("flaky", 2, True)]
+)
+def test_a_step_that_sent_nothing_is_not_retried_and_one_that_failed_at_the_provider_is(
+    subject: str,
+    asked: int,
+    succeeds: bool,
+    dagster_env: DagsterTestEnv,
+    ledger: BothFaces,
+    db: psycopg.Connection,
+) -> None:
+    """The op's retry policy would read the same stored input again: a refusal before any
+    request (a prompt that cannot be built) fails the step at once, with no call booked."""
+    ASKED.clear()
+    defs = dg.Definitions(
+        jobs=[RETRIED_JOB],
+        resources={
+            "ledger": RunLedgerResource(database_url=dg.EnvVar(DATABASE_URL_ENV)),
+            "model": CountingModel(database_url=dagster_env.database),
+            "collector": CaseCollector(),
+            "report_file": JsonLinesChannel(path=str(dagster_env.notifications)),
+        },
+    )
+    CURRENT["case"] = Case(_answer({"summary": "unused"}))
+    result = defs.resolve_job_def("retried_job").execute_in_process(
+        partition_key=f"{subject}|2026-08-07", raise_on_error=False
+    )
+    assert result.success is succeeds
+    assert ASKED == [subject] * asked
+    run_id = RETRIED.identity_for(f"{subject}|2026-08-07").run_id
+    calls = db.execute(
+        "SELECT outcome FROM idempotent_jobs.model_calls WHERE run_id = %s ORDER BY call_id",
+        (run_id,),
+    ).fetchall()
+    assert calls == ([] if subject == "refused" else [("failed",), ("accepted",)])
