@@ -260,7 +260,11 @@ def provider_answer(spec: dict[str, Any], raw: dict[str, Any]) -> Any:
     from idempotent_jobs.models import OpenAIChat, OutputSchema, Prompt, RetryPolicy, answer
 
     provider = OpenAIChat(
-        model="chaos-model", api_key="sk-chaos", base_url=spec["provider_url"], timeout_seconds=2
+        model="chaos-model",
+        api_key="sk-chaos",
+        base_url=spec["provider_url"],
+        timeout_seconds=spec.get("provider_timeout", 2),
+        max_tokens=spec.get("max_tokens"),
     )
     prompt = Prompt.of(
         system="Summarise the documents.", user=json.dumps({"trial": spec["trial"], **raw})

@@ -49,6 +49,8 @@ from idempotent_jobs.core.retention import RetentionPolicy, prune
 from idempotent_jobs.dagster.resources import WebhookChannel
 from idempotent_jobs.operator.embedded import start_embedded_postgres, stop_embedded_postgres
 from idempotent_jobs_tests.chaos.batch_trials import BatchTrials
+from idempotent_jobs_tests.chaos.money_trials import HOURS as MONEY_HOURS
+from idempotent_jobs_tests.chaos.money_trials import MoneyTrials
 from idempotent_jobs_tests.chaos.parts import (
     CHAOS_AUTHORIZATION,
     CRASH_POINTS,
@@ -144,12 +146,15 @@ class Chaos:
             "", host="127.0.0.1", port=self.proxy.port, user="postgres", dbname="postgres"
         )
         self._batch_trials: BatchTrials | None = None
+        self._money_trials: MoneyTrials | None = None
         self.ctx = multiprocessing.get_context("forkserver")
         self.ctx.set_forkserver_preload(["idempotent_jobs", "idempotent_jobs_tests.chaos.parts"])
 
     def close(self) -> None:
         if self._batch_trials is not None:
             self._batch_trials.close()
+        if self._money_trials is not None:
+            self._money_trials.close()
         self.faulty.close()
         if self.bouncer is not None:
             self.bouncer.stop()
@@ -390,10 +395,33 @@ class Chaos:
         elif counter is None or (int(counter[0]), int(counter[1])) != (spent[0], 0):
             verdict.problems.append(f"the budget counts {counter}, model_calls {spent[0]}")
         # The budget is the ledger's now, for every later run of the job: an operator clears it
-        # (the other kinds' calls report no usage, which a budget charges in full).
+        # (the other kinds' calls report no usage, which a budget holds in doubt).
         with LedgerAdmin(self.url) as admin:
             admin.clear_budget("subject:tokens/day:" + refused.job_name)
+        self.money(trial, verdict)
         return verdict
+
+    def money(self, trial: int, verdict: Verdict) -> None:
+        """Money budget, faulty provider, prices changed mid-call (see
+        :mod:`~idempotent_jobs_tests.chaos.money_trials`)."""
+        if self._money_trials is None:
+            self._money_trials = MoneyTrials(self.url, self.rng.randrange(2**32))
+        money = self._money_trials
+        budget_id, before = money.prepare(trial)
+        processes = [
+            self.start(
+                self.spec(
+                    trial,
+                    hour=hour,
+                    results=str(self.workdir / f"money-{trial}-{hour}.jsonl"),
+                    **money.extra(),
+                )
+            )
+            for hour in MONEY_HOURS
+        ]
+        for process in processes:
+            process.join(timeout=120)
+        money.check(trial, budget_id, before, verdict)
 
     def revise(self, trial: int) -> Verdict:
         """Revision 0 is overtaken from a paused holder, revised, maybe half-recomputed by a
@@ -692,6 +720,12 @@ def summary(verdicts: list[Verdict]) -> str:
     revisions = Counter(v.kind.split(":")[1] for v in verdicts if v.kind.startswith("revise:"))
     prunes = Counter(v.kind.split(":")[1] for v in verdicts if v.kind.startswith("prune:"))
     batch = Counter(v.kind.split(":")[1] for v in verdicts if v.kind.startswith("batch:"))
+    money: Counter[str] = Counter()
+    for v in verdicts:
+        if v.kind.startswith("budget:"):
+            for part in v.kind.split(":", 1)[1].split("+"):
+                name, _, count = part.partition("=")
+                money[name] += int(count or 1)
     hostile = Counter(
         part
         for v in verdicts
@@ -711,6 +745,8 @@ def summary(verdicts: list[Verdict]) -> str:
         "hostile answers and modes: " + ", ".join(f"{k}={n}" for k, n in sorted(hostile.items())),
         "batch providers and kill points: "
         + ", ".join(f"{k}={n}" for k, n in sorted(batch.items())),
+        "money (calls unbilled, in doubt, runs refused, prices changed mid-call): "
+        + ", ".join(f"{k}={n}" for k, n in sorted(money.items())),
         f"duplicates={sum(v.duplicates for v in verdicts)} lost={sum(v.lost for v in verdicts)}",
         f"{len(verdicts) - len(failed)} passed, {len(failed)} failed",
     ]

@@ -96,7 +96,8 @@ CREATE TRIGGER model_calls_price BEFORE INSERT ON {schema}.model_calls
 -- Admit one request, as migration 0018's reserve_budget, and fix its price: the price row in
 -- force now is looked up once whenever a budget covers the job, and kept on the hold, so the
 -- hold, the settled money and every report use that row. What calls in doubt hold counts
--- against the room as spend does.
+-- against the room as spend does. A check only (no worst case named) needs no price: a money
+-- budget refuses an unpriced model when a request names its worst case.
 CREATE OR REPLACE FUNCTION {schema}.reserve_budget(p_run_id text, p_epoch integer,
     p_worker text, max_input bigint, max_output bigint, max_total bigint, requested text,
     answered text, call_tier text, fenced_job text DEFAULT NULL,
@@ -142,7 +143,8 @@ BEGIN
       SELECT * INTO p FROM {schema}.price_in_force(requested, answered, call_tier, now());
       priced := FOUND;
     END IF;
-    IF b.unit = 'tokens' THEN
+    IF b.unit = 'tokens' OR num_nonnulls(max_input, max_output, max_total) = 0 THEN
+      -- Tokens, or a check only (no worst case named: no price is needed to check).
       want := COALESCE(max_input, 0) + COALESCE(max_output, 0) + COALESCE(max_total, 0);
     ELSIF NOT priced THEN
       want := NULL;
