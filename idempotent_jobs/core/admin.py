@@ -35,6 +35,7 @@ from idempotent_jobs.core.costs import (
 )
 from idempotent_jobs.core.errors import InvalidInputError, RunNotFoundError
 from idempotent_jobs.core.face import LedgerFace
+from idempotent_jobs.core.grants import RoleAbilities
 from idempotent_jobs.core.identity import normalize_text
 from idempotent_jobs.core.rate_limits import RateLimit
 from idempotent_jobs.core.records import (
@@ -75,10 +76,16 @@ class LedgerAdmin(LedgerFace):
         lock); return the migrations applied now. :meth:`upgrade` says what else it did."""
         return self._db.migrate().applied
 
-    def upgrade(self) -> MigrationReport:
+    def upgrade(self, split_roles: bool = False) -> MigrationReport:
         """:meth:`migrate`, returning its whole report: the migrations applied, what was done
-        besides (identities normalised, grants) and what an operator should look at."""
-        return self._db.migrate()
+        besides (identities normalised, grants) and what an operator should look at.
+        ``split_roles``: from now on the worker role only reads prices, budgets and limits,
+        which the operator role sets (:mod:`idempotent_jobs.core.grants`)."""
+        return self._db.migrate(split_roles)
+
+    def role_abilities(self) -> RoleAbilities:
+        """The connected role, the ledger's group roles it belongs to and what it may do."""
+        return self._db.abilities()
 
     def missing_privileges(self) -> tuple[str, list[str]]:
         """The connected role's name, and what it lacks of the privileges workers need

@@ -29,7 +29,13 @@ from idempotent_jobs.core.errors import (
     LedgerPermissionError,
     SchemaNotMigratedError,
 )
-from idempotent_jobs.core.grants import missing_privileges, reader_role, worker_role
+from idempotent_jobs.core.grants import (
+    RoleAbilities,
+    missing_privileges,
+    reader_role,
+    role_abilities,
+    worker_role,
+)
 from idempotent_jobs.core.json_values import read_json
 from idempotent_jobs.core.schema import (
     AppliedMigration,
@@ -264,9 +270,10 @@ class Executor:
         if pool is not None and self._own_pool:
             pool.close()
 
-    def migrate(self) -> MigrationReport:
+    def migrate(self, split_roles: bool = False) -> MigrationReport:
         """Apply missing migrations and the upgrade steps (idempotent, serialised by an
-        advisory lock); say what was applied, done and found."""
+        advisory lock); say what was applied, done and found. ``split_roles``: see
+        :func:`~idempotent_jobs.core.grants.ensure_grants`."""
         check_schema_name(self.schema)
         with self.connect("connect to migrate the ledger") as conn:
             if self._probe_pooler(conn):
@@ -277,9 +284,17 @@ class Executor:
                     "other clients then get. Run migrate with the server's own host and port"
                 )
             try:
-                return upgrade(conn, self.schema)
+                return upgrade(conn, self.schema, split_roles)
             except psycopg.Error as exc:
                 raise self.connection_error("migrate the ledger", exc) from None
+
+    def abilities(self) -> RoleAbilities:
+        """What the connected role is and may do in the ledger (core/grants.py)."""
+        with self.connect("connect to check the role's privileges") as conn:
+            try:
+                return role_abilities(conn, self.schema)
+            except psycopg.Error as exc:
+                raise self.connection_error("check the role's privileges", exc) from None
 
     def privileges(self) -> tuple[str, list[str]]:
         """The connected role, and what it lacks of the worker's privileges (core/grants.py)."""

@@ -1,11 +1,20 @@
-"""Who may do what in a ledger schema: two group roles, granted by every ``migrate``.
+"""Who may do what in a ledger schema: three group roles, granted by every ``migrate``.
 
 ``<schema>_worker`` (``idempotent_jobs_worker`` for the default schema) holds what workers,
-deliverers and the retention job need, and nothing more: it reads the migration history but
-cannot write it, and deletes only the attempt rows retention prunes. ``<schema>_reader`` may read
-everything. Deployments grant these to their login roles (``GRANT idempotent_jobs_worker TO
-app``), so a later migration's new table reaches every worker with no grant of their own:
-``migrate`` makes the group roles' privileges exactly :data:`WORKER_PRIVILEGES` each time.
+deliverers and the retention job need: it reads the migration history but cannot write it, and
+deletes only the attempt rows retention prunes. ``<schema>_operator`` holds the worker's
+privileges and what only operators do: set prices, budgets and limits, cancel batches, settle
+calls in doubt. ``<schema>_reader`` may read everything. Deployments grant these to their login
+roles (``GRANT idempotent_jobs_worker TO app``), so a later migration's new table reaches every
+member with no grant of their own: ``migrate`` makes the group roles' privileges exactly the
+maps below each time.
+
+**Splitting the roles.** Workers admit, settle and prune calls through functions that run as
+the ledger's owner (migration 0021), so a worker needs no write on prices, budgets, budget
+counters, holds or limits. Releases before 0021 wrote those tables directly, so the worker role
+keeps today's privileges (:data:`WORKER_PRIVILEGES`) until an operator splits the roles, once
+every worker runs this release (``idempotent-jobs migrate --split-roles``, recorded in
+``ledger_options``); from then on the worker role has ``worker_privileges(split=True)``.
 """
 
 from dataclasses import dataclass, field
@@ -13,7 +22,8 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
-#: Every relation of the ledger schema and what the worker role may do on it.
+#: Every relation of the ledger schema and what the worker role may do on it (the roles not
+#: split: as releases before 0021 needed).
 WORKER_PRIVILEGES: dict[str, tuple[str, ...]] = {
     "runs": ("SELECT", "INSERT", "UPDATE"),
     "run_attempts": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # retention prunes attempt rows
@@ -36,6 +46,7 @@ WORKER_PRIVILEGES: dict[str, tuple[str, ...]] = {
     "budget_holds": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     # What calls in doubt hold of each budget: recorded as they settle, cleared by `costs settle`.
     "budget_doubts": ("SELECT", "INSERT", "DELETE"),
+    "ledger_options": ("SELECT",),  # what an operator chose (the roles split)
     "step_outputs": ("SELECT", "INSERT", "UPDATE", "DELETE"),  # the ledger IO manager's
     # Workers declare limits and reserve places; operators set and delete them.
     "rate_limits": ("SELECT", "INSERT", "UPDATE", "DELETE"),
@@ -47,8 +58,49 @@ WORKER_PRIVILEGES: dict[str, tuple[str, ...]] = {
     "attempts": ("SELECT",),
     "schema_migrations": ("SELECT",),
 }
+# What a worker keeps once the roles are split: reads of prices, budgets and limits (counters,
+# holds and doubts change through the ledger's functions); the rate-limit buckets' times (taking
+# a place moves them); a batch's every column but the operator's cancel request.
+_BATCH_WORKER_COLUMNS = (
+    "job_name, provider, model, state, provider_batch_id, items, lease_owner, lease_epoch, "
+    "lease_expires_at, lease_seconds, created_at, submit_started_at, submitted_at, ended_at, "
+    "collected_at, checked_at, provider_status, error, cancel_sent_at, caller_run_id"
+)
+SPLIT_WORKER_PRIVILEGES: dict[str, tuple[str, ...]] = {
+    "budgets": ("SELECT",),
+    "model_prices": ("SELECT",),
+    "price_history": ("SELECT",),
+    "ledger_currency": ("SELECT",),
+    "spend_budgets": ("SELECT",),
+    "budget_counters": ("SELECT",),
+    "budget_holds": ("SELECT",),
+    "budget_doubts": ("SELECT",),
+    "spend_days": ("SELECT",),
+    "rate_limits": ("SELECT", "UPDATE (requests_tat, tokens_tat)"),
+    "batches": ("SELECT", "INSERT", f"UPDATE ({_BATCH_WORKER_COLUMNS})"),
+}
+#: What the operator role holds beyond today's worker map.
+OPERATOR_EXTRA: dict[str, tuple[str, ...]] = {
+    "ledger_currency": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "budget_doubts": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "batches": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "ledger_options": ("SELECT", "INSERT", "UPDATE"),
+}
+#: The option ``migrate --split-roles`` records.
+SPLIT_OPTION = "split_roles"
 _WRITES = ("INSERT", "UPDATE", "DELETE", "TRUNCATE")
 _ROLE_NAME_MAX = 63
+
+
+def worker_privileges(split: bool) -> dict[str, tuple[str, ...]]:
+    """The worker role's privileges: today's map, or once the roles are split, only reads of
+    what operators set (workers change counters through the ledger's functions)."""
+    return {**WORKER_PRIVILEGES, **SPLIT_WORKER_PRIVILEGES} if split else dict(WORKER_PRIVILEGES)
+
+
+def operator_privileges() -> dict[str, tuple[str, ...]]:
+    """The operator role's privileges: a worker's (not split) and what only operators do."""
+    return {**WORKER_PRIVILEGES, **OPERATOR_EXTRA}
 
 
 def worker_role(schema_name: str) -> str:
@@ -57,6 +109,10 @@ def worker_role(schema_name: str) -> str:
 
 def reader_role(schema_name: str) -> str:
     return f"{schema_name}_reader"
+
+
+def operator_role(schema_name: str) -> str:
+    return f"{schema_name}_operator"
 
 
 @dataclass
@@ -89,23 +145,57 @@ def _ensure_role(conn: psycopg.Connection, role: str, report: GrantReport) -> bo
     return True
 
 
-def _grant_exactly(conn: psycopg.Connection, schema_name: str, worker: str, reader: str) -> None:
-    """The two roles' privileges made exactly the map's, in one transaction."""
+def _settle_function(schema_name: str) -> sql.Composed:
+    return sql.SQL("{}.settle_doubt(bigint, bigint, bigint, text)").format(
+        sql.Identifier(schema_name)
+    )
+
+
+def _grant_exactly(
+    conn: psycopg.Connection, schema_name: str, roles: dict[str, dict[str, tuple[str, ...]]]
+) -> None:
+    """Each group role's privileges made exactly its map's (``roles``: role to map; an empty
+    map: reads only), in one transaction; settling calls in doubt is the operator's alone."""
     schema = sql.Identifier(schema_name)
-    roles = sql.SQL("{}, {}").format(sql.Identifier(worker), sql.Identifier(reader))
+    names = sql.SQL(", ").join(sql.Identifier(r) for r in roles)
+    relations = list(WORKER_PRIVILEGES)
     with conn.transaction():
-        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(schema, roles))
-        for relation, privileges in WORKER_PRIVILEGES.items():
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(schema, names))
+        for relation in relations:
             target = sql.Identifier(schema_name, relation)
-            conn.execute(sql.SQL("REVOKE ALL ON {} FROM {}").format(target, roles))
+            conn.execute(sql.SQL("REVOKE ALL ON {} FROM {}").format(target, names))
+            for role, privileges in roles.items():
+                wanted = privileges.get(relation, ("SELECT",)) if privileges else ("SELECT",)
+                conn.execute(
+                    sql.SQL("GRANT {} ON {} TO {}").format(
+                        sql.SQL(", ").join(sql.SQL(p) for p in wanted),
+                        target,
+                        sql.Identifier(role),
+                    )
+                )
+        settle = _settle_function(schema_name)
+        found = conn.execute(
+            "SELECT to_regprocedure(%s) IS NOT NULL", (settle.as_string(conn),)
+        ).fetchone()
+        if found and found[0]:
+            conn.execute(sql.SQL("REVOKE EXECUTE ON FUNCTION {} FROM {}").format(settle, names))
             conn.execute(
-                sql.SQL("GRANT {} ON {} TO {}").format(
-                    sql.SQL(", ").join(sql.SQL(p) for p in privileges),
-                    target,
-                    sql.Identifier(worker),
+                sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(
+                    settle, sql.Identifier(operator_role(schema_name))
                 )
             )
-            conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(target, sql.Identifier(reader)))
+
+
+def roles_split(conn: psycopg.Connection, schema_name: str) -> bool:
+    """Whether an operator split the roles (``migrate --split-roles``) on this ledger."""
+    table = sql.Identifier(schema_name, "ledger_options")
+    found = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table.as_string(conn),)).fetchone()
+    if not found or not found[0]:
+        return False
+    row = conn.execute(
+        sql.SQL("SELECT value FROM {} WHERE name = %s").format(table), (SPLIT_OPTION,)
+    ).fetchone()
+    return row is not None and row[0] == "true"
 
 
 # Roles other than the owner holding privileges directly on a ledger relation (not through a
@@ -126,7 +216,8 @@ def _adopt_direct_grantees(
     """Roles granted table by table (release 0.1's advice) become members of the group roles,
     and lose their direct grants, so no later migration leaves them short and none of them
     can write the migration history."""
-    rows = conn.execute(_DIRECT_GRANTEES, (schema_name, [worker, reader])).fetchall()
+    groups = [worker, reader, operator_role(schema_name)]
+    rows = conn.execute(_DIRECT_GRANTEES, (schema_name, groups)).fetchall()
     held: dict[str, set[tuple[str, str]]] = {}
     for role, relation, privilege in rows:
         held.setdefault(role, set()).add((relation, privilege))
@@ -159,48 +250,162 @@ def _adopt_direct_grantees(
         )
 
 
-def ensure_grants(conn: psycopg.Connection, schema_name: str) -> GrantReport:
-    """Create the group roles if missing, make their privileges the map's, and turn roles
-    granted table by table into members. Needs the schema's owner (the role that migrates),
-    and CREATEROLE the first time; what cannot be done is said in ``found``, never raised."""
+def ensure_grants(
+    conn: psycopg.Connection, schema_name: str, split_roles: bool = False, *, upgraded: bool = True
+) -> GrantReport:
+    """Create the group roles if missing, make their privileges the maps', and turn roles
+    granted table by table into members. ``split_roles``: record that the roles are split from
+    now on (the worker role then only reads prices, budgets and limits). Needs the schema's
+    owner (the role that migrates), and CREATEROLE the first time; what cannot be done is said
+    in ``found``, never raised. ``upgraded``: migrations were applied now, so a ledger whose
+    roles are not split hears how to split them (``doctor`` says it every time)."""
     report = GrantReport()
     worker, reader = worker_role(schema_name), reader_role(schema_name)
-    if len(worker) > _ROLE_NAME_MAX:
+    operator = operator_role(schema_name)
+    if len(operator) > _ROLE_NAME_MAX:
         report.found.append(
-            f"no group roles for schema {schema_name}: {worker} would be longer than "
+            f"no group roles for schema {schema_name}: {operator} would be longer than "
             f"{_ROLE_NAME_MAX} characters; grant the privileges of core/grants.py by hand"
         )
         return report
-    if not (_ensure_role(conn, worker, report) and _ensure_role(conn, reader, report)):
+    if not all(_ensure_role(conn, r, report) for r in (worker, reader, operator)):
         return report
+    if split_roles:
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (name, value, set_by) VALUES (%s, 'true', current_user)"
+                " ON CONFLICT (name) DO UPDATE SET value = 'true', set_at = now(),"
+                " set_by = current_user"
+            ).format(sql.Identifier(schema_name, "ledger_options")),
+            (SPLIT_OPTION,),
+        )
+    split = roles_split(conn, schema_name)
     try:
-        _grant_exactly(conn, schema_name, worker, reader)
+        _grant_exactly(
+            conn,
+            schema_name,
+            {worker: worker_privileges(split), operator: operator_privileges(), reader: {}},
+        )
     except psycopg.errors.InsufficientPrivilege as exc:
         report.found.append(
-            f"could not grant the ledger's tables to {worker} and {reader}: "
+            f"could not grant the ledger's tables to {worker}, {operator} and {reader}: "
             f"{exc.diag.message_primary} (migrate as the schema's owner)"
         )
         return report
+    if split_roles:
+        report.done.append(
+            f"split the roles: {worker} only reads prices, budgets and limits now; "
+            f"{operator} sets them, cancels batches and settles calls in doubt"
+        )
+    elif not split and upgraded:
+        report.found.append(
+            f"{worker} may still set prices, budgets and limits and cancel batches (as releases "
+            "before 0021 needed): once every worker runs this release, run `idempotent-jobs "
+            f"migrate --split-roles` to leave that to {operator}"
+        )
     _adopt_direct_grantees(conn, schema_name, worker, reader, report)
     return report
 
 
 _MISSING = """
-SELECT relation, privilege
-FROM unnest(%(relations)s::text[], %(privileges)s::text[]) AS wanted(relation, privilege)
-WHERE NOT has_table_privilege(
-  quote_ident(%(schema)s) || '.' || quote_ident(relation), privilege)
-ORDER BY relation, privilege"""
+SELECT relation, privilege, col
+FROM unnest(%(relations)s::text[], %(privileges)s::text[], %(columns)s::text[])
+  AS wanted(relation, privilege, col)
+WHERE NOT CASE WHEN col IS NULL
+  THEN has_table_privilege(quote_ident(%(schema)s) || '.' || quote_ident(relation), privilege)
+  ELSE has_column_privilege(quote_ident(%(schema)s) || '.' || quote_ident(relation), col,
+    privilege) END
+ORDER BY relation, privilege, col"""
+
+Wanted = list[tuple[str, str, str | None]]
+
+
+def _wanted(privileges: dict[str, tuple[str, ...]]) -> Wanted:
+    """Each (relation, privilege, column) a map names: ``UPDATE (a, b)`` is one per column."""
+    wanted: Wanted = []
+    for relation, names in privileges.items():
+        for name in names:
+            privilege, _, columns = name.partition(" (")
+            if not columns:
+                wanted.append((relation, privilege, None))
+                continue
+            wanted.extend((relation, privilege, c.strip()) for c in columns.rstrip(")").split(","))
+    return wanted
+
+
+def _lacking(conn: psycopg.Connection, schema_name: str, wanted: Wanted) -> Wanted:
+    rows = conn.execute(
+        _MISSING,
+        {
+            "relations": [w[0] for w in wanted],
+            "privileges": [w[1] for w in wanted],
+            "columns": [w[2] for w in wanted],
+            "schema": schema_name,
+        },
+    ).fetchall()
+    return [(str(r), str(p), c) for r, p, c in rows]
 
 
 def missing_privileges(conn: psycopg.Connection, schema_name: str) -> list[str]:
-    """What the connected role lacks of the worker's privileges, as ``PRIVILEGE on schema.t``."""
+    """What the connected role lacks of the worker's privileges, as ``PRIVILEGE on schema.t``
+    (``PRIVILEGE (column) on schema.t`` for a column's)."""
     usage = conn.execute("SELECT has_schema_privilege(%s, 'USAGE')", (schema_name,)).fetchone()
     if not usage or not usage[0]:
         return [f"USAGE on schema {schema_name}"]
-    relations = [r for r, privileges in WORKER_PRIVILEGES.items() for _ in privileges]
-    privileges = [p for ps in WORKER_PRIVILEGES.values() for p in ps]
-    rows = conn.execute(
-        _MISSING, {"relations": relations, "privileges": privileges, "schema": schema_name}
-    ).fetchall()
-    return [f"{privilege} on {schema_name}.{relation}" for relation, privilege in rows]
+    wanted = _wanted(worker_privileges(roles_split(conn, schema_name)))
+    return [
+        f"{privilege}{f' ({column})' if column else ''} on {schema_name}.{relation}"
+        for relation, privilege, column in _lacking(conn, schema_name, wanted)
+    ]
+
+
+#: What ``doctor`` says a role may do, by the privilege that shows it.
+_ABILITIES: tuple[tuple[str, str, str, str | None], ...] = (
+    ("runs model calls", "runs", "UPDATE", None),
+    ("sets prices", "price_history", "INSERT", None),
+    ("sets budgets", "spend_budgets", "UPDATE", None),
+    ("sets rate limits", "rate_limits", "DELETE", None),
+    ("cancels batches", "batches", "UPDATE", "cancel_requested_at"),
+)
+
+
+@dataclass(frozen=True)
+class RoleAbilities:
+    """The connected role, the ledger's group roles it is a member of, and what it may do."""
+
+    role: str
+    groups: list[str]
+    may: list[str]
+    split: bool
+
+    def describe(self) -> str:
+        member = f" (member of {', '.join(self.groups)})" if self.groups else ""
+        what = ", ".join(self.may) or "reads only"
+        return f"role {self.role}{member}: {what}"
+
+
+def role_abilities(conn: psycopg.Connection, schema_name: str) -> RoleAbilities:
+    """What the connected role is and may do in the ledger (``doctor`` says it)."""
+    row = conn.execute("SELECT current_user").fetchone()
+    groups = []
+    for group in (operator_role(schema_name), worker_role(schema_name), reader_role(schema_name)):
+        member = conn.execute(
+            "SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = %s)"
+            " AND pg_has_role(current_user, (SELECT oid FROM pg_roles WHERE rolname = %s),"
+            " 'MEMBER')",
+            (group, group),
+        ).fetchone()
+        if member and member[0]:
+            groups.append(group)
+    wanted: Wanted = [(r, p, c) for _, r, p, c in _ABILITIES]
+    lacking = set(_lacking(conn, schema_name, wanted))
+    may = [what for what, r, p, c in _ABILITIES if (r, p, c) not in lacking]
+    settle = _settle_function(schema_name).as_string(conn)
+    can = conn.execute(
+        "SELECT to_regprocedure(%s) IS NOT NULL"
+        " AND has_function_privilege(to_regprocedure(%s), 'EXECUTE')",
+        (settle, settle),
+    ).fetchone()
+    if can and can[0]:
+        may.append("settles calls in doubt")
+    return RoleAbilities(str(row[0] if row else "?"), groups, may, roles_split(conn, schema_name))

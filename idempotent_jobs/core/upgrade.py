@@ -157,8 +157,12 @@ def _once(
     conn.execute(_q(_MARK_DONE, schema_name), (name,))
 
 
-def upgrade(conn: psycopg.Connection, schema_name: str) -> MigrationReport:
-    """Apply the missing migrations, then the data and grant steps above; say what was done."""
+def upgrade(
+    conn: psycopg.Connection, schema_name: str, split_roles: bool = False
+) -> MigrationReport:
+    """Apply the missing migrations, then the data and grant steps above; say what was done.
+    ``split_roles``: leave the worker role only reads of prices, budgets and limits from now on
+    (:mod:`idempotent_jobs.core.grants`)."""
     with migration_lock(conn, schema_name):
         applied = apply_migrations(conn, schema_name)
         report = MigrationReport(applied=[f"{m.version:04d}_{m.name}" for m in applied])
@@ -168,7 +172,7 @@ def upgrade(conn: psycopg.Connection, schema_name: str) -> MigrationReport:
             return report  # code shipping fewer migrations (a test's): nothing to upgrade yet
         for step in (normalise_identities, find_too_deep):
             _once(conn, schema_name, step, report)
-        grants = ensure_grants(conn, schema_name)
+        grants = ensure_grants(conn, schema_name, split_roles, upgraded=bool(applied))
     report.done.extend(grants.done)
     report.found.extend(grants.found)
     return report

@@ -7,7 +7,8 @@ Login roles made here are members of the group roles ``migrate`` creates, as the
 import re
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -15,8 +16,8 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from idempotent_jobs import ModelAnswer, ModelUsage, run_idempotent
-from idempotent_jobs.core.errors import LedgerPermissionError
+from idempotent_jobs import JobConfig, ModelAnswer, ModelUsage, RunIdentity, run_idempotent
+from idempotent_jobs.core.errors import InvalidInputError, LedgerPermissionError
 from idempotent_jobs.core.grants import WORKER_PRIVILEGES, reader_role, worker_role
 from idempotent_jobs.core.retention import RetentionPolicy, prune
 from idempotent_jobs.operator.cli import main
@@ -200,7 +201,8 @@ def test_the_reader_role_runs_every_read_of_the_operator_face(
 
     done = run_idempotent(ledger, identity(), collect=lambda i: {"x": 1}, transform=answer)
     writes = re.compile(
-        r"\b(INSERT INTO|UPDATE|DELETE FROM)\s+\{schema\}\.|\{schema\}\.settle_doubt\(",
+        r"\b(INSERT INTO|UPDATE|DELETE FROM)\s+\{schema\}\."
+        r"|\{schema\}\.(settle_doubt|prune_spend)\(",
         re.IGNORECASE,
     )
     reads = {n for n, s in face_statements("admin").items() if not writes.search(s.text)}
@@ -251,3 +253,91 @@ def test_the_reader_role_runs_every_read_of_the_operator_face(
         reader.database_now()
         ledger_findings(reader, outbox_older_than_seconds=60, max_attempts=3)
     assert reads - ran == set(), "an admin read this test does not run"
+
+
+def test_split_roles_leave_workers_admitting_and_settling_and_operators_setting(
+    login_role: MakeRole, ledger: BothFaces, db: psycopg.Connection, database: str
+) -> None:
+    """Before the split (an upgrade keeps today's grants) a worker may still set a price, and
+    migrate says what to run; after `migrate --split-roles` a worker admits, settles, declares
+    its spec's budget and limit and prunes spend through the ledger's functions, but cannot set
+    a price, a budget or a limit, reset a counter, cancel a batch or settle a call in doubt;
+    the operator role can. `doctor` names what each may do."""
+    from idempotent_jobs import Budget, LedgerAdmin
+    from idempotent_jobs.core.grants import ensure_grants, operator_role
+    from idempotent_jobs.core.rate_limits import RateLimit, declare_rate_limits
+
+    as_worker = login_role(worker_role(SCHEMA))
+    as_operator = login_role(operator_role(SCHEMA))
+    with LedgerAdmin.beside(ledger) as owner:
+        # The upgrade that applies 0021 says what to run; a migrate with nothing to apply not.
+        upgraded = ensure_grants(db, SCHEMA, upgraded=True)
+        assert any("--split-roles" in line for line in upgraded.found)
+        assert not any("--split-roles" in line for line in owner.upgrade().found)
+        with LedgerAdmin(as_worker) as worker_admin:  # not split yet: today's grants
+            worker_admin.set_price("m", "1", "1")
+            assert "sets prices" in worker_admin.role_abilities().may
+        report = owner.upgrade(split_roles=True)
+        assert any(line.startswith("split the roles") for line in report.done)
+        assert not any("--split-roles" in line for line in report.found)
+        owner.set_budget(Budget(amount="5", unit="money", period="month"), job_name="money-job")
+    with BothFaces(as_worker) as worker:
+        assert worker.missing_privileges()[1] == []
+        done = run_idempotent(
+            worker,
+            RunIdentity("money-job", "a", datetime(2026, 12, 1, tzinfo=UTC), "v1"),
+            collect=lambda i: {"x": 1},
+            transform=answer,
+            max_tokens_per_call=100,
+            budget=Budget(amount=1000, period="month"),
+            config=JobConfig.of(prompt="", model="m", validator=""),
+        )
+        assert done.executed
+        declare_rate_limits(worker, [RateLimit("p", "m", requests_per_minute=100)], "money-job")
+        assert worker.admin.prune_spend("money-job", apply=True) == 0
+        abilities = worker.admin.role_abilities()
+        assert abilities.split and abilities.may == ["runs model calls"]
+        assert abilities.groups == [worker_role(SCHEMA)]
+    counters = db.execute(
+        "SELECT budget_id, spent, reserved FROM idempotent_jobs.budget_counters ORDER BY 1"
+    ).fetchall()
+    assert counters == [
+        ("job:money/month:money-job", Decimal("0.000012"), 0),
+        ("job:tokens/month:money-job", 12, 0),
+    ]
+    with psycopg.connect(as_worker, autocommit=True) as conn:
+        for statement in (
+            "INSERT INTO idempotent_jobs.price_history (model_pattern, effective_from, currency,"
+            " input_per_million, output_per_million) VALUES ('m', now(), 'USD', 0, 0)",
+            "UPDATE idempotent_jobs.spend_budgets SET amount = 1e18",
+            "DELETE FROM idempotent_jobs.spend_budgets",
+            "UPDATE idempotent_jobs.budget_counters SET spent = 0",
+            "DELETE FROM idempotent_jobs.budget_holds",
+            "UPDATE idempotent_jobs.rate_limits SET requests_per_window = 1000000",
+            "UPDATE idempotent_jobs.batches SET cancel_requested_at = now()",
+            "SELECT idempotent_jobs.settle_doubt(1, 0, 0, 'w')",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(statement)
+    with LedgerAdmin(as_operator) as operator:
+        operator.set_price("m", "2", "2")
+        operator.set_budget(Budget(amount="6", unit="money", period="month"), job_name="money-job")
+        operator.set_rate_limit(RateLimit("p", "m", requests_per_minute=50))
+        with pytest.raises(InvalidInputError, match="no model call 999"):
+            operator.settle_call(999, input_tokens=0, output_tokens=0)
+        abilities = operator.role_abilities()
+        assert abilities.may == [
+            "runs model calls",
+            "sets prices",
+            "sets budgets",
+            "sets rate limits",
+            "cancels batches",
+            "settles calls in doubt",
+        ]
+    with LedgerAdmin.beside(ledger) as owner:  # a later migrate keeps the roles split
+        assert not any("--split-roles" in line for line in owner.upgrade().found)
+    with (
+        psycopg.connect(as_worker, autocommit=True) as conn,
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
+        conn.execute("DELETE FROM idempotent_jobs.price_history")

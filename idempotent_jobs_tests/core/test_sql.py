@@ -44,6 +44,8 @@ UNFENCED_WRITES = {
     "clear_budget": "an operator removes a budget; it touches no run",
     "set_price": "an operator sets a model's price; it touches no run",
     "delete_prices": "an operator removes a model's prices; it touches no run",
+    "settle_doubt": "an operator settles a call in doubt with the provider's figure; the call "
+    "is recorded already and its run's state is not touched",
     "fail_by_caller": "fenced by the Dagster run that claimed the lease, while running: a step "
     "that failed outside its body (an IO manager) holds no lease object to fence with",
     "store_step_output": "the ledger IO manager's hand-over between Dagster steps, keyed by the "
@@ -77,7 +79,11 @@ BATCH_FENCED = {
     "release_batch",
     "batch_cancel_sent",
 }
-_WRITE = re.compile(r"\b(INSERT INTO|UPDATE|DELETE FROM)\s+\{schema\}\.", re.IGNORECASE)
+_WRITE = re.compile(
+    r"\b(INSERT INTO|UPDATE|DELETE FROM)\s+\{schema\}\.|\{schema\}\.(declare_spec_budgets|"
+    r"declare_spec_rate_limit|prune_spend|settle_doubt)\(",
+    re.IGNORECASE,
+)
 _FENCE = (
     "lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s",
     "status = 'running'",

@@ -621,31 +621,10 @@ ORDER BY r.job_name
 
 -- name: prune_spend
 -- Count (or, with `apply`, delete) a job's spend rows older than the longest budget period.
--- Kept: the current and the previous calendar month (UTC, database clock), so every budget's
--- period (a day, a month) and a month-on-month comparison stay whole. Rows of the job's
--- `spend_days`, and the counters and holds of budgets covering it, of earlier periods.
-WITH cutoff AS (
-  SELECT (date_trunc('month', now() AT TIME ZONE 'UTC') - interval '1 month')::date AS before
-), budgets AS (
-  SELECT budget_id FROM {schema}.spend_budgets WHERE %(job_name)s::text = ANY(jobs)
-), days AS (
-  DELETE FROM {schema}.spend_days AS s USING cutoff
-  WHERE %(apply)s AND s.job_name = %(job_name)s AND s.day < cutoff.before
-), counters AS (
-  DELETE FROM {schema}.budget_counters AS k USING cutoff
-  WHERE %(apply)s AND k.budget_id IN (SELECT budget_id FROM budgets)
-    AND k.period_start < cutoff.before
-), holds AS (
-  DELETE FROM {schema}.budget_holds AS h USING cutoff
-  WHERE %(apply)s AND h.budget_id IN (SELECT budget_id FROM budgets)
-    AND h.period_start < cutoff.before
-)
-SELECT (SELECT count(*) FROM {schema}.spend_days, cutoff
-    WHERE job_name = %(job_name)s AND day < cutoff.before)
-  + (SELECT count(*) FROM {schema}.budget_counters, cutoff
-    WHERE budget_id IN (SELECT budget_id FROM budgets) AND period_start < cutoff.before)
-  + (SELECT count(*) FROM {schema}.budget_holds, cutoff
-    WHERE budget_id IN (SELECT budget_id FROM budgets) AND period_start < cutoff.before)
+-- The ledger's function `prune_spend` (migration 0021, run as the ledger's owner, so the
+-- retention job needs no write on budget counters): the current and the previous calendar
+-- month (UTC, database clock) are kept, whatever the caller asks.
+SELECT {schema}.prune_spend(%(job_name)s, %(apply)s)
 
 -- name: prune_step_outputs
 -- Count, and with `apply` delete, up to `batch_size` step hand-overs of a job's runs completed before the cutoff.

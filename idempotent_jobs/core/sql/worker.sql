@@ -503,30 +503,13 @@ SELECT job_name, subject_id FROM {schema}.runs WHERE run_id = %(run_id)s
 
 -- name: declare_budgets
 -- Declare the budgets a job's spec names (arrays, one element per budget).
--- One the ledger does not hold is added (`spec`), with its period's spend so far; a group
--- budget gains the job as a member; one the ledger holds at another amount is never
--- overwritten, and is returned.
-WITH wanted AS (
-  SELECT * FROM unnest(%(ids)s::text[], %(scopes)s::text[], %(names)s::text[],
-    %(units)s::text[], %(periods)s::text[], %(amounts)s::numeric[])
-    AS w(budget_id, scope, scope_name, unit, period, amount)
-), added AS (
-  INSERT INTO {schema}.spend_budgets AS b (budget_id, scope, scope_name, unit, period, amount,
-    jobs, declared_by)
-  SELECT budget_id, scope, scope_name, unit, period, amount, ARRAY[%(job_name)s::text], 'spec'
-  FROM wanted
-  ON CONFLICT (budget_id) DO UPDATE SET jobs = b.jobs || EXCLUDED.jobs
-    WHERE NOT (%(job_name)s::text = ANY(b.jobs))
-  -- A new budget starts with what its period has spent already.
-  RETURNING b.budget_id, CASE WHEN xmax = 0
-    THEN {schema}.count_period(b.budget_id, b.scope, b.unit, b.period, b.jobs) END
-)
-SELECT b.budget_id, w.amount AS declared, b.amount AS held,
-  b.declared_by || COALESCE(' ' || b.set_by, '') || ' at '
-    || to_char(b.set_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') || ' UTC' AS held_by
-FROM wanted AS w JOIN {schema}.spend_budgets AS b USING (budget_id)
-WHERE b.amount <> w.amount
-ORDER BY 1
+-- The ledger's function `declare_spec_budgets` (migration 0021, run as the ledger's owner): one
+-- the ledger does not hold is added (`spec`), with its period's spend so far; a group budget
+-- gains the job as a member; one the ledger holds at another amount is never overwritten, and
+-- is returned.
+SELECT v.budget_id, v.declared, v.held, v.held_by
+FROM {schema}.declare_spec_budgets(%(job_name)s, %(ids)s::text[], %(scopes)s::text[],
+  %(names)s::text[], %(units)s::text[], %(periods)s::text[], %(amounts)s::numeric[]) AS v
 
 -- name: reserve_budget
 -- Admit one request of the run under every budget covering its job, or refuse it.
@@ -633,24 +616,12 @@ FROM cur
 
 -- name: declare_rate_limit
 -- Record a rate limit a job's spec declares, for every worker of every deployment to keep.
--- Written only when it differs from the row, so workers that agree take no lock after the first,
--- and never over a limit an operator set (`idempotent-jobs limits set` stands until deleted).
-INSERT INTO {schema}.rate_limits AS l (provider, model, key_name, requests_per_window,
-  tokens_per_window, window_seconds, declared_by)
-SELECT %(provider)s, %(model)s, %(key_name)s, %(requests)s, %(tokens)s, %(window_seconds)s,
-  %(declared_by)s
-WHERE NOT EXISTS (SELECT FROM {schema}.rate_limits AS d WHERE d.provider = %(provider)s
-  AND d.model = %(model)s AND d.key_name = %(key_name)s
-  AND (d.declared_by = 'operator' OR (
-    d.requests_per_window IS NOT DISTINCT FROM %(requests)s::integer
-    AND d.tokens_per_window IS NOT DISTINCT FROM %(tokens)s::bigint
-    AND d.window_seconds = %(window_seconds)s)))
-ON CONFLICT (provider, model, key_name) DO UPDATE
-  SET requests_per_window = EXCLUDED.requests_per_window,
-    tokens_per_window = EXCLUDED.tokens_per_window, window_seconds = EXCLUDED.window_seconds,
-    declared_by = EXCLUDED.declared_by, updated_at = now()
-  WHERE l.declared_by <> 'operator'
-RETURNING l.provider
+-- The ledger's function `declare_spec_rate_limit` (migration 0021, run as the ledger's owner):
+-- written only when it differs from the row, so workers that agree take no lock after the
+-- first, and never over a limit an operator set (`idempotent-jobs limits set` stands until
+-- deleted).
+SELECT v FROM {schema}.declare_spec_rate_limit(%(provider)s, %(model)s, %(key_name)s,
+  %(requests)s::integer, %(tokens)s::bigint, %(window_seconds)s::integer, %(declared_by)s) AS v
 
 -- name: list_rate_limits
 -- Every provider rate limit, by provider, model and key name.

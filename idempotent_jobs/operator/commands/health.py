@@ -52,6 +52,10 @@ def doctor(args: argparse.Namespace) -> int:
         findings.insert(0, Finding("missing_privilege", "problem", escape_controls(detail)))
     else:
         checks.append(f"ok: role {escape_controls(role)} has every privilege workers need")
+    with admin:
+        abilities = admin.role_abilities()
+    split = "the roles are split" if abilities.split else "the roles are not split"
+    checks.append(f"ok: {escape_controls(abilities.describe())} ({split})")
     return print_findings(args, findings, checks)
 
 

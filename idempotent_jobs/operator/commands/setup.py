@@ -16,7 +16,7 @@ from idempotent_jobs.operator.render import escape_controls
 
 
 def migrate(args: argparse.Namespace) -> int:
-    report = open_admin(args).upgrade()
+    report = open_admin(args).upgrade(split_roles=args.split_roles)
     print(f"applied: {', '.join(report.applied)}" if report.applied else "schema is up to date")
     for line in report.done:
         print(f"done: {escape_controls(line)}")
@@ -71,9 +71,14 @@ def dev(args: argparse.Namespace) -> int:
 
 
 def add_parser(commands: Any, shared: Shared) -> None:
-    commands.add_parser("migrate", help="create or upgrade the ledger schema").set_defaults(
-        handler=migrate
+    migrating = commands.add_parser("migrate", help="create or upgrade the ledger schema")
+    migrating.add_argument(
+        "--split-roles",
+        action="store_true",
+        help="from now on the worker role only reads prices, budgets and limits (the operator "
+        "role sets them); run once every worker runs this release",
     )
+    migrating.set_defaults(handler=migrate)
     demo_parser = commands.add_parser("demo", help="run the demo and show the ledger")
     demo_parser.add_argument(
         "--any-database",
