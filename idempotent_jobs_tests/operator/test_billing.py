@@ -412,3 +412,27 @@ def test_every_report_reads_one_money_to_the_cent(
     assert shown == expected
     assert json.loads(spend)["in_doubt_calls"] == 1 and spent_by_job["unknown_calls"] == 1
     assert Decimal(standing["in_doubt"]) > 0
+
+
+def test_prices_list_shows_what_is_in_force_and_history_every_row(
+    ledger: BothFaces,
+    cli_env: Path,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with LedgerAdmin.beside(ledger) as admin:
+        now = admin.database_now()
+        admin.set_price("m1", "1", "1", effective_from=now - timedelta(days=2), set_by="ops")
+        admin.set_price("m1", "2", "2", effective_from=now - timedelta(days=1))
+        admin.set_price("m1", "3", "3", effective_from=now + timedelta(days=1))
+    code, out = run(capsys, "prices", "list", "--json")
+    assert code == 0
+    assert [p["input_per_million"] for p in json.loads(out)["prices"]] == ["2", "3"]
+    code, out = run(capsys, "prices", "list", "--history", "--json")
+    rows = json.loads(out)["prices"]
+    assert [(p["input_per_million"], p["correction"]) for p in rows] == [
+        ("1", True),
+        ("2", True),
+        ("3", False),
+    ]
+    code, out = run(capsys, "prices", "list", "--history")
+    assert code == 0 and "(correction)" in out and "ops" in out

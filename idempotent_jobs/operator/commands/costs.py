@@ -6,10 +6,13 @@ import argparse
 import os
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from idempotent_jobs.operator.commands.common import Shared, code_location, emit, open_admin
 from idempotent_jobs.operator.render import escape_controls, money, table
+
+if TYPE_CHECKING:
+    from idempotent_jobs.core.costs import ModelPrice
 
 _PARTS = (
     ("cache_read", "cache_read_per_million", "cached input read"),
@@ -76,6 +79,9 @@ def prices_command(args: argparse.Namespace) -> int:
             return 0
         known = admin.prices()
         matches = admin.price_matches(args.days)
+        now = admin.database_now()
+    if not args.history:  # what is in force now, and what is set to come
+        known = _in_force(known, now)
     used = {
         (m["model_pattern"], m["match_kind"], m["tier"], m["effective_from"]): m for m in matches
     }
@@ -101,8 +107,20 @@ def prices_command(args: argparse.Namespace) -> int:
             )
         )
     headers = ["model", "tier", "from", "input/M", "output/M", "parts/M", "cur", "calls", "as"]
-    human = table(headers, rows) + f"\n(calls: of the last {args.days} days, each priced at the "
-    human += "price in force when it was made)"
+    shown: list[tuple[str, ...]] = list(rows)
+    if args.history:
+        headers += ["set at", "set by"]
+        shown = [
+            (
+                *row,
+                f"{p.set_at:%Y-%m-%d %H:%M}" + (" (correction)" if p.correction else ""),
+                p.set_by or "-",
+            )
+            for row, p in zip(rows, known, strict=True)
+        ]
+    human = table(headers, shown) + f"\n(calls: of the last {args.days} days, each priced at the "
+    human += "price row in force when it was admitted"
+    human += ")" if args.history else "; every row, with its history: --history)"
     unpriced = [m for m in matches if m["model_pattern"] is None]
     if unpriced:
         models = ", ".join(unpriced[0]["models"])
@@ -111,6 +129,24 @@ def prices_command(args: argparse.Namespace) -> int:
         )
     emit(args, {"prices": known, "matches": matches}, human)  # table() escapes each cell
     return 0
+
+
+def _in_force(prices: "list[ModelPrice]", now: datetime) -> "list[ModelPrice]":
+    """Of each model (or prefix) and tier, the price in force at ``now`` and those set to
+    apply later: what a call admitted now or later is priced at."""
+    latest: dict[tuple[str, str, str], datetime] = {}
+    for p in prices:
+        key = (p.model_pattern, p.match_kind, p.tier)
+        if p.effective_from <= now and p.effective_from > latest.get(
+            key, datetime.min.replace(tzinfo=UTC)
+        ):
+            latest[key] = p.effective_from
+    return [
+        p
+        for p in prices
+        if p.effective_from > now
+        or p.effective_from == latest.get((p.model_pattern, p.match_kind, p.tier))
+    ]
 
 
 def _pattern(model: str, match_kind: str) -> str:
@@ -265,9 +301,17 @@ def add_parser(commands: Any, shared: Shared) -> None:
         "list", parents=[shared.json_flag], help="every price, and the calls each priced"
     )
     listing.add_argument("--days", type=int, default=30, help="calls of the last N days (30)")
+    listing.add_argument(
+        "--history",
+        action="store_true",
+        help="every price row ever set, with when and by whom (default: those in force now "
+        "and those set to come)",
+    )
     listing.set_defaults(handler=prices_command)
     deleting = priced.add_parser(
-        "delete", parents=[shared.json_flag], help="remove a model's prices and their history"
+        "delete",
+        parents=[shared.json_flag],
+        help="remove a model's prices that never priced a call (a mistyped price)",
     )
     deleting.add_argument("model")
     deleting.add_argument("--prefix", action="store_true")
