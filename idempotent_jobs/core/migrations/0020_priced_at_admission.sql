@@ -11,6 +11,25 @@ ALTER TABLE {schema}.price_history
   ADD COLUMN correction boolean NOT NULL DEFAULT false;
 ALTER TABLE {schema}.price_history ADD CONSTRAINT price_history_price_id UNIQUE (price_id);
 
+-- The price in force (migration 0018's rule), now in PL/pgSQL: its query's plan is kept for the
+-- session, where a SQL function called from the admitting and pricing functions below is
+-- planned anew at each call (a cost on every admitted request).
+CREATE OR REPLACE FUNCTION {schema}.price_in_force(requested text, answered text,
+    call_tier text, at timestamptz)
+RETURNS SETOF {schema}.price_history LANGUAGE plpgsql STABLE AS $body$
+BEGIN
+  RETURN QUERY SELECT p.* FROM {schema}.price_history AS p
+  JOIN (VALUES (requested, 0), (answered, 1)) AS n(name, rank) ON n.name IS NOT NULL
+  WHERE p.effective_from <= at
+    AND p.tier IN (COALESCE(call_tier, 'standard'), 'standard')
+    AND ((p.match_kind = 'exact' AND p.model_pattern = n.name)
+      OR (p.match_kind = 'prefix' AND starts_with(n.name, p.model_pattern)))
+  ORDER BY p.tier = COALESCE(call_tier, 'standard') DESC, n.rank, p.match_kind = 'exact' DESC,
+    length(p.model_pattern) DESC, p.effective_from DESC
+  LIMIT 1;
+END
+$body$;
+
 -- 2. Each call keeps the price row it was priced by and its money, decided as it is recorded
 -- and never again. `billing`: `billed` (usage reported), `unbilled` (the provider answered
 -- with an error and reported no usage: it bills nothing, money 0), `in_doubt` (no usage
