@@ -136,7 +136,8 @@ def error_usage(exc: ProviderError, rate: RateRequest) -> ModelUsage:
 
     - usage the provider reported, as it is;
     - the provider answered with an error status (a 4xx including 429, a 5xx) and reported no
-      usage: nothing was billed, so 0 tokens (the ledger records it ``unbilled``, money 0);
+      usage, or the connection could not be made (nothing was sent): nothing was billed, so 0
+      tokens (the ledger records it ``unbilled``, money 0);
     - no answer at all (a timeout after the request was sent, a connection cut): no usage
       known (``None``; the ledger records it ``in_doubt`` until an operator settles it).
     """
@@ -148,7 +149,7 @@ def error_usage(exc: ProviderError, rate: RateRequest) -> ModelUsage:
             provider_name=usage.provider_name or rate.provider or exc.provider,
         )
     answered = exc.status is not None and not isinstance(exc, ProviderTimeoutError)
-    tokens = 0 if answered else None
+    tokens = 0 if answered or not exc.sent else None
     return ModelUsage(
         None,
         tokens,

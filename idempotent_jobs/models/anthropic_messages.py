@@ -21,6 +21,7 @@ from idempotent_jobs.models.errors import (
     ProviderTimeoutError,
     ProviderUnavailableError,
     RateLimitedError,
+    never_sent,
 )
 from idempotent_jobs.models.openai_chat import retry_after_seconds
 from idempotent_jobs.models.prompts import Prompt
@@ -125,6 +126,10 @@ class AnthropicMessages:
         import anthropic
 
         text = str(exc)[:500]
+        if isinstance(exc, anthropic.APIConnectionError) and never_sent(exc):  # timeouts too
+            return ProviderUnavailableError(
+                f"could not connect: {text}", provider=self.name, sent=False
+            )
         if isinstance(exc, anthropic.APITimeoutError):
             return ProviderTimeoutError(
                 f"no answer within {self.timeout_seconds:g}s", provider=self.name

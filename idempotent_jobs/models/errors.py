@@ -27,12 +27,34 @@ class ProviderError(PaidCallError):
         answered: bool = False,
         status: int | None = None,
         retry_after: float | None = None,
+        sent: bool = True,
     ) -> None:
         super().__init__(f"{provider}: {message}", usage=usage, answered=answered)
         self.provider = provider
         self.status = status
+        #: Whether the request may have reached the provider: ``False`` when the connection
+        #: could not even be made (nothing was sent, so nothing can have been billed).
+        self.sent = sent
         #: Seconds the provider asked to wait before the next request (``Retry-After``).
         self.retry_after = retry_after
+
+
+def never_sent(exc: BaseException) -> bool:
+    """Whether an SDK's connection error (or timeout) happened while connecting, before any
+    byte of the request was sent: an ``httpx.ConnectError`` or ``httpx.ConnectTimeout`` in its
+    causes (both SDKs are built on httpx)."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        kind = type(cause)
+        if kind.__module__.startswith("httpx") and kind.__name__ in (
+            "ConnectError",
+            "ConnectTimeout",
+        ):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 class RateLimitedError(ProviderError):

@@ -20,6 +20,7 @@ from idempotent_jobs.models.errors import (
     ProviderTimeoutError,
     ProviderUnavailableError,
     RateLimitedError,
+    never_sent,
 )
 from idempotent_jobs.models.prompts import Prompt
 from idempotent_jobs.models.schema import OutputSchema
@@ -155,6 +156,10 @@ class OpenAIChat:
         import openai
 
         text = str(exc)[:500]
+        if isinstance(exc, openai.APIConnectionError) and never_sent(exc):  # timeouts too
+            return ProviderUnavailableError(
+                f"could not connect: {text}", provider=self.name, sent=False
+            )
         if isinstance(exc, openai.APITimeoutError):
             return ProviderTimeoutError(
                 f"no answer within {self.timeout_seconds:g}s", provider=self.name

@@ -7,7 +7,7 @@ attempts' outcomes, the model calls with their tokens, and the outbox.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import dagster as dg
@@ -358,14 +358,12 @@ def test_a_paid_answer_survives_storage_between_steps_failing(
     ).fetchall() == [(None,)]
 
 
-RETRIED = IdempotentJobSpec(
+# The parity job's spec with an op retry policy that would retry the model step three times.
+RETRIED = replace(
+    SPEC,
     name="retried_job",
     identity_job_name="retried-job",
-    version="v1",
-    window=dg.DailyPartitionsDefinition(start_date="2026-08-01"),
     subjects=["refused", "flaky"],
-    lease_seconds=30.0,
-    wait_seconds=0.0,
     model_retry=dg.RetryPolicy(max_retries=3),
 )
 RETRIED_JOB, _ = build_idempotent_job(RETRIED)

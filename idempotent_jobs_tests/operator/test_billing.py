@@ -4,6 +4,7 @@ call whose outcome is unknown stays in doubt until settled; history is append-on
 reads the one figure; no error text keeps a key or the prompt."""
 
 import json
+import socket
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -436,3 +437,24 @@ def test_prices_list_shows_what_is_in_force_and_history_every_row(
     ]
     code, out = run(capsys, "prices", "list", "--history")
     assert code == 0 and "(correction)" in out and "ops" in out
+
+
+def test_a_connection_never_made_is_not_billed_and_holds_nothing(
+    ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    """Nothing listens at the provider's address: no byte of a request left, so a storm of
+    such failures drains no budget (each is recorded at 0, its hold given back)."""
+    with socket.socket() as probe:  # a port nothing listens on once this closes
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    provider = OpenAIChat(
+        model="m1", api_key=KEY, base_url=f"http://127.0.0.1:{port}/v1", max_tokens=500
+    )
+    with LedgerAdmin.beside(ledger) as admin:
+        admin.set_price("m1", "10", "10")
+        admin.set_budget(Budget(amount="0.012", unit="money", period="month"), job_name=JOB)
+    with pytest.raises(ProviderError, match="could not connect"):
+        _call_provider(ledger, provider, "a")
+    assert _calls(db) == [("failed", "unbilled", Decimal(0), "m1", "openai", 0, 0)] * 3
+    assert _counter(db, f"job:money/month:{JOB}") == (0, 0, 0)
+    assert _holds(db) == 0
