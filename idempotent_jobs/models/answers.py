@@ -118,16 +118,44 @@ def send_with_retries(
 def _redact_echoes(exc: ProviderError, provider: Provider, prompt: Prompt) -> None:
     """Take out of ``exc``'s text what the request carried that a provider or a proxy may echo
     in its error body: the API key (``****``) and the prompt (``[prompt]``), before the text is
-    stored or shown anywhere. The prompt holds the run's raw input, which never belongs in an
-    error text."""
+    stored or shown anywhere, and drop the SDK's error it was made from (which holds the same
+    text). The prompt holds the run's raw input, which never belongs in an error text."""
     try:
         text = str(exc)
         key = getattr(provider, "api_key", None)
         text = redact_known(text, [key] if isinstance(key, str) else [])
         sent = [block.text for block in prompt.system] + [m.content for m in prompt.messages]
-        exc.args = (redact_known(text, sent, "[prompt]"),)
+        exc.args = (redact_known(text, [*sent, *_json_strings(sent)], "[prompt]"),)
+        # The SDK's own error, chained as the cause, holds the same text unredacted, and an
+        # error's causes reach Dagster's event log and every traceback: the chain ends here.
+        exc.__cause__ = None
+        exc.__context__ = None
+        exc.__suppress_context__ = True
     except Exception:  # noqa: S110 - the error is raised as it is; describe_error redacts keys
         pass
+
+
+def _json_strings(texts: list[str]) -> list[str]:
+    """The strings inside each of ``texts`` that is JSON (a prompt that carries the raw input
+    as JSON: an echo quotes its values, not the document)."""
+    found: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str):
+            found.append(value)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    for text in texts:
+        try:
+            walk(json.loads(text))
+        except (ValueError, RecursionError):  # not JSON, or too deep to walk: as it is
+            continue
+    return found
 
 
 def error_usage(exc: ProviderError, rate: RateRequest) -> ModelUsage:

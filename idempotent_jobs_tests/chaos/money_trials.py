@@ -6,7 +6,8 @@ in flight (inside the provider's handler, so the request was admitted at the old
 Invariants: spend plus what is in doubt never passes the budget; nothing is left held (no
 budget hold, nothing reserved, no run leased); every request the provider received is one
 recorded call; the budget's counter is the money the calls were recorded with (the calls the
-provider answered with an error at 0), what is in doubt is what the calls in doubt hold; and
+provider answered with an error at 0) and what `runs show` says they cost, to the cent; what is
+in doubt is what the calls in doubt hold; and
 once an operator settles each call in doubt as not billed, nothing is in doubt and the spend
 is unchanged.
 """
@@ -160,6 +161,12 @@ class MoneyTrials:
         if in_doubt != doubts[0]:
             problems.append(f"money: {in_doubt} in doubt, the calls in doubt hold {doubts[0]}")
         with LedgerAdmin(self.url) as admin:
+            shown = sum(  # what `runs show` says each run's calls cost
+                (m for r in run_ids for m in admin.call_costs(r).values() if m is not None),
+                Decimal(0),
+            )
+            if shown != spent - spent_before:
+                problems.append(f"money: runs show says {shown}, the budget {spent - spent_before}")
             listed = [c for c in admin.calls_in_doubt("chaos", 10_000) if c["run_id"] in run_ids]
             if len(listed) != doubtful:
                 problems.append(f"money: {doubtful} calls in doubt, {len(listed)} listed")

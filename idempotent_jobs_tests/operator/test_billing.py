@@ -11,6 +11,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import psycopg
 import pytest
 from psycopg import sql
@@ -26,12 +27,21 @@ from idempotent_jobs import (
     RunIdentity,
     run_idempotent,
 )
+from idempotent_jobs.core.constants import DATABASE_URL_ENV
+from idempotent_jobs.dagster import (
+    IdempotentJobSpec,
+    OpenAICompatibleModel,
+    RunLedgerResource,
+    build_idempotent_job,
+)
+from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel
 from idempotent_jobs.models import AnthropicMessages, OpenAIChat, answer
 from idempotent_jobs.models.answers import RetryPolicy
 from idempotent_jobs.models.errors import ProviderError
 from idempotent_jobs.models.prompts import Prompt, require
 from idempotent_jobs_tests.ledgers import BothFaces
 from idempotent_jobs_tests.operator.test_operator_cli import cli_env, run  # noqa: F401
+from testkit.dagster_harness import DagsterTestEnv
 from testkit.fake_providers import Answer, Drop, FakeProviders, Slow, Status
 
 JOB = "billed-job"
@@ -458,3 +468,49 @@ def test_a_connection_never_made_is_not_billed_and_holds_nothing(
     assert _calls(db) == [("failed", "unbilled", Decimal(0), "m1", "openai", 0, 0)] * 3
     assert _counter(db, f"job:money/month:{JOB}") == (0, 0, 0)
     assert _holds(db) == 0
+
+
+ECHO_SPEC = IdempotentJobSpec(
+    name="echoed_summary",
+    identity_job_name="echoed-summary",
+    version="v1",
+    window=dg.DailyPartitionsDefinition(start_date="2026-08-01"),
+    subjects=["acme"],
+    lease_seconds=30.0,
+    model_retry=dg.RetryPolicy(max_retries=0),
+)
+ECHO_JOB, _ = build_idempotent_job(ECHO_SPEC)
+
+
+class SecretInput(Collector):
+    def collect(self, identity: RunIdentity) -> dict[str, Any]:
+        return {"text": PROMPT_SENTINEL}
+
+
+def test_an_echoed_key_never_reaches_dagsters_event_log(
+    dagster_env: DagsterTestEnv, fake: FakeProviders, ledger: BothFaces
+) -> None:
+    """The same echo through a Dagster run: the step's failure in the event log (its message
+    and the error's), as the UI and `dg` show it, carries neither the key nor the prompt."""
+    fake.script = [Status(401, f"Incorrect API key provided: {KEY}; prompt: {PROMPT_SENTINEL}")]
+    defs = dg.Definitions(
+        jobs=[ECHO_JOB],
+        resources={
+            "ledger": RunLedgerResource(database_url=dg.EnvVar(DATABASE_URL_ENV)),
+            "collector": SecretInput(),
+            "model": OpenAICompatibleModel(model="m1", api_key=KEY, base_url=fake.openai_url),
+            "report_file": JsonLinesChannel(path=str(dagster_env.notifications)),
+        },
+    )
+    result = defs.resolve_job_def(ECHO_SPEC.name).execute_in_process(
+        partition_key="acme|2026-08-07", raise_on_error=False
+    )
+    assert not result.success
+    events = json.dumps(
+        [str(e) for e in result.all_events] + [repr(result.failure_data_for_node("transform"))]
+    )
+    assert "Incorrect API key provided: ****" in events
+    where = events.find(KEY[8:24])
+    assert where < 0, events[max(0, where - 400) : where + 100]
+    where = events.find("SENTINEL-PROMPT")
+    assert where < 0, events[max(0, where - 600) : where + 100]
