@@ -265,7 +265,8 @@ def test_split_roles_leave_workers_admitting_and_settling_and_operators_setting(
     the operator role can. `doctor` names what each may do."""
     from idempotent_jobs import Budget, LedgerAdmin
     from idempotent_jobs.core.grants import ensure_grants, operator_role
-    from idempotent_jobs.core.rate_limits import RateLimit, declare_rate_limits
+    from idempotent_jobs.core.rate_limits import RateLimit, RateRequest, declare_rate_limits
+    from idempotent_jobs_tests.helpers import claimed
 
     as_worker = login_role(worker_role(SCHEMA))
     as_operator = login_role(operator_role(SCHEMA))
@@ -294,6 +295,11 @@ def test_split_roles_leave_workers_admitting_and_settling_and_operators_setting(
         )
         assert done.executed
         declare_rate_limits(worker, [RateLimit("p", "m", requests_per_minute=100)], "money-job")
+        lease = claimed(
+            worker, RunIdentity("money-job", "b", datetime(2026, 12, 1, tzinfo=UTC), "v1")
+        )
+        grant = worker.acquire_rate(lease, RateRequest("p", "m"), 0)  # a place, by the buckets
+        assert grant is not None and grant.granted
         assert worker.admin.prune_spend("money-job", apply=True) == 0
         abilities = worker.admin.role_abilities()
         assert abilities.split and abilities.may == ["runs model calls"]
