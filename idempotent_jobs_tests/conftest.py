@@ -102,7 +102,8 @@ def fresh_database(server_url: str) -> Iterator[str]:
 
 
 # What a test may change besides the ledger's rows: tables, columns, constraints, privileges,
-# views, functions, migrations and the database's own settings. A database whose shape still
+# views, functions, migrations, the ledger's options (the roles split) and the database's own
+# settings. A database whose shape still
 # matches the template's after a test is emptied and lent to the next test (creating one costs
 # ~0.3 s); any other is dropped.
 _SHAPE = """
@@ -133,13 +134,15 @@ SELECT md5(string_agg(item, ',' ORDER BY item)) FROM (
   WHERE s.setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())
   UNION ALL
   SELECT format('mig %s %s', version, checksum) FROM idempotent_jobs.schema_migrations
+  UNION ALL
+  SELECT format('opt %s %s', name, value) FROM idempotent_jobs.ledger_options
 ) AS shape"""
 
 _EMPTY = """
 SELECT format('TRUNCATE %s RESTART IDENTITY CASCADE', string_agg(c.oid::regclass::text, ', '))
 FROM pg_class c
 WHERE c.relnamespace = 'idempotent_jobs'::regnamespace AND c.relkind = 'r'
-  AND c.relname <> 'schema_migrations'"""
+  AND c.relname NOT IN ('schema_migrations', 'ledger_options')"""
 
 
 def _shape(conninfo: str) -> str | None:

@@ -162,7 +162,8 @@ def upgrade(
 ) -> MigrationReport:
     """Apply the missing migrations, then the data and grant steps above; say what was done.
     ``split_roles``: leave the worker role only reads of prices, budgets and limits from now on
-    (:mod:`idempotent_jobs.core.grants`)."""
+    (:mod:`idempotent_jobs.core.grants`); a ledger this call creates starts so, since no
+    worker of an earlier release can be writing to it."""
     with migration_lock(conn, schema_name):
         applied = apply_migrations(conn, schema_name)
         report = MigrationReport(applied=[f"{m.version:04d}_{m.name}" for m in applied])
@@ -172,7 +173,9 @@ def upgrade(
             return report  # code shipping fewer migrations (a test's): nothing to upgrade yet
         for step in (normalise_identities, find_too_deep):
             _once(conn, schema_name, step, report)
-        grants = ensure_grants(conn, schema_name, split_roles, upgraded=bool(applied))
+        # A ledger created now has no worker of an earlier release: its roles start split.
+        created = any(m.version == 1 for m in applied)
+        grants = ensure_grants(conn, schema_name, split_roles or created, upgraded=bool(applied))
     report.done.extend(grants.done)
     report.found.extend(grants.found)
     return report
