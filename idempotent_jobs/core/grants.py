@@ -75,7 +75,6 @@ SPLIT_WORKER_PRIVILEGES: dict[str, tuple[str, ...]] = {
     "budget_counters": ("SELECT",),
     "budget_holds": ("SELECT",),
     "budget_doubts": ("SELECT",),
-    "spend_days": ("SELECT",),
     "rate_limits": ("SELECT", "UPDATE (requests_tat, tokens_tat)"),
     "batches": ("SELECT", "INSERT", f"UPDATE ({_BATCH_WORKER_COLUMNS})"),
 }

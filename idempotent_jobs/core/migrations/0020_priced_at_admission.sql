@@ -11,25 +11,6 @@ ALTER TABLE {schema}.price_history
   ADD COLUMN correction boolean NOT NULL DEFAULT false;
 ALTER TABLE {schema}.price_history ADD CONSTRAINT price_history_price_id UNIQUE (price_id);
 
--- The price in force (migration 0018's rule), now in PL/pgSQL: its query's plan is kept for the
--- session, where a SQL function called from the admitting and pricing functions below is
--- planned anew at each call (a cost on every admitted request).
-CREATE OR REPLACE FUNCTION {schema}.price_in_force(requested text, answered text,
-    call_tier text, at timestamptz)
-RETURNS SETOF {schema}.price_history LANGUAGE plpgsql STABLE AS $body$
-BEGIN
-  RETURN QUERY SELECT p.* FROM {schema}.price_history AS p
-  JOIN (VALUES (requested, 0), (answered, 1)) AS n(name, rank) ON n.name IS NOT NULL
-  WHERE p.effective_from <= at
-    AND p.tier IN (COALESCE(call_tier, 'standard'), 'standard')
-    AND ((p.match_kind = 'exact' AND p.model_pattern = n.name)
-      OR (p.match_kind = 'prefix' AND starts_with(n.name, p.model_pattern)))
-  ORDER BY p.tier = COALESCE(call_tier, 'standard') DESC, n.rank, p.match_kind = 'exact' DESC,
-    length(p.model_pattern) DESC, p.effective_from DESC
-  LIMIT 1;
-END
-$body$;
-
 -- 2. Each call keeps the price row it was priced by and its money, decided as it is recorded
 -- and never again. `billing`: `billed` (usage reported), `unbilled` (the provider answered
 -- with an error and reported no usage: it bills nothing, money 0), `in_doubt` (no usage
@@ -234,11 +215,12 @@ $body$;
 -- what it cost. A call the provider never billed costs 0: its hold is given back at once. A
 -- call in doubt keeps its hold charged as `in_doubt` (a call with no hold: the room its budget
 -- had left), recorded per budget in budget_doubts until `costs settle` or the period's end.
-CREATE OR REPLACE FUNCTION {schema}.settle_call() RETURNS trigger LANGUAGE plpgsql AS $body$
+CREATE FUNCTION {schema}.settle_recorded_call(c {schema}.model_calls) RETURNS void
+LANGUAGE plpgsql AS $body$
 DECLARE
   r record;
   b record;
-  doubt boolean := NEW.billing = 'in_doubt';
+  doubt boolean := c.billing = 'in_doubt';
   actual numeric;
   charge numeric;
   room numeric;
@@ -250,14 +232,11 @@ DECLARE
   held_amounts numeric[];
   i integer;
 BEGIN
-  IF NOT EXISTS (SELECT FROM {schema}.spend_budgets) THEN
-    RETURN NULL;
-  END IF;
-  SELECT x.job_name, x.subject_id INTO r FROM {schema}.runs AS x WHERE x.run_id = NEW.run_id;
+  SELECT x.job_name, x.subject_id INTO r FROM {schema}.runs AS x WHERE x.run_id = c.run_id;
   WITH gone AS (
     DELETE FROM {schema}.budget_holds AS x
-    WHERE x.run_id = NEW.run_id AND x.lease_epoch = NEW.lease_epoch
-      AND x.worker_id = NEW.worker_id
+    WHERE x.run_id = c.run_id AND x.lease_epoch = c.lease_epoch
+      AND x.worker_id = c.worker_id
     RETURNING x.budget_id, x.period_start, x.subject_id, x.amount
   )
   SELECT array_agg(g.budget_id ORDER BY g.budget_id), array_agg(g.period_start ORDER BY
@@ -269,7 +248,7 @@ BEGIN
     ORDER BY s.budget_id
   LOOP
     actual := CASE WHEN b.unit = 'tokens'
-      THEN COALESCE(NEW.input_tokens, 0) + COALESCE(NEW.output_tokens, 0) ELSE NEW.money END;
+      THEN COALESCE(c.input_tokens, 0) + COALESCE(c.output_tokens, 0) ELSE c.money END;
     i := array_position(held_ids, b.budget_id);
     IF i IS NOT NULL THEN
       start := held_starts[i];
@@ -285,7 +264,7 @@ BEGIN
       -- No hold: charged what it cost; a call in doubt (or that cannot be priced) that
       -- declared no worst case is charged all the room its budget had left, so the cap holds
       -- whatever it really cost.
-      start := {schema}.period_start(b.period, NEW.called_at);
+      start := {schema}.period_start(b.period, c.called_at);
       subject := CASE WHEN b.scope = 'subject' THEN r.subject_id ELSE '' END;
       INSERT INTO {schema}.budget_counters AS k (budget_id, period_start, subject_id)
       VALUES (b.budget_id, start, subject) ON CONFLICT ON CONSTRAINT budget_counters_pkey
@@ -303,10 +282,20 @@ BEGIN
     END IF;
     IF doubt THEN
       INSERT INTO {schema}.budget_doubts (call_id, budget_id, period_start, subject_id, amount)
-      VALUES (NEW.call_id, b.budget_id, start, subject, COALESCE(charge, 0))
+      VALUES (c.call_id, b.budget_id, start, subject, COALESCE(charge, 0))
       ON CONFLICT DO NOTHING;
     END IF;
   END LOOP;
+END
+$body$;
+
+-- The trigger: with no budget in the ledger there is nothing to settle (one cheap read on
+-- every recorded call); otherwise the call is settled as above.
+CREATE OR REPLACE FUNCTION {schema}.settle_call() RETURNS trigger LANGUAGE plpgsql AS $body$
+BEGIN
+  IF EXISTS (SELECT FROM {schema}.spend_budgets) THEN
+    PERFORM {schema}.settle_recorded_call(NEW);
+  END IF;
   RETURN NULL;
 END
 $body$;

@@ -97,16 +97,19 @@ BEGIN
 END
 $body$;
 
--- What admits, settles and prices a call runs as the ledger's owner, whoever calls it.
+-- What admits and settles a call runs as the ledger's owner, whoever calls it.
 ALTER FUNCTION {schema}.reserve_budget(text, integer, text, bigint, bigint, bigint, text, text,
   text, text, text) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION {schema}.release_holds(text, integer, text)
   SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION {schema}.settle_call() SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION {schema}.price_call() SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+-- Settling writes counters, holds and doubts: as the owner. The triggers around it stay the
+-- caller's (a definer's switch costs every recorded call, budget or none): pricing a call
+-- reads what workers may read, and `spend_days` (the earlier releases' statistics, which no
+-- budget reads) stays theirs to write.
+ALTER FUNCTION {schema}.settle_recorded_call({schema}.model_calls)
+  SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION {schema}.count_period(text, text, text, text, text[])
   SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION {schema}.count_spend() SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 -- Settling a call in doubt is the operator's: not every role that may call a function.
 ALTER FUNCTION {schema}.settle_doubt(bigint, bigint, bigint, text)
   SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
