@@ -35,8 +35,8 @@ from idempotent_jobs.core.costs import (
 )
 from idempotent_jobs.core.errors import InvalidInputError, RunNotFoundError
 from idempotent_jobs.core.face import LedgerFace
-from idempotent_jobs.core.grants import RoleAbilities
 from idempotent_jobs.core.identity import normalize_text
+from idempotent_jobs.core.privilege_checks import RoleAbilities
 from idempotent_jobs.core.rate_limits import RateLimit
 from idempotent_jobs.core.records import (
     AttemptRecord,

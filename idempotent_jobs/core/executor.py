@@ -29,14 +29,13 @@ from idempotent_jobs.core.errors import (
     LedgerPermissionError,
     SchemaNotMigratedError,
 )
-from idempotent_jobs.core.grants import (
+from idempotent_jobs.core.grants import reader_role, worker_role
+from idempotent_jobs.core.json_values import read_json
+from idempotent_jobs.core.privilege_checks import (
     RoleAbilities,
     missing_privileges,
-    reader_role,
     role_abilities,
-    worker_role,
 )
-from idempotent_jobs.core.json_values import read_json
 from idempotent_jobs.core.schema import (
     AppliedMigration,
     check_schema_name,

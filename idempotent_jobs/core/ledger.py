@@ -399,7 +399,7 @@ class RunLedger(OutboxDelivery, StepOutputs, BatchBook):
         rows = self._db.rows("fail", params)
         outcome = FenceOutcome(rows[0][0]) if rows else FenceOutcome.LEASE_LOST
         if outcome != FenceOutcome.LEASE_LOST:
-            self._count_cost(rows[0][1], usage, added=call is not None)
+            self._count_cost(rows[0][1], usage, added=rows[0][2])
             return outcome
         if call is not None:
             self.record_lost_call(lease, usage, lease.revision, origin=origin, error=error)
@@ -440,7 +440,11 @@ class RunLedger(OutboxDelivery, StepOutputs, BatchBook):
             self._count_cost(money, usage, added=True)
             if money is None:
                 return None
-            return f"{Decimal(money).normalize():f} {self.currency() or ''}".rstrip()
+            try:
+                currency = self.currency()
+            except Exception:  # an outage after the call was recorded: the figure alone
+                currency = None
+            return f"{Decimal(money).normalize():f} {currency or ''}".rstrip()
         try:  # no row: recorded already (a retried statement), or the lease was lost
             self.renew(lease)
         except LeaseLostError:
@@ -564,7 +568,7 @@ class RunLedger(OutboxDelivery, StepOutputs, BatchBook):
             currency = self.currency()
         except Exception:  # an outage: the metric is left out, the call is recorded
             return
-        telemetry.record_cost(money, currency, usage.priced_model if usage else None)
+        telemetry.record_cost(money, currency, usage.priced_model)
 
     def _fenced(self, name: str, params: dict[str, Any]) -> FenceOutcome:
         """Run fenced statement ``name``; its outcome, or :class:`LeaseLostError`."""

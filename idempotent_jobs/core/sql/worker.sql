@@ -297,7 +297,8 @@ FROM cur LEFT JOIN done ON true
 -- `applied`, `already_done` (this very failure landed before: a retry after a lost answer) or
 -- `lease_lost` (another claim moved the run on: nothing written). A call already recorded from
 -- the same caller run, step and retry gets the new outcome instead of a second row (see
--- `complete`).
+-- `complete`). Last, the money of the call row this statement added, and whether it added one
+-- (the metrics count each call once).
 WITH cur AS (
   SELECT run_id, status, lease_epoch, last_error,
     COALESCE(lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s AND status = 'running',
@@ -345,7 +346,8 @@ SELECT CASE
     WHEN EXISTS (SELECT FROM failed) THEN 'applied'
     WHEN cur.status = 'failed' AND cur.lease_epoch = %(epoch)s AND cur.last_error = %(error)s
       THEN 'already_done'
-    ELSE 'lease_lost' END AS outcome, (SELECT money FROM call) AS money
+    ELSE 'lease_lost' END AS outcome, (SELECT money FROM call) AS money,
+  EXISTS (SELECT FROM call) AS added
 FROM cur
 
 -- name: record_answer
