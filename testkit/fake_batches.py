@@ -26,6 +26,26 @@ from typing import Any
 Endpoint = str  # "upload", "create", "retrieve", "list", "cancel", "results"
 
 
+@dataclass(frozen=True)
+class BadLine:
+    """An item whose result line is not JSON: cut mid-way after its ``custom_id`` (``named``),
+    or garbage that names no item."""
+
+    named: bool = True
+
+
+@dataclass(frozen=True)
+class OddBody:
+    """An item answered 200 with ``body``, which is not a chat completion (or a message)."""
+
+    body: dict[str, Any]
+
+
+def _raw(entry: dict[str, Any]) -> str | None:
+    raw = entry.get("__raw__")
+    return raw if isinstance(raw, str) else None
+
+
 @dataclass
 class FakeBatch:
     api: str
@@ -164,7 +184,7 @@ class BatchBackend:
                 batch.outcome, "completed"
             ),
         }[batch.state]
-        done = len([r for r in batch.results if r["response"]["status_code"] == 200])
+        done = len([r for r in batch.results if _raw(r) or r["response"]["status_code"] == 200])
         return {
             "id": batch.batch_id,
             "object": "batch",
@@ -212,8 +232,7 @@ class BatchBackend:
         if parts[-1] == "results":
             if batch.state != "ended":
                 return self._error("anthropic", 400, "the batch is still processing")
-            lines = "".join(json.dumps(r) + "\n" for r in batch.results)
-            return 200, {"Content-Type": "application/binary"}, lines.encode()
+            return 200, {"Content-Type": "application/binary"}, _jsonl(batch.results)
         return _json(200, render(batch))
 
     def _anthropic_batch(self, batch: FakeBatch, base: str) -> dict[str, Any]:
@@ -221,7 +240,7 @@ class BatchBackend:
         if batch.state != "ended":
             counts["processing"] = len(batch.requests)
         for result in batch.results:
-            counts[result["result"]["type"]] += 1
+            counts["succeeded" if _raw(result) else result["result"]["type"]] += 1
         ended = batch.state == "ended"
         return {
             "id": batch.batch_id,
@@ -328,7 +347,15 @@ class BatchBackend:
         batch.state, batch.outcome = "ended", outcome
         for n, (custom_id, body) in enumerate(batch.requests):
             if n < done:
-                status, payload = self.render(batch.api, body, self.answer(batch.api, body))
+                answer = self.answer(batch.api, body)
+                if isinstance(answer, BadLine):
+                    cut = json.dumps({"custom_id": custom_id, "response": {}})[:-3]
+                    batch.results.append({"__raw__": cut if answer.named else "<html>502"})
+                    continue
+                if isinstance(answer, OddBody):
+                    status, payload = 200, answer.body
+                else:
+                    status, payload = self.render(batch.api, body, answer)
                 batch.results.append(_result_line(batch.api, custom_id, status, payload, n))
             elif batch.api == "anthropic":
                 kind = "canceled" if outcome == "cancelled" else "expired"
@@ -344,8 +371,8 @@ class BatchBackend:
                     }
                 )
         if batch.api == "openai":
-            answered = [r for r in batch.results if r["response"]["status_code"] == 200]
-            failed = [r for r in batch.results if r["response"]["status_code"] != 200]
+            answered = [r for r in batch.results if _raw(r) or r["response"]["status_code"] == 200]
+            failed = [r for r in batch.results if not _raw(r) and r not in answered]
             if answered:
                 batch.output_file_id = f"file-{next(self._ids)}"
                 self.files[batch.output_file_id] = _jsonl(answered)
@@ -392,7 +419,7 @@ def _multipart_file(content_type: str, raw: bytes) -> tuple[bytes, str]:
 
 
 def _jsonl(lines: list[dict[str, Any]]) -> bytes:
-    return "".join(json.dumps(line) + "\n" for line in lines).encode()
+    return "".join((_raw(line) or json.dumps(line)) + "\n" for line in lines).encode()
 
 
 def _json(status: int, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:

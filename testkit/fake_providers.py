@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
-from testkit.fake_batches import BatchBackend
+from testkit.fake_batches import BadLine, BatchBackend, OddBody
 
 Api = Literal["openai", "anthropic"]
 
@@ -64,7 +64,8 @@ class Drop:
     then: Answer
 
 
-Scripted = Answer | Status | Slow | Drop
+#: What a request is answered with (``BadLine`` and ``OddBody``: a batch item's result only).
+Scripted = Answer | Status | Slow | Drop | BadLine | OddBody
 
 
 @dataclass
@@ -204,6 +205,8 @@ class FakeProviders:
                 dropped = isinstance(scripted, Drop)
                 if isinstance(scripted, Drop):
                     scripted = scripted.then
+                if isinstance(scripted, (BadLine, OddBody)):  # online: a 200 that is no answer
+                    scripted = Status(502, "bad gateway")
                 status, headers, payload = fake._reply(api, request, scripted)
                 data = json.dumps(payload).encode()
                 if dropped:
@@ -249,7 +252,7 @@ class FakeProviders:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _item_answer(self, api: str, body: dict[str, Any]) -> Answer | Status:
+    def _item_answer(self, api: str, body: dict[str, Any]) -> Answer | Status | BadLine | OddBody:
         """A batch item's answer: as the online endpoint would answer its body."""
         path = "/v1/messages" if api == "anthropic" else "/v1/chat/completions"
         request = Request("anthropic" if api == "anthropic" else "openai", path, body, {})

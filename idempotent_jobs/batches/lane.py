@@ -31,20 +31,22 @@ from decimal import Decimal
 from typing import Any
 
 from idempotent_jobs.core.batch_book import ENDED_STATES, BatchItem, BatchLease, batch_worker
+from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.errors import (
     BudgetExceededError,
     LeaseLostError,
+    LedgerConnectionError,
     LedgerError,
     StaleCandidateError,
 )
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.ledger import RunLedger
-from idempotent_jobs.core.records import JobConfig, Lease
-from idempotent_jobs.core.steps import collect_once, end_attempt
+from idempotent_jobs.core.records import CallOrigin, JobConfig, Lease
+from idempotent_jobs.core.steps import accept_paid_answer, collect_once, end_attempt
 from idempotent_jobs.models.batches import BatchProvider, ItemResult, ProviderBatch
 from idempotent_jobs.models.errors import ProviderError
 from idempotent_jobs.models.prompts import Prompt
-from idempotent_jobs.models.schema import OutputSchema, SchemaMismatch
+from idempotent_jobs.models.schema import OutputSchema
 
 #: Renew the batch's lease every this many items while collecting.
 RENEW_EVERY_ITEMS = 200
@@ -390,7 +392,7 @@ def _collect(
         item = pending.get(result.custom_id)
         if item is None or item.state != "pending":
             continue  # not this batch's, or taken before a crash
-        _take(ledger, steps, batch, item, result, resumed)
+        _take(ledger, steps, provider, batch, item, result, resumed)
         if n % RENEW_EVERY_ITEMS == 0:
             ledger.renew_batch(batch)
     _release_pending(ledger, batch, f"no result: the batch {found.state}")
@@ -415,57 +417,49 @@ def _release_pending(ledger: RunLedger, batch: BatchLease, why: str) -> None:
 def _take(
     ledger: RunLedger,
     steps: BatchSteps,
+    provider: BatchProvider,
     batch: BatchLease,
     item: BatchItem,
     result: ItemResult,
     resumed: bool,
 ) -> None:
+    """Take one item's result through the attempt engine, as an online answer is taken; end the
+    item as what became of it. Whatever fails of this item (its answer, the validator, its
+    payload, the ledger's refusal of its output) ends this item's attempt only: the batch goes
+    on. A ledger out of reach propagates (the item stays pending, taken up at the next step)."""
     lease = item.lease
     if result.missing:
         _give_back(ledger, batch, item.run_id, lease, "no result: expired or cancelled")
         return
-    if result.error is not None:
-        # Not answered, not billed: the run's attempt ends failed, its hold given back.
-        ledger.release_budget(lease)
-        end_attempt(ledger, lease, result.error)
-        ledger.end_batch_item(batch, item.run_id, "failed", str(result.error)[:2000])
-        return
-    reply = result.reply
-    assert reply is not None
     if resumed and ledger.batch_item_paid(item):  # recorded before a crash: only its mark left
         ledger.end_batch_item(batch, item.run_id, _after_crash(ledger, item))
         return
+    notifications = steps.notifications
+
+    def payload(output: dict[str, Any]) -> Mapping[str, dict[str, Any]]:
+        assert notifications is not None
+        return notifications(item.identity, output)
+
     try:
-        output = _output(reply.text, steps.schema)
-        _validate(steps, output)
-    except SchemaMismatch as mismatch:
-        problem = "; ".join(mismatch.problems)[:2000]
-        end_attempt(ledger, lease, ValueError(problem), reply.usage, call="rejected")
-        ledger.end_batch_item(batch, item.run_id, "failed", problem)
-        return
-    notes = None
-    if steps.notifications is not None:
-        notes = dict(steps.notifications(item.identity, output))
-    try:
-        done = ledger.complete(
-            lease, output, notes, reply.usage, basis=item.basis, config=steps.config
+        done = accept_paid_answer(
+            ledger,
+            lease,
+            lambda: provider.item_answer(result, steps.schema),
+            basis=item.basis,
+            config=steps.config,
+            origin=CallOrigin(),
+            validate=steps.validate,
+            notifications=payload if notifications is not None else None,
         )
     except (StaleCandidateError, LeaseLostError) as moved:
-        ledger.end_batch_item(batch, item.run_id, "not_accepted", str(moved)[:2000])
+        ledger.end_batch_item(batch, item.run_id, "not_accepted", describe_error(moved)[:2000])
+        return
+    except LedgerConnectionError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - this item's failure, ended; the batch goes on
+        ledger.end_batch_item(batch, item.run_id, "failed", describe_error(exc)[:2000])
         return
     ledger.end_batch_item(batch, item.run_id, "accepted" if done.accepted else "not_accepted")
-
-
-def _validate(steps: BatchSteps, output: dict[str, Any]) -> None:
-    """The job's validator, as online: ``False`` or an exception refuses the answer."""
-    if steps.validate is None:
-        return
-    try:
-        accepted = steps.validate(output)
-    except Exception as exc:  # noqa: BLE001 - the validator's refusal, in its words
-        raise SchemaMismatch([f"the validator refused the answer: {exc}"]) from None
-    if accepted is False:
-        raise SchemaMismatch(["the validator refused the answer"])
 
 
 def _after_crash(ledger: RunLedger, item: BatchItem) -> str:
@@ -474,11 +468,3 @@ def _after_crash(ledger: RunLedger, item: BatchItem) -> str:
     if record is not None and record.status == "completed":
         return "accepted" if record.lease_epoch == item.epoch else "not_accepted"
     return "failed"
-
-
-def _output(text: str | None, schema: OutputSchema | None) -> dict[str, Any]:
-    if schema is not None:
-        return schema.check(text)
-    if not text or not text.strip():
-        raise SchemaMismatch(["the answer is empty"])
-    return {"text": text.strip()}

@@ -295,10 +295,8 @@ def call_model(
             with keeping(book):
                 output, reported = _unpack(model(raw_input))
             answered = True
-            usage = check_usage(reported)
-            _record_usage(span, usage)
-            payload = ledger.output_payload(output)
-            check_output(payload.value, validate)
+            usage = _believed(span, reported)
+            payload = _checked(ledger, output, validate)
         except BaseException as exc:
             if isinstance(exc, PaidCallError):  # the last request's cost, as the step knew it
                 usage, answered = recordable_usage(exc.usage), exc.answered
@@ -352,6 +350,73 @@ def call_model(
             end_attempt(ledger, lease, exc, usage, call="rejected", origin=origin)
             raise
     return answer
+
+
+def _checked(
+    ledger: RunLedger, output: object, validate: Callable[[JSONDict], object] | None
+) -> JsonPayload:
+    """The output as the ledger will store it, once ``validate`` accepts it; raises otherwise
+    (the call is then ``rejected``)."""
+    payload = ledger.output_payload(output)
+    check_output(payload.value, validate)
+    return payload
+
+
+def _believed(span: Any, reported: ModelUsage | None) -> ModelUsage | None:
+    """The usage an answer reported, once believable (:class:`UsageRejectedError` otherwise),
+    on the call's span and in the metrics."""
+    usage = check_usage(reported)
+    _record_usage(span, usage)
+    return usage
+
+
+def accept_paid_answer(
+    ledger: RunLedger,
+    lease: Lease,
+    produce: Callable[[], object],
+    *,
+    basis: Basis,
+    config: JobConfig,
+    origin: CallOrigin,
+    validate: Callable[[JSONDict], object] | None = None,
+    notifications: Callable[[JSONDict], Mapping[str, JSONDict]] | None = None,
+) -> Completion:
+    """The attempt of a call already made and paid for elsewhere (an item of a provider batch):
+    ``produce()`` gives its answer as a model step would (a :class:`ModelAnswer`), or raises the
+    provider's error for it (a :class:`PaidCallError` carries its usage). From there it goes the
+    way :func:`call_model` and :func:`commit` take every answer: the usage check, the output the
+    ledger can store, ``validate``, the payload, the fenced commit on ``basis``, telemetry and
+    cost. A failure ends the attempt through :func:`end_attempt` (the call ``failed`` or
+    ``rejected``, recorded once; the lease and the hold given back) and propagates; a lost lease
+    or a stale basis raise as :func:`commit` raises them."""
+    model_name = config.parts.get("model", "")
+    attributes: dict[str, str | int] = {
+        **_lease_attributes(lease),
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": model_name,
+    }
+    answered = False
+    usage: ModelUsage | None = None
+    with telemetry.span(f"chat {model_name}".strip(), attributes, client=True) as span:
+        try:
+            output, reported = _unpack(produce())
+            answered = True
+            usage = _believed(span, reported)
+            payload = _checked(ledger, output, validate)
+        except BaseException as exc:
+            if isinstance(exc, PaidCallError):
+                usage, answered = recordable_usage(exc.usage), exc.answered
+            end_attempt(ledger, lease, exc, usage, call=call_outcome(True, answered), origin=origin)
+            raise
+    answer = BoundAnswer(
+        output=payload.value,
+        usage=usage,
+        basis=basis,
+        config=config,
+        origin=origin,
+        payload=payload,
+    )
+    return commit(ledger, lease, answer, notifications)
 
 
 def _release_budget(ledger: RunLedger, lease: Lease) -> None:

@@ -208,22 +208,43 @@ def answer(
         try:
             output = _output_of(reply, schema)
         except SchemaMismatch as mismatch:
-            problems = mismatch.problems
-            if reply.finish == "length":
-                problems = ["the answer was cut off at the token limit", *problems]
+            problems = _problems(reply, mismatch)
             if repair == repair_turns:
-                raise OutputSchemaError(
-                    f"the answer is outside the schema {schema.name if schema else ''} after "
-                    f"{repair_turns} repair turn(s): {'; '.join(problems)[:500]}",
-                    provider=provider.name,
-                    usage=reply.usage,
-                    answered=True,
-                ) from None
+                raise _outside(provider.name, schema, problems, reply, repair_turns) from None
             book.paid(reply.usage, "rejected", f"outside the schema: {'; '.join(problems)}")
             turn = turn.repaired(reply.text, problems)
             continue
         return ModelAnswer(output, reply.usage)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def reply_answer(provider: str, reply: Reply, schema: OutputSchema | None) -> ModelAnswer:
+    """A final reply (no repair turn can follow it: a batch item's) as the job's output, or the
+    error :func:`answer` raises for it (a refusal, a filtered answer, an answer outside
+    ``schema``), carrying its usage."""
+    _refuse_refusals(provider, reply)
+    try:
+        return ModelAnswer(_output_of(reply, schema), reply.usage)
+    except SchemaMismatch as mismatch:
+        raise _outside(provider, schema, _problems(reply, mismatch), reply, 0) from None
+
+
+def _problems(reply: Reply, mismatch: SchemaMismatch) -> list[str]:
+    if reply.finish == "length":
+        return ["the answer was cut off at the token limit", *mismatch.problems]
+    return list(mismatch.problems)
+
+
+def _outside(
+    provider: str, schema: OutputSchema | None, problems: list[str], reply: Reply, turns: int
+) -> OutputSchemaError:
+    return OutputSchemaError(
+        f"the answer is outside the schema {schema.name if schema else ''} after "
+        f"{turns} repair turn(s): {'; '.join(problems)[:500]}",
+        provider=provider,
+        usage=reply.usage,
+        answered=True,
+    )
 
 
 def _refuse_refusals(provider: str, reply: Reply) -> None:

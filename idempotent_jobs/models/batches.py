@@ -11,12 +11,15 @@ created since, with the same number of requests.
 """
 
 import json
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from idempotent_jobs.models.answers import Reply
+from idempotent_jobs.core.records import ModelUsage
+from idempotent_jobs.core.steps import ModelAnswer
+from idempotent_jobs.models.answers import Reply, reply_answer
 from idempotent_jobs.models.anthropic_messages import AnthropicMessages
 from idempotent_jobs.models.errors import ProviderError, ProviderRequestError
 from idempotent_jobs.models.openai_chat import OpenAIChat
@@ -103,7 +106,71 @@ class BatchProvider(Protocol):
 
     def cancel_batch(self, provider_batch_id: str) -> ProviderBatch: ...
 
-    def batch_results(self, batch: ProviderBatch) -> Iterator[ItemResult]: ...
+    def batch_results(self, batch: ProviderBatch) -> Iterator[ItemResult]:
+        """Each item's result. A line that cannot be read is that item's error (named by its
+        ``custom_id`` when the line still shows one), never the end of the iteration."""
+        ...
+
+    def item_answer(self, result: ItemResult, schema: OutputSchema | None) -> ModelAnswer:
+        """An answered item as its online model step's answer (the output of ``schema``, or
+        ``{"text": ...}``), or the error that step would raise for it, carrying its usage."""
+        ...
+
+
+#: A ``custom_id`` as the lane writes them, found in a result line that is not JSON.
+_CUSTOM_ID = re.compile(r'"custom_id"\s*:\s*"([A-Za-z0-9_-]{1,64})"')
+
+
+def _unread(provider: str, raw: str, why: str) -> ItemResult | None:
+    """A result line that could not be read: the error of the item it names (its cost unknown:
+    the call is in doubt until settled), or ``None`` when it names none."""
+    found = _CUSTOM_ID.search(raw)
+    if found is None:
+        return None
+    error = ProviderError(f"its batch result could not be read: {why}"[:500], provider=provider)
+    return ItemResult(found.group(1), error=error)
+
+
+def _json_lines(lines: Iterable[str]) -> Iterator[tuple[str, Any]]:
+    """Each non-blank line with its JSON value (``None`` and the error text when it is not
+    JSON, or not an object)."""
+    for raw in lines:
+        if not raw.strip():
+            continue
+        try:
+            value = json.loads(raw)
+        except ValueError as exc:
+            yield raw, f"the line is not JSON ({exc})"
+            continue
+        yield raw, value if isinstance(value, dict) else "the line is not a JSON object"
+
+
+def _unbilled(provider: str, model: str) -> ModelUsage:
+    """What an item the provider answered with an error costs: nothing billed (0 tokens)."""
+    return ModelUsage(None, 0, 0, requested_model=model, provider_name=provider, tier="batch")
+
+
+def _usage_in(body: Any, model: str, provider: str, keys: tuple[str, str]) -> ModelUsage | None:
+    """The token counts a body that is not a well-formed answer still reports, if any."""
+    used = body.get("usage") if isinstance(body, dict) else None
+    if not isinstance(used, dict):
+        return None
+    counts = [used.get(key) for key in keys]
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in counts):
+        return None
+    return ModelUsage(
+        None, counts[0], counts[1], requested_model=model, provider_name=provider, tier="batch"
+    )
+
+
+def answer_of(provider: str, result: ItemResult, schema: OutputSchema | None) -> ModelAnswer:
+    """The lane's answer for an item: its error raised, or its reply read as the online model
+    step reads a final reply (refusals, the schema)."""
+    if result.error is not None:
+        raise result.error
+    if result.reply is None:
+        raise ProviderError("the batch ended with no result for it", provider=provider)
+    return reply_answer(provider, result.reply, schema)
 
 
 def _worst(
@@ -213,34 +280,56 @@ class OpenAIBatches(OpenAIChat):
         return self._batch(self._call(self._client().batches.cancel, provider_batch_id))
 
     def batch_results(self, batch: ProviderBatch) -> Iterator[ItemResult]:
-        from openai.types.chat import ChatCompletion
-
         client = self._client()
         for key in ("output_file_id", "error_file_id"):
             file_id = batch.status.get(key)
             if not file_id:
                 continue
             text = self._call(client.files.content, file_id).text
-            for raw in text.splitlines():
-                if not raw.strip():
-                    continue
-                line = json.loads(raw)
-                custom_id = str(line.get("custom_id"))
-                response = line.get("response") or {}
-                status = response.get("status_code")
-                if status == 200:
-                    completion = ChatCompletion.model_validate(response["body"])
-                    yield ItemResult(custom_id, reply=self.reply_of(completion, tier="batch"))
-                elif status is not None:
-                    yield ItemResult(custom_id, error=self._item_error(status, response))
-                else:  # expired or cancelled before it was answered: no result, nothing paid
-                    yield ItemResult(custom_id)
+            for raw, line in _json_lines(text.splitlines()):
+                result = self._result(line) if isinstance(line, dict) else None
+                result = result or _unread(self.name, raw, str(line))
+                if result is not None:
+                    yield result
 
-    def _item_error(self, status: int, response: dict[str, Any]) -> ProviderError:
-        body = response.get("body") or {}
-        error = body.get("error") or {}
-        message = str(error.get("message") or body)[:500]
-        return ProviderRequestError(f"batch item answered {status}: {message}", provider=self.name)
+    def _result(self, line: dict[str, Any]) -> ItemResult | None:
+        custom_id = line.get("custom_id")
+        if not isinstance(custom_id, str):
+            return None
+        response = line.get("response") or {}
+        status = response.get("status_code") if isinstance(response, dict) else None
+        if status is None:  # expired or cancelled before it was answered: nothing paid
+            return ItemResult(custom_id)
+        body = response.get("body")
+        if status != 200:
+            return ItemResult(custom_id, error=self._item_error(status, body))
+        from openai.types.chat import ChatCompletion
+
+        try:
+            reply = self.reply_of(ChatCompletion.model_validate(body), tier="batch")
+        except Exception as exc:  # noqa: BLE001 - this item's answer, not the batch's
+            usage = _usage_in(body, self.model, self.name, ("prompt_tokens", "completion_tokens"))
+            error = ProviderError(
+                f"its answer is not a chat completion: {exc}"[:500],
+                provider=self.name,
+                usage=usage,
+                answered=usage is not None,
+            )
+            return ItemResult(custom_id, error=error)
+        return ItemResult(custom_id, reply=reply)
+
+    def _item_error(self, status: Any, body: Any) -> ProviderError:
+        error = body.get("error") if isinstance(body, dict) else None
+        message = error.get("message") if isinstance(error, dict) else None
+        return ProviderRequestError(
+            f"batch item answered {status}: {str(message or body)[:500]}",
+            provider=self.name,
+            status=status if isinstance(status, int) else None,
+            usage=_unbilled(self.name, self.model),
+        )
+
+    def item_answer(self, result: ItemResult, schema: OutputSchema | None) -> ModelAnswer:
+        return answer_of(self.name, result, schema)
 
 
 @dataclass
@@ -308,20 +397,58 @@ class AnthropicBatches(AnthropicMessages):
         return self._batch(self._call(self._client().messages.batches.cancel, provider_batch_id))
 
     def batch_results(self, batch: ProviderBatch) -> Iterator[ItemResult]:
+        # The SDK's decoder stops at the first line it cannot read; the lines are read here,
+        # one by one, so a bad line is only its own item's error.
         results = self._call(self._client().messages.batches.results, batch.provider_batch_id)
-        for entry in results:
-            custom_id = str(entry.custom_id)
-            result = entry.result
-            if result.type == "succeeded":
-                yield ItemResult(custom_id, reply=self.reply_of(result.message, tier="batch"))
-            elif result.type == "errored":
-                inner = getattr(result.error, "error", result.error)
-                message = str(getattr(inner, "message", inner))[:500]
-                yield ItemResult(
-                    custom_id,
-                    error=ProviderRequestError(
-                        f"batch item errored: {message}", provider=self.name
-                    ),
+        response = results.http_response
+        try:
+            for raw, line in _json_lines(response.iter_lines()):
+                result = self._result(line) if isinstance(line, dict) else None
+                result = result or _unread(self.name, raw, str(line))
+                if result is not None:
+                    yield result
+        finally:
+            response.close()
+
+    def _result(self, line: dict[str, Any]) -> ItemResult | None:
+        from anthropic.types import Message
+
+        custom_id = line.get("custom_id")
+        if not isinstance(custom_id, str):
+            return None
+        result = line.get("result")
+        kind = result.get("type") if isinstance(result, dict) else None
+        if kind == "succeeded":
+            assert isinstance(result, dict)
+            body = result.get("message")
+            try:
+                reply = self.reply_of(Message.model_validate(body), tier="batch")
+            except Exception as exc:  # noqa: BLE001 - this item's answer, not the batch's
+                usage = _usage_in(body, self.model, self.name, ("input_tokens", "output_tokens"))
+                error = ProviderError(
+                    f"its answer is not a message: {exc}"[:500],
+                    provider=self.name,
+                    usage=usage,
+                    answered=usage is not None,
                 )
-            else:  # canceled, expired: never answered, nothing paid
-                yield ItemResult(custom_id)
+                return ItemResult(custom_id, error=error)
+            return ItemResult(custom_id, reply=reply)
+        if kind == "errored":
+            assert isinstance(result, dict)
+            inner = result.get("error")
+            if isinstance(inner, dict) and isinstance(inner.get("error"), dict):
+                inner = inner["error"]
+            message = inner.get("message") if isinstance(inner, dict) else inner
+            error = ProviderRequestError(
+                f"batch item errored: {str(message)[:500]}",
+                provider=self.name,
+                usage=_unbilled(self.name, self.model),
+            )
+            return ItemResult(custom_id, error=error)
+        if kind in ("canceled", "expired"):  # never answered, nothing paid
+            return ItemResult(custom_id)
+        error = ProviderError(f"its result has no known type: {kind!r}", provider=self.name)
+        return ItemResult(custom_id, error=error)
+
+    def item_answer(self, result: ItemResult, schema: OutputSchema | None) -> ModelAnswer:
+        return answer_of(self.name, result, schema)

@@ -284,10 +284,16 @@ def test_per_item_errors_and_answers_outside_the_schema_fail_their_runs_only(
     assert batch is not None
     done = _drive(ledger, provider, batch.batch_id)
     assert done.items == {"accepted": 1, "failed": 2}
-    assert [(s, o) for s, o, _, _, _ in _calls(db)] == [
-        ("bad", "rejected"),  # paid for, refused: its cost kept
-        ("ok", "accepted"),
-    ]  # the errored item was not answered, so not paid
+    assert [(s, o, n) for s, o, _, n, _ in _calls(db)] == [
+        ("bad", "rejected", 50),  # paid for, refused: its cost kept
+        ("err", "failed", 0),  # answered with an error: recorded once, not billed
+        ("ok", "accepted", 50),
+    ]
+    billing = db.execute(
+        "SELECT r.subject_id, c.billing, c.money FROM idempotent_jobs.model_calls c"
+        " JOIN idempotent_jobs.runs r USING (run_id) WHERE r.subject_id = 'err'"
+    ).fetchall()
+    assert billing == [("err", "unbilled", 0)]
     states: dict[str, str] = dict(
         db.execute("SELECT subject_id, status FROM idempotent_jobs.runs").fetchall()
     )
