@@ -3,8 +3,9 @@
     python docs/examples/batch_backfill.py     # needs IDEMPOTENT_JOBS_DATABASE_URL (a ledger)
 
 A job labels support tickets per team and day. Its batch job is launched with a range (two
-days of three teams), its sensor is ticked until the batch is collected, and the operator's
-commands show the batch. The provider is a local fake of OpenAI's Batch API (the tests'), so
+days of three teams), its sensor is ticked until the batch is collected and asks for a run of
+each partition, those runs deliver the notifications, and the operator's commands show the
+batch. The provider is a local fake of OpenAI's Batch API (the tests'), so
 nothing is paid; point the model step's ``base_url`` at OpenAI to run it for real.
 """
 
@@ -61,6 +62,8 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository's testkit
     from testkit.fake_providers import Answer, FakeProviders
 
+    notes = str(Path(os.environ.get("IDEMPOTENT_JOBS_HOME", ".")) / "batch_backfill.jsonl")
+    Path(notes).unlink(missing_ok=True)
     with FakeProviders(default=lambda request: Answer('{"label": "billing"}', 412, 6)) as fake:
         fake.batches.polls_to_complete = 1  # still in progress at the first poll
         resources = {
@@ -72,7 +75,7 @@ def main() -> int:
                 base_url=fake.openai_url,
                 output_schema="batch_backfill:LABEL",
             ),
-            "report_file": JsonLinesChannel(path=os.devnull),
+            "report_file": JsonLinesChannel(path=notes),
         }
         defs = dg.Definitions(jobs=[JOB, BATCH_JOB], sensors=[BATCH_SENSOR], resources=resources)
         with LedgerAdmin(os.environ[DATABASE_URL_ENV]) as admin:
@@ -87,19 +90,24 @@ def main() -> int:
         print("$ (launchpad) ticket_labels_batch with", range_)
         for key in ("batch_id", "state", "partitions", "runs_in_batch", "skipped"):
             print(f"  {key}: {metadata[key].value}")
+        requested: list[dg.RunRequest] = []
         for tick in range(1, 4):
             with dg.build_sensor_context(resources=resources, definitions=defs) as context:
-                message = BATCH_SENSOR.evaluate_tick(context).skip_message
-            print(f"sensor tick {tick}: {message}")
-            if "collected" in (message or ""):
+                result = BATCH_SENSOR.evaluate_tick(context)
+            requested = list(result.run_requests or [])
+            if requested:  # the tick that collected the batch asks for a run per partition
+                print(f"sensor tick {tick}: batch collected; {len(requested)} runs requested")
                 break
-        again = defs.resolve_job_def("ticket_labels").execute_in_process(
-            partition_key="emea|2026-11-02"
-        )
+            print(f"sensor tick {tick}: {result.skip_message}")
+        job = defs.resolve_job_def("ticket_labels")
+        ran = [
+            job.execute_in_process(partition_key=r.partition_key, tags=dict(r.tags)).success
+            for r in requested
+        ]
+        delivered = len(Path(notes).read_text().splitlines())
         print(
-            "scheduled run of emea|2026-11-02:",
-            "succeeded" if again.success else "failed",
-            f"({len(fake.requests)} model requests in all, every one in the batch)",
+            f"requested runs: {sum(ran)} of {len(ran)} succeeded, {delivered} notifications "
+            f"delivered ({len(fake.requests)} model requests in all, every one in the batch)"
         )
     for argv in (["batches", "list"], ["batches", "show", str(metadata["batch_id"].value)]):
         print(f"\n$ idempotent-jobs {' '.join(argv[:2])}{' <batch>' if len(argv) > 2 else ''}")

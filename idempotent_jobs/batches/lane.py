@@ -24,6 +24,8 @@ Every step can be cut at any point and run again: each write is fenced by the ba
 each item's commit by the run's; a collected item is not taken twice.
 """
 
+import json
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,6 +33,7 @@ from decimal import Decimal
 from typing import Any
 
 from idempotent_jobs.core.batch_book import ENDED_STATES, BatchItem, BatchLease, batch_worker
+from idempotent_jobs.core.drills import take_drill
 from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.errors import (
     BudgetExceededError,
@@ -38,6 +41,7 @@ from idempotent_jobs.core.errors import (
     LedgerConnectionError,
     LedgerError,
     StaleCandidateError,
+    mark_unsent,
 )
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.ledger import RunLedger
@@ -50,6 +54,8 @@ from idempotent_jobs.models.schema import OutputSchema
 
 #: Renew the batch's lease every this many items while collecting.
 RENEW_EVERY_ITEMS = 200
+#: The most items one step collects (a sensor tick stays bounded; the next takes up the rest).
+COLLECT_PER_STEP = 5000
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,9 @@ class BatchProgress:
     money: Decimal | None = None
     currency: str | None = None
     unpriced: int = 0
+    #: How many of its steps failed in a row, and the last one's error.
+    failed_steps: int = 0
+    last_step_error: str | None = None
 
     @property
     def collected(self) -> bool:
@@ -101,12 +110,19 @@ def open_intent(
     caller_run_id: str | None = None,
 ) -> BatchLease | None:
     """A new batch's intent for the runs of ``identities`` it could claim (a run completed or
-    held elsewhere is left out), their inputs checkpointed and their worst case held under the
-    job's budgets; ``None`` when no run was left to compute. :class:`BudgetExceededError` when
-    the batch does not fit (nothing is held then, and its runs are given back).
+    held elsewhere is left out), their inputs checkpointed, their requests built and their
+    worst case held under the job's budgets; ``None`` when no run was left to compute (no
+    batch is recorded then). :class:`BudgetExceededError` when the batch does not fit (nothing
+    is held then, and its runs are given back).
 
-    It claims at most the provider's ``max_batch_requests`` runs and draws no identity after
-    that: given an iterator, a caller opens the next batch with what is left."""
+    A run whose input, drill or request fails ends its own attempt and is left out, as it would
+    online. While it claims, the intent renews its lease (and its claims') every third of
+    ``lease_seconds``, so a slow collector never lets the lane's sensor take it over; should
+    that happen all the same, its claims are given back and :class:`LeaseLostError` raised.
+
+    It claims at most the provider's ``max_batch_requests`` runs (and ``max_batch_bytes`` of
+    requests) and draws no identity after that: given an iterator, a caller opens the next
+    batch with what is left."""
     batch = ledger.open_batch(
         steps.job_name,
         provider.name,
@@ -117,41 +133,107 @@ def open_intent(
     )
     owner = batch_worker(batch.batch_id)
     leases: list[Lease] = []
-    claimed: dict[str, RunIdentity] = {}
-    for identity in identities:
-        _, lease = ledger.begin(identity, owner, lease_seconds)
-        if lease is None:
-            continue
-        claimed[lease.run_id] = identity
-        try:
-            leases.append(collect_once(ledger, lease, _collector(steps, identity)))
-        except Exception:  # noqa: BLE001 - that run's attempt is ended failed; the batch goes on
-            continue
-        if len(leases) >= provider.max_batch_requests:
-            break
+    identities_of: dict[str, RunIdentity] = {}
+    sizes: dict[str, int] = {}
+    renewed = time.monotonic()
+    try:
+        for identity in identities:
+            if time.monotonic() - renewed > lease_seconds / 3:
+                leases = _renew_claims(ledger, batch, leases)
+                renewed = time.monotonic()
+            _, lease = ledger.begin(identity, owner, lease_seconds)
+            if lease is None:
+                continue
+            claimed = _claimed(ledger, steps, provider, lease, identity)
+            if claimed is None:
+                continue  # its attempt ended: the batch goes on without it
+            lease, sizes[lease.run_id] = claimed
+            leases.append(lease)
+            identities_of[lease.run_id] = identity
+            if len(leases) >= provider.max_batch_requests:
+                break
+            if sum(sizes.values()) >= provider.max_batch_bytes - _LINE_ROOM:
+                break
+    except LeaseLostError:
+        _give_back_claims(ledger, leases)
+        raise LeaseLostError(
+            f"batch {batch.batch_id}: its lease was taken over while its runs were claimed; "
+            "they were given back"
+        ) from None
     if not leases:
-        ledger.fail_batch_intent(batch, "no run of the range was left to compute")
+        ledger.discard_batch_intent(batch)
         return None
     # Held before the items make it an intent the lane would submit: a crash in between
     # leaves holds (given back with the empty intent), never an intent without them.
     try:
-        _hold_budgets(ledger, steps, provider, leases, claimed)
+        _hold_budgets(ledger, steps, provider, leases, identities_of)
     except BudgetExceededError as refused:
-        for lease in leases:
-            try:
-                ledger.release(lease)
-            except LeaseLostError:
-                pass  # taken meanwhile
+        _give_back_claims(ledger, leases, holds=False)
         ledger.fail_batch_intent(batch, f"refused by its budget: {refused}")
+        ledger.finish_batch(batch)
         raise
     added = set(ledger.add_batch_items(batch, leases))
-    for lease in leases:
-        if lease.run_id not in added:  # taken meanwhile: its hold is not the batch's to keep
-            ledger.release_budget(lease)
+    _give_back_claims(ledger, [lease for lease in leases if lease.run_id not in added])
     if not added:
-        ledger.fail_batch_intent(batch, "no run of the range was left to compute")
-        return None
+        # Not one item: the batch was taken over (its claims are given back above).
+        raise LeaseLostError(f"batch {batch.batch_id}: its lease was lost before its items")
     return batch
+
+
+#: Room kept under a provider's byte limit for the file's framing.
+_LINE_ROOM = 1024
+
+
+def _claimed(
+    ledger: RunLedger,
+    steps: BatchSteps,
+    provider: BatchProvider,
+    lease: Lease,
+    identity: RunIdentity,
+) -> tuple[Lease, int] | None:
+    """A claimed run's lease with its checkpoint and its request's size in bytes, once its input
+    is collected, the job's failure drill (if armed) did not take it and its request could be
+    built; else its attempt is ended (as an online attempt would end) and ``None``."""
+    try:
+        lease = collect_once(ledger, lease, _collector(steps, identity))
+    except Exception:  # noqa: BLE001 - collect_once ended that run's attempt
+        return None
+    raw_input = lease.stored_raw_input or {}
+    try:
+        take_drill(ledger, lease, steps.job_name)
+        line = provider.batch_line("x" * 64, steps.prompt(raw_input, identity), steps.schema)
+    except Exception as exc:  # noqa: BLE001 - this run's attempt ends; the batch goes on
+        if isinstance(exc, (LedgerConnectionError, LeaseLostError)):
+            raise
+        mark_unsent(exc)
+        end_attempt(ledger, lease, exc)
+        return None
+    return lease, len(json.dumps(line).encode()) + 1
+
+
+def _renew_claims(ledger: RunLedger, batch: BatchLease, leases: list[Lease]) -> list[Lease]:
+    """Renew the batch's lease (:class:`LeaseLostError` once taken over) and each claim's; a
+    claim taken meanwhile is dropped."""
+    ledger.renew_batch(batch)
+    kept = []
+    for lease in leases:
+        try:
+            ledger.renew(lease)
+        except LeaseLostError:
+            continue
+        kept.append(lease)
+    return kept
+
+
+def _give_back_claims(ledger: RunLedger, leases: list[Lease], *, holds: bool = True) -> None:
+    """Give back runs claimed for the batch and never made its items (and their holds)."""
+    for lease in leases:
+        if holds:
+            ledger.release_budget(lease)
+        try:
+            ledger.release(lease)
+        except LeaseLostError:
+            pass  # taken meanwhile: nothing of the batch's is left on it
 
 
 def _collector(steps: BatchSteps, identity: RunIdentity) -> Callable[[], dict[str, Any]]:
@@ -225,10 +307,25 @@ def advance(
     batch, row = ledger.claim_batch(batch_id, worker_id)
     try:
         duplicates = _step(ledger, steps, provider, batch, row)
+    except Exception as exc:
+        if not isinstance(exc, LeaseLostError):
+            _count_failed_step(ledger, batch, exc)
+        raise
     finally:
         if hand_back:
             ledger.release_batch(batch)
+    if row.get("failed_steps"):
+        ledger.end_batch_step(batch, None)
     return progress(ledger, batch_id, duplicates)
+
+
+def _count_failed_step(ledger: RunLedger, batch: BatchLease, exc: Exception) -> None:
+    """Count the step's failure on the batch (with its error): a batch failing step after
+    step is a problem ``doctor`` reports and its sensor's tick shows."""
+    try:
+        ledger.end_batch_step(batch, describe_error(exc))
+    except Exception:  # noqa: BLE001 - the ledger out of reach: the step's error is raised
+        pass
 
 
 def _step(
@@ -260,9 +357,7 @@ def _step(
     elif state == "intent":
         duplicates = _submit(ledger, steps, provider, batch)
     elif state == "submitted" and cancelling and row["cancel_sent_at"] is None:
-        found = provider.cancel_batch(str(row["provider_batch_id"]))
-        ledger.batch_cancel_sent(batch)
-        ledger.record_batch_status(batch, found.state, found.status, found.error)
+        _cancel(ledger, steps, provider, batch, str(row["provider_batch_id"]))
     elif state == "submitted":
         found = provider.retrieve_batch(str(row["provider_batch_id"]))
         state = ledger.record_batch_status(batch, found.state, found.status, found.error)
@@ -275,6 +370,39 @@ def _step(
         found = provider.retrieve_batch(str(row["provider_batch_id"]))
         _collect(ledger, steps, provider, batch, found, resumed=True)
     return duplicates
+
+
+def _cancel(
+    ledger: RunLedger,
+    steps: BatchSteps,
+    provider: BatchProvider,
+    batch: BatchLease,
+    provider_batch_id: str,
+) -> None:
+    """An operator's cancel of a submitted batch, sent to the provider once. A cancel the
+    provider refuses (a 4xx: the batch has ended already, or it will not cancel it) ends the
+    batch in the ledger all the same: what the provider answered is collected, the rest given
+    back."""
+    try:
+        found = provider.cancel_batch(provider_batch_id)
+    except ProviderError as exc:
+        if not _refused(exc):
+            raise  # may pass: the next step sends it again
+        ledger.batch_cancel_sent(batch)
+        found = provider.retrieve_batch(provider_batch_id)
+        if found.state in ENDED_STATES:
+            ledger.record_batch_status(batch, found.state, found.status, found.error)
+            _collect(ledger, steps, provider, batch, found, resumed=False)
+            return
+        # Still running there, and not to be cancelled: ended here, its runs given back (an
+        # answer it makes later is never taken: the lane does not poll it again).
+        why = f"the provider refused to cancel it: {exc}"[:2000]
+        ledger.record_batch_status(batch, "cancelled", found.status, why)
+        _release_pending(ledger, batch, why)
+        ledger.finish_batch(batch)
+        return
+    ledger.batch_cancel_sent(batch)
+    ledger.record_batch_status(batch, found.state, found.status, found.error)
 
 
 def progress(ledger: RunLedger, batch_id: str, duplicates: int = 0) -> BatchProgress:
@@ -290,6 +418,8 @@ def progress(ledger: RunLedger, batch_id: str, duplicates: int = 0) -> BatchProg
         money=row["money"],
         currency=row["currency"],
         unpriced=int(row["unpriced"] or 0),
+        failed_steps=int(row.get("failed_steps") or 0),
+        last_step_error=row.get("last_step_error"),
     )
 
 
@@ -298,21 +428,26 @@ def _submit(
 ) -> int:
     """Submit the intent once; returns how many duplicates were found (and cancelled)."""
     items = ledger.batch_items(batch.batch_id, pending_only=True)
-    if not items:  # its opener died before adding them: what it held goes back
-        ledger.release_batch_holds(batch)
-        ledger.fail_batch_intent(batch, "no run was left to compute")
+    if not items:  # its opener died before adding them: what it claimed and held goes back
+        why = "its opener ended before its runs were added"
+        _end_unsent(ledger, batch, why, why)
         return 0
     earlier = ledger.start_submit(batch)  # committed before the provider is called
     if earlier is not None:
         adopted, duplicates = _search(ledger, provider, batch, earlier, len(items))
         if adopted:
             return duplicates
-    lines = [
-        provider.batch_line(
-            item.custom_id, steps.prompt(item.raw_input or {}, item.identity), steps.schema
-        )
-        for item in items
-    ]
+    lines = []
+    for item in items:
+        try:
+            prompt = steps.prompt(item.raw_input or {}, item.identity)
+            lines.append(provider.batch_line(item.custom_id, prompt, steps.schema))
+        except Exception as exc:  # noqa: BLE001 - that run's attempt ends; the batch goes on
+            _end_item(ledger, batch, item, exc)
+    if not lines:
+        why = "no request of the batch could be built"
+        _end_unsent(ledger, batch, why, why)
+        return 0
     try:
         made = provider.create_batch(lines, batch.batch_id)
     except ProviderError as exc:
@@ -328,6 +463,15 @@ def _submit(
         provider.cancel_batch(made.provider_batch_id)
         raise LeaseLostError()
     return 0
+
+
+def _end_item(ledger: RunLedger, batch: BatchLease, item: BatchItem, exc: Exception) -> None:
+    """End a pending item whose request was never sent: its run's attempt fails with ``exc``
+    (no call), its hold is given back."""
+    mark_unsent(exc)
+    ledger.release_budget(item.lease)
+    end_attempt(ledger, item.lease, exc)
+    ledger.end_batch_item(batch, item.run_id, "failed", describe_error(exc)[:2000])
 
 
 def _refused(exc: ProviderError) -> bool:
@@ -384,16 +528,21 @@ def _collect(
     *,
     resumed: bool,
 ) -> None:
-    """Take every result of the ended batch, then release what has none; mark it collected.
+    """Take the results of the ended batch (at most :data:`COLLECT_PER_STEP` items a step:
+    the next step takes up the rest), then release what has none; mark it collected.
     ``resumed``: an earlier step may have taken some items and died before marking them, so
     each answered item is first looked up among the recorded calls."""
     pending = {item.custom_id: item for item in ledger.batch_items(batch.batch_id)}
-    for n, result in enumerate(provider.batch_results(found), 1):
+    taken = 0
+    for result in provider.batch_results(found):
         item = pending.get(result.custom_id)
         if item is None or item.state != "pending":
             continue  # not this batch's, or taken before a crash
+        if taken == COLLECT_PER_STEP:
+            return  # bounded: the next step goes on from here
         _take(ledger, steps, provider, batch, item, result, resumed)
-        if n % RENEW_EVERY_ITEMS == 0:
+        taken += 1
+        if taken % RENEW_EVERY_ITEMS == 0:
             ledger.renew_batch(batch)
     _release_pending(ledger, batch, f"no result: the batch {found.state}")
     ledger.finish_batch(batch)
@@ -406,6 +555,7 @@ def _end_unsent(
     ``cancelled``), give its runs back (``why`` on each) and mark it collected."""
     ledger.fail_batch_intent(batch, error, state)
     _release_pending(ledger, batch, why)
+    ledger.give_back_strays(batch)
     ledger.finish_batch(batch)
 
 

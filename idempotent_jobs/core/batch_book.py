@@ -16,7 +16,7 @@ import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from psycopg.rows import dict_row
 
@@ -102,6 +102,17 @@ class BatchItem:
     @property
     def basis(self) -> Basis:
         return Basis(revision=self.revision, input_fingerprint=self.input_fingerprint)
+
+
+class CollectedRun(NamedTuple):
+    """An item of a collected batch: its batch, when that was collected, its run's subject and
+    window start, and what became of it (``accepted``, ``failed``...)."""
+
+    batch_id: str
+    collected_at: datetime
+    subject_id: str
+    scheduled_at: datetime
+    state: str
 
 
 class BatchBook(LedgerFace):
@@ -275,10 +286,24 @@ class BatchBook(LedgerFace):
         params = {"provider": provider, "batch_id": batch.batch_id, "requests": requests}
         return int(self._db.rows("unresolved_creates_like", params)[0][0])
 
-    def release_batch_holds(self, batch: BatchLease) -> None:
-        """Give back every budget hold the batch's runs have (an opener that died before
-        adding its items left them)."""
-        self._db.rows("release_batch_holds", batch.params())
+    def give_back_strays(self, batch: BatchLease) -> tuple[int, int]:
+        """Give back what the batch claimed and never made an item (an opener that died or lost
+        the batch between its claims and its items): their budget holds and their runs.
+        Returns (holds released, runs released)."""
+        [(holds, runs)] = self._db.rows("give_back_strays", batch.params())
+        return int(holds), int(runs)
+
+    def discard_batch_intent(self, batch: BatchLease) -> bool:
+        """Forget an intent that claimed nothing: no batch is recorded. ``False`` when it has
+        items or holds (or the lease was lost): it must end as a batch does."""
+        return bool(self._db.rows("discard_batch_intent", batch.params()))
+
+    def end_batch_step(self, batch: BatchLease, error: str | None) -> int:
+        """Record how the batch's step ended (``error``: it failed); returns how many steps
+        have failed in a row (0 after one that ended well)."""
+        params = {**batch.params(), "error": None if error is None else error[:2000]}
+        rows = self._db.rows("end_batch_step", params)
+        return int(rows[0][0]) if rows else 0
 
     def release_batch(self, batch: BatchLease) -> bool:
         """Give the batch's lease back, so another process (the lane's sensor) advances it at
@@ -293,6 +318,12 @@ class BatchBook(LedgerFace):
         """The batch's row, with its items counted by state (``item_states``)."""
         rows = self._db.fetch("get_batch", {"batch_id": batch_id}, dict_row)
         return rows[0] if rows else None
+
+    def collected_runs(self, job_names: list[str], since: datetime) -> list[CollectedRun]:
+        """The items of the batches collected after ``since``, oldest batch first, each with
+        what became of it."""
+        params = {"job_names": job_names, "since": since}
+        return [CollectedRun(*row) for row in self._db.rows("collected_runs", params)]
 
     def open_batches(self, job_names: list[str] | None = None) -> list[str]:
         """The ids of the batches not yet collected (of ``job_names``, or all), oldest first."""

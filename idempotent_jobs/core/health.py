@@ -83,10 +83,15 @@ def _holder(lease_owner: str | None) -> str:
     return str(lease_owner)
 
 
+#: A batch whose last this many steps failed one after another is a problem.
+BATCH_FAILING_STEPS = 3
+
+
 def batch_findings(batches: list[dict[str, Any]], now: datetime) -> list[Finding]:
     """Each open batch of the batch lane (info: the runs it holds, where it stands), and a
-    problem for one that nothing advances: its lease lapsed, so its runs' leases lapse too and
-    an online run may compute them while the provider still does."""
+    problem for one that nothing advances (its lease lapsed, so its runs' leases lapse too and
+    an online run may compute them while the provider still does) or whose last
+    :data:`BATCH_FAILING_STEPS` steps failed."""
     found = []
     for b in batches:
         if b["state"] == "collected":
@@ -104,6 +109,16 @@ def batch_findings(batches: list[dict[str, Any]], now: datetime) -> list[Finding
             if b["lease_owner"] is not None
             else last + timedelta(seconds=b["lease_seconds"]) < now
         )
+        failing = int(b.get("failed_steps") or 0)
+        if failing >= BATCH_FAILING_STEPS:
+            found.append(
+                Finding(
+                    "batch_failing",
+                    "problem",
+                    f"{what}; its last {failing} steps failed, the last with: "
+                    f"{(b.get('last_step_error') or '')[:500]}",
+                )
+            )
         if lapsed:
             found.append(
                 Finding(

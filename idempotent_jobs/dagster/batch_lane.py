@@ -19,18 +19,27 @@ The model step must have a batch API: :class:`OpenAICompatibleModel` or
 
 from collections import deque
 from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import dagster as dg
 
 from idempotent_jobs.batches import BatchProgress, BatchSteps, advance, open_intent
-from idempotent_jobs.core.errors import BudgetExceededError, InvalidInputError, LeaseLostError
+from idempotent_jobs.batches import progress as batch_progress
+from idempotent_jobs.core.error_text import describe_error
+from idempotent_jobs.core.errors import (
+    BudgetExceededError,
+    InvalidInputError,
+    LeaseLostError,
+    LedgerConnectionError,
+)
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
-from idempotent_jobs.dagster.partitions import partition_key
+from idempotent_jobs.dagster.partitions import partition_key, partition_key_of
 from idempotent_jobs.dagster.resources.real_models import StructuredModel
 from idempotent_jobs.dagster.resources.steps import Collector, StepContext
+from idempotent_jobs.models.batches import BatchProvider
 from idempotent_jobs.models.prompts import Prompt
 
 #: How long a batch holds its runs without a renewal (the sensor renews at every tick).
@@ -115,7 +124,44 @@ def describe(progress: BatchProgress) -> str:
     if progress.money is not None:
         unpriced = f" + {progress.unpriced} unpriced call(s)" if progress.unpriced else ""
         money = f"; {progress.money:.6f} {progress.currency or ''}".rstrip() + unpriced
-    return f"batch {progress.batch_id} {progress.state} ({items or 'no items'}{money})"
+    failing = ""
+    if progress.failed_steps:
+        error = (progress.last_step_error or "")[:300]
+        failing = f"; its last {progress.failed_steps} step(s) failed: {error}"
+    return f"batch {progress.batch_id} {progress.state} ({items or 'no items'}{money}){failing}"
+
+
+#: The tag naming the batch whose result a partition's requested run delivers.
+BATCH_TAG = "idempotent_jobs/batch"
+
+
+def collected_requests(
+    spec: IdempotentJobSpec, ledger: RunLedger, cursor: str | None
+) -> tuple[list[dg.RunRequest], list[str], str | None]:
+    """A run of the ordinary job for each partition the batches collected after ``cursor``
+    accepted (keyed by batch and partition: never launched twice), the lines naming the
+    partitions whose item was not accepted, and the new cursor."""
+    since = datetime.fromisoformat(cursor) if cursor else datetime.min.replace(tzinfo=UTC)
+    requests: list[dg.RunRequest] = []
+    others: dict[str, list[str]] = {}
+    for item in ledger.collected_runs([spec.identity_job_name], since):
+        key = partition_key_of(spec.partitions_def, item.subject_id, item.scheduled_at)
+        if item.state == "accepted":
+            requests.append(
+                dg.RunRequest(
+                    run_key=f"{item.batch_id}:{key}",
+                    partition_key=key,
+                    tags={BATCH_TAG: item.batch_id},
+                )
+            )
+        else:
+            others.setdefault(item.batch_id, []).append(f"{key} ({item.state.replace('_', ' ')})")
+        cursor = item.collected_at.isoformat()
+    lines = [
+        f"batch {batch_id}: no run requested for {', '.join(keys)}"
+        for batch_id, keys in others.items()
+    ]
+    return requests, lines, cursor
 
 
 def build_batch_lane(
@@ -205,26 +251,49 @@ def build_batch_lane(
         name=f"{spec.name}_batches",
         minimum_interval_seconds=minimum_interval_seconds,
         required_resource_keys={"ledger", spec.model},
-        description=f"Advances the batches of {spec.name}_batch until they are collected",
+        description=f"Advances the batches of {spec.name}_batch until they are collected, then "
+        f"requests a run of {spec.name} for each partition they computed, which delivers it",
         default_status=sensor_status,
+        job_name=spec.name,
     )
-    def batches_sensor(context: dg.SensorEvaluationContext) -> dg.SkipReason:
+    def batches_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         ledger: RunLedger = context.resources.ledger
         model = batch_model(spec, context.resources)
         steps = batch_steps(spec, model)
         provider = model.batch_provider()
-        lines = []
-        for batch_id in ledger.open_batches([spec.identity_job_name]):
-            try:
-                progress = advance(
-                    ledger, steps, provider, batch_id, worker_id=f"sensor:{spec.name}_batches"
-                )
-            except LeaseLostError:
-                lines.append(f"batch {batch_id}: advanced by another worker now")
-                continue
-            lines.append(describe(progress))
-        text = "; ".join(lines) or "no open batch"
+        lines = [
+            _advance_one(ledger, steps, provider, batch_id)
+            for batch_id in ledger.open_batches([spec.identity_job_name])
+        ] or ["no open batch"]
+        requests, named, cursor = collected_requests(spec, ledger, context.cursor)
+        lines.extend(named)
+        if requests:
+            lines.append(f"{len(requests)} run(s) of {spec.name} requested")
+        text = "; ".join(lines)
         context.log.info(text)
-        return dg.SkipReason(text)
+        if requests:
+            return dg.SensorResult(run_requests=requests, cursor=cursor)
+        return dg.SensorResult(skip_reason=text, cursor=cursor)
+
+    def _advance_one(
+        ledger: RunLedger, steps: BatchSteps, provider: BatchProvider, batch_id: str
+    ) -> str:
+        """One step of one batch, as a line of the tick: a batch that fails never stops the
+        others (its failure is counted on it, and shown)."""
+        try:
+            progress = advance(
+                ledger, steps, provider, batch_id, worker_id=f"sensor:{spec.name}_batches"
+            )
+        except LeaseLostError:
+            return f"batch {batch_id}: advanced by another worker now"
+        except LedgerConnectionError:
+            raise  # the ledger out of reach: no batch can go on, the tick fails as a whole
+        except Exception as exc:  # noqa: BLE001 - this batch's step failed; the tick goes on
+            try:
+                failed = batch_progress(ledger, batch_id)
+            except Exception:  # noqa: BLE001 - the line says what is known
+                return f"batch {batch_id}: its step failed: {describe_error(exc)[:300]}"
+            return describe(failed)
+        return describe(progress)
 
     return batch_job, batches_sensor

@@ -2,6 +2,7 @@
 
 import os
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 
 import dagster as dg
@@ -83,3 +84,15 @@ def identity_for_partition(
             "partition_key", f"window {window_key!r} starts before the partitions' first window"
         )
     return RunIdentity(job_name, subject, start, version)
+
+
+def partition_key_of(
+    partitions_def: dg.MultiPartitionsDefinition, subject: str, scheduled_at: datetime
+) -> str:
+    """The key of the partition whose run has ``subject`` and window start ``scheduled_at``
+    (:func:`identity_for_partition`'s inverse)."""
+    window_def = partitions_def.get_partitions_def_for_dimension(WINDOW)
+    assert isinstance(window_def, dg.TimeWindowPartitionsDefinition)
+    return partition_key(
+        subject, window_def.get_partition_key_for_timestamp(scheduled_at.timestamp())
+    )

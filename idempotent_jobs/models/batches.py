@@ -33,6 +33,10 @@ CLOCK_SKEW = timedelta(minutes=5)
 #: The most requests one batch may hold, by provider (their documented limits).
 OPENAI_MAX_BATCH_REQUESTS = 50_000
 ANTHROPIC_MAX_BATCH_REQUESTS = 100_000
+#: The most bytes of requests one batch may hold, by provider (OpenAI: its input file, 200 MB;
+#: Anthropic: the create's body, 256 MB).
+OPENAI_MAX_BATCH_BYTES = 200_000_000
+ANTHROPIC_MAX_BATCH_BYTES = 256_000_000
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,12 @@ class BatchProvider(Protocol):
     @property
     def max_batch_requests(self) -> int:
         """The most requests one batch may hold: a larger range is split into several."""
+        ...
+
+    @property
+    def max_batch_bytes(self) -> int:
+        """The most bytes of requests (JSON lines) one batch may hold: a range whose requests
+        are larger is split into several, as by :attr:`max_batch_requests`."""
         ...
 
     def batch_line(
@@ -196,6 +206,7 @@ class OpenAIBatches(OpenAIChat):
 
     completion_window: str = "24h"
     max_batch_requests: int = OPENAI_MAX_BATCH_REQUESTS
+    max_batch_bytes: int = OPENAI_MAX_BATCH_BYTES
     marks_batches: bool = field(default=True, init=False)
 
     def batch_line(
@@ -337,6 +348,7 @@ class AnthropicBatches(AnthropicMessages):
     """Anthropic's Message Batches, on ``base_url`` with ``model``."""
 
     max_batch_requests: int = ANTHROPIC_MAX_BATCH_REQUESTS
+    max_batch_bytes: int = ANTHROPIC_MAX_BATCH_BYTES
     marks_batches: bool = field(default=False, init=False)
 
     def batch_line(

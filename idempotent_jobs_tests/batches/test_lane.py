@@ -384,8 +384,9 @@ def test_a_batch_that_does_not_fit_its_budget_is_refused_before_it_is_submitted(
     assert fake.batches.created["anthropic"] == []
     held = db.execute("SELECT count(*) FROM idempotent_jobs.budget_holds").fetchone()
     assert held == (0,)
-    refused = advance(ledger, _steps(), provider, _open_batch_id(db), worker_id="w1")
-    assert refused.collected and refused.items == {}  # refused before any run was an item
+    refused = db.execute("SELECT state, items, error FROM idempotent_jobs.batches").fetchone()
+    assert refused is not None and refused[:2] == ("collected", 0)  # ended at once, no item
+    assert str(refused[2]).startswith("refused by its budget")
     free = run_idempotent(
         ledger,
         _ids("a")[0],

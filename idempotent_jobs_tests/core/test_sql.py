@@ -78,6 +78,9 @@ BATCH_FENCED = {
     "finish_batch",
     "release_batch",
     "batch_cancel_sent",
+    "give_back_strays",
+    "discard_batch_intent",
+    "end_batch_step",
 }
 _WRITE = re.compile(
     r"\b(INSERT INTO|UPDATE|DELETE FROM)\s+\{schema\}\.|\{schema\}\.(declare_spec_budgets|"

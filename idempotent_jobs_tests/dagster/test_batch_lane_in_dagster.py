@@ -116,33 +116,44 @@ def test_a_range_backfilled_through_the_batch_lane_is_computed_once_and_reused(
     assert "is in batch" in str(failure.event_specific_data)
     assert provider.requests == []  # no request of any kind was answered online
 
-    # The sensor advances the batch tick by tick until it is collected.
-    texts = []
+    # The sensor advances the batch tick by tick until it is collected, then asks for a run of
+    # each partition it computed (keyed by batch and partition, tagged with the batch).
+    texts, requests, cursor = [], [], None
     for _ in range(5):
-        with dg.build_sensor_context(resources=resources, definitions=defs) as context:
+        with dg.build_sensor_context(
+            resources=resources, definitions=defs, cursor=cursor
+        ) as context:
             result = SENSOR.evaluate_tick(context)
-        assert not result.run_requests
-        texts.append(result.skip_message or "")
-        if "collected" in texts[-1]:
+        cursor = result.cursor
+        requests = list(result.run_requests or [])
+        if requests:
             break
-    assert "collected (6 accepted)" in texts[-1], texts
+        texts.append(result.skip_message or "")
+    assert any("submitted" in text for text in texts), texts
+    keys = sorted(str(r.partition_key) for r in requests)
+    assert keys == sorted(f"{s}|2026-11-0{d}" for s in "abc" for d in (1, 2))
+    [batch_id] = {r.tags["idempotent_jobs/batch"] for r in requests}
+    assert all(r.run_key == f"{batch_id}:{r.partition_key}" for r in requests)
     calls = db.execute(
         "SELECT count(*), count(*) FILTER (WHERE tier = 'batch') FROM idempotent_jobs.model_calls"
     ).fetchone()
     assert calls == (6, 6)
+    with dg.build_sensor_context(resources=resources, definitions=defs, cursor=cursor) as context:
+        assert not SENSOR.evaluate_tick(context).run_requests  # requested once
 
-    # Ordinary runs reuse the batch's results, and deliver their notifications once.
+    # The requested runs reuse the batch's results and deliver each notification once.
     online_requests = len(provider.requests)
-    for key in ("a|2026-11-01", "c|2026-11-02"):
-        assert job.execute_in_process(partition_key=key).success
+    for request in requests:
+        assert job.execute_in_process(
+            partition_key=request.partition_key, tags=dict(request.tags)
+        ).success
     assert len(provider.requests) == online_requests  # no model call
     delivered = [json.loads(line) for line in dagster_env.notifications.read_text().splitlines()]
     assert sorted(
         (d["payload"]["subject"], d["payload"]["window_start"][:10]) for d in delivered
-    ) == [
-        ("a", "2026-11-01"),
-        ("c", "2026-11-02"),
-    ]
+    ) == sorted((s, f"2026-11-0{d}") for s in "abc" for d in (1, 2))
+    again = job.execute_in_process(partition_key="a|2026-11-01")  # a schedule tick later on
+    assert again.success and len(dagster_env.notifications.read_text().splitlines()) == 6
 
 
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
@@ -183,12 +194,13 @@ def test_a_range_larger_than_a_provider_batch_is_split_into_batches_it_takes(
     sizes = sorted(len(b.requests) for b in provider.batches.batches.values())
     assert sizes == [1, 3, 3]
 
+    requested = 0
     for _ in range(5):
         with dg.build_sensor_context(resources=resources, definitions=defs) as context:
-            text = SENSOR.evaluate_tick(context).skip_message or ""
-        if text.count("collected") == 3:
+            requested = len(SENSOR.evaluate_tick(context).run_requests or [])
+        if requested:
             break
-    assert text.count("collected") == 3, text
+    assert requested == 7  # one run per partition the three batches computed
     accepted = db.execute(
         "SELECT count(*), count(DISTINCT run_id) FROM idempotent_jobs.runs "
         "WHERE status = 'completed' AND output->>'label' = 'ok'"
@@ -230,6 +242,7 @@ def test_a_batch_the_provider_refuses_fails_the_launch_and_gives_its_runs_back(
     ).fetchone()
     assert held == (0,)
     with dg.build_sensor_context(resources=resources, definitions=defs) as context:
-        assert SENSOR.evaluate_tick(context).skip_message == "no open batch"
+        tick = SENSOR.evaluate_tick(context)
+    assert not tick.run_requests and (tick.skip_message or "").startswith("no open batch")
     assert defs.resolve_job_def("labels").execute_in_process(partition_key="b|2026-11-02").success
     assert len(provider.requests) == 1  # computed online, once

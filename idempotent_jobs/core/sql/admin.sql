@@ -675,6 +675,7 @@ SELECT b.batch_id, b.job_name, b.provider, b.model, b.state, b.provider_batch_id
   b.lease_owner, b.lease_expires_at, b.lease_seconds, b.checked_at, b.created_at,
   b.submitted_at, b.ended_at, b.collected_at,
   b.cancel_requested_at, b.cancel_requested_by, b.error, b.provider_status,
+  b.failed_steps, b.last_step_error,
   COALESCE((SELECT jsonb_object_agg(s.state, s.n) FROM (SELECT i.state, count(*) AS n
     FROM {schema}.batch_items AS i WHERE i.batch_id = b.batch_id GROUP BY i.state) AS s),
     jsonb_build_object()) AS item_states,

@@ -870,6 +870,16 @@ WHERE state <> 'collected'
   AND (%(job_names)s::text[] IS NULL OR job_name = ANY(%(job_names)s::text[]))
 ORDER BY created_at
 
+-- name: collected_runs
+-- The items of the batches collected after a time, with what became of each, oldest batch first (the lane's sensor requests a run of each accepted partition and names the others).
+SELECT b.batch_id, b.collected_at, r.subject_id, r.scheduled_at, i.state
+FROM {schema}.batches AS b
+JOIN {schema}.batch_items AS i ON i.batch_id = b.batch_id
+JOIN {schema}.runs AS r ON r.run_id = i.run_id
+WHERE b.state = 'collected' AND b.job_name = ANY(%(job_names)s::text[])
+  AND b.collected_at > %(since)s::timestamptz
+ORDER BY b.collected_at, b.batch_id, r.subject_id, r.scheduled_at
+
 -- name: unresolved_creates_like
 -- How many other intents of this provider have a create that may have reached it (a start marked, no id recorded) with this many pending items: a provider that keeps no metadata on a batch finds them by their size.
 SELECT count(*) FROM {schema}.batches AS b
@@ -891,10 +901,53 @@ UPDATE {schema}.batches SET lease_owner = NULL, lease_expires_at = NULL
 WHERE batch_id = %(batch_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
 RETURNING batch_id
 
--- name: release_batch_holds
--- Give back every budget hold of the batch's runs (its opener died before adding them as items), under the batch's lease.
-SELECT {schema}.release_holds(h.run_id, h.lease_epoch, h.worker_id)
-FROM (SELECT DISTINCT x.run_id, x.lease_epoch, x.worker_id FROM {schema}.budget_holds AS x
-  JOIN {schema}.batches AS b ON b.batch_id = %(batch_id)s AND b.lease_owner = %(worker_id)s
-    AND b.lease_epoch = %(epoch)s
-  WHERE x.worker_id = 'batch:' || %(batch_id)s) AS h
+-- name: give_back_strays
+-- Give back what the batch claimed and never made an item (its opener died, or lost the batch, between its claims and its items): their holds and their runs, under the batch's lease.
+-- Found by their holds (`batch:<id>`, not a pending item's); each run still held at that epoch
+-- goes back to pending, its attempt ended superseded. A stray with no hold (no budget) is left
+-- to its own lease, which lapsed with the batch's.
+WITH b AS (
+  SELECT x.batch_id FROM {schema}.batches AS x
+  WHERE x.batch_id = %(batch_id)s AND x.lease_owner = %(worker_id)s AND x.lease_epoch = %(epoch)s
+), stray AS (
+  SELECT DISTINCT h.run_id, h.lease_epoch, h.worker_id FROM {schema}.budget_holds AS h, b
+  WHERE h.worker_id = 'batch:' || b.batch_id
+    AND NOT EXISTS (SELECT FROM {schema}.batch_items AS i WHERE i.batch_id = b.batch_id
+      AND i.run_id = h.run_id AND i.state = 'pending')
+), freed AS (
+  SELECT {schema}.release_holds(s.run_id, s.lease_epoch, s.worker_id) FROM stray AS s
+), released AS (
+  UPDATE {schema}.runs AS r
+  SET status = 'pending', lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+  FROM stray AS i
+  WHERE r.run_id = i.run_id AND r.lease_owner = 'batch:' || %(batch_id)s
+    AND r.lease_epoch = i.lease_epoch AND r.status = 'running'
+  RETURNING r.run_id, r.lease_epoch, r.lease_started_at, r.lease_caller_run_id,
+    r.lease_caller_step
+), attempt AS (
+  INSERT INTO {schema}.run_attempts (run_id, lease_epoch, worker_id, caller_run_id, caller_step,
+    started_at, ended_at, outcome)
+  SELECT run_id, lease_epoch, 'batch:' || %(batch_id)s, lease_caller_run_id, lease_caller_step,
+    COALESCE(lease_started_at, now()), now(), 'superseded'
+  FROM released
+  ON CONFLICT (run_id, lease_epoch) DO NOTHING
+)
+SELECT (SELECT count(*) FROM freed) AS holds, (SELECT count(*) FROM released) AS runs
+
+-- name: discard_batch_intent
+-- Forget an intent that claimed nothing (every run of its range was done or held elsewhere): no batch is recorded for it, under the batch's lease.
+DELETE FROM {schema}.batches AS b
+WHERE b.batch_id = %(batch_id)s AND b.lease_owner = %(worker_id)s AND b.lease_epoch = %(epoch)s
+  AND b.state = 'intent' AND b.submit_started_at IS NULL
+  AND NOT EXISTS (SELECT FROM {schema}.batch_items AS i WHERE i.batch_id = b.batch_id)
+  AND NOT EXISTS (SELECT FROM {schema}.budget_holds AS h
+    WHERE h.worker_id = 'batch:' || b.batch_id)
+RETURNING b.batch_id
+
+-- name: end_batch_step
+-- Record how the batch's step ended: a failure counts one more in a row (with its error), a step that ended well resets the count; under the batch's lease, or as the last owner whose lease lapsed.
+UPDATE {schema}.batches AS b
+SET failed_steps = CASE WHEN %(error)s::text IS NULL THEN 0 ELSE b.failed_steps + 1 END,
+  last_step_error = %(error)s::text
+WHERE b.batch_id = %(batch_id)s AND b.lease_owner = %(worker_id)s AND b.lease_epoch = %(epoch)s
+RETURNING b.failed_steps
