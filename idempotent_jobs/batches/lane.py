@@ -134,7 +134,7 @@ def open_intent(
     owner = batch_worker(batch.batch_id)
     leases: list[Lease] = []
     identities_of: dict[str, RunIdentity] = {}
-    sizes: dict[str, int] = {}
+    total = largest = 0  # the bytes of the requests claimed, and the largest
     renewed = time.monotonic()
     try:
         for identity in identities:
@@ -147,13 +147,16 @@ def open_intent(
             claimed = _claimed(ledger, steps, provider, lease, identity)
             if claimed is None:
                 continue  # its attempt ended: the batch goes on without it
-            lease, sizes[lease.run_id] = claimed
+            lease, size = claimed
+            room = provider.max_batch_bytes - _LINE_ROOM - total
+            if size > room and leases:  # larger than any before it: it stays out, given back
+                _give_back_claims(ledger, [lease])
+                break
             leases.append(lease)
             identities_of[lease.run_id] = identity
-            if len(leases) >= provider.max_batch_requests:
-                break
-            if sum(sizes.values()) >= provider.max_batch_bytes - _LINE_ROOM:
-                break
+            total, largest = total + size, max(largest, size)
+            if len(leases) >= provider.max_batch_requests or largest > room - size:
+                break  # full, or the next request of this size would not fit
     except LeaseLostError:
         _give_back_claims(ledger, leases)
         raise LeaseLostError(
@@ -176,7 +179,10 @@ def open_intent(
     _give_back_claims(ledger, [lease for lease in leases if lease.run_id not in added])
     if not added:
         # Not one item: the batch was taken over (its claims are given back above).
-        raise LeaseLostError(f"batch {batch.batch_id}: its lease was lost before its items")
+        raise LeaseLostError(
+            f"batch {batch.batch_id}: its lease was lost before its runs were added; they were "
+            "given back"
+        )
     return batch
 
 
@@ -307,6 +313,8 @@ def advance(
     batch, row = ledger.claim_batch(batch_id, worker_id)
     try:
         duplicates = _step(ledger, steps, provider, batch, row)
+        if row.get("failed_steps"):  # a step that ended well ends the run of failures
+            ledger.end_batch_step(batch, None)
     except Exception as exc:
         if not isinstance(exc, LeaseLostError):
             _count_failed_step(ledger, batch, exc)
@@ -314,8 +322,6 @@ def advance(
     finally:
         if hand_back:
             ledger.release_batch(batch)
-    if row.get("failed_steps"):
-        ledger.end_batch_step(batch, None)
     return progress(ledger, batch_id, duplicates)
 
 

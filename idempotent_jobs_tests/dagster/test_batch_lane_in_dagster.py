@@ -246,3 +246,30 @@ def test_a_batch_the_provider_refuses_fails_the_launch_and_gives_its_runs_back(
     assert not tick.run_requests and (tick.skip_message or "").startswith("no open batch")
     assert defs.resolve_job_def("labels").execute_in_process(partition_key="b|2026-11-02").success
     assert len(provider.requests) == 1  # computed online, once
+
+
+def test_a_batch_whose_step_fails_never_stops_the_others_in_a_tick(
+    dagster_env: DagsterTestEnv,
+    ledger: BothFaces,
+    db: psycopg.Connection,
+    provider: FakeProviders,
+) -> None:
+    resources = _resources(provider, dagster_env, batch_max_requests=3)
+    defs = dg.Definitions(jobs=[JOB, BATCH_JOB], sensors=[SENSOR], resources=resources)
+    config = {"ops": {"open_batch": {"config": {"start": "2026-11-01", "end": "2026-11-02"}}}}
+    assert defs.resolve_job_def("labels_batch").execute_in_process(run_config=config).success
+    provider.batches.fail_next["retrieve"] = [500]  # the first batch's poll fails, once
+    with dg.build_sensor_context(resources=resources, definitions=defs) as context:
+        tick = SENSOR.evaluate_tick(context)
+    states = db.execute(
+        "SELECT state, failed_steps, last_step_error FROM idempotent_jobs.batches"
+        " ORDER BY created_at"
+    ).fetchall()
+    assert [(s, n) for s, n, _ in states] == [("submitted", 1), ("collected", 0)]
+    assert "500" in states[0][2]
+    assert len(tick.run_requests or []) == 3  # the other batch's partitions, requested
+    with dg.build_sensor_context(resources=resources, definitions=defs) as context:
+        tick = SENSOR.evaluate_tick(context)
+    assert db.execute(
+        "SELECT count(*) FROM idempotent_jobs.batches WHERE state = 'collected'"
+    ).fetchone() == (2,)

@@ -839,7 +839,8 @@ SELECT EXISTS (SELECT FROM {schema}.model_calls
 -- name: finish_batch
 -- Mark the batch collected once it has no pending item, under the batch's lease; its lease is given back.
 UPDATE {schema}.batches AS b
-SET state = 'collected', collected_at = now(), lease_owner = NULL, lease_expires_at = NULL
+SET state = 'collected', collected_at = now(), lease_owner = NULL, lease_expires_at = NULL,
+  failed_steps = 0
 WHERE b.batch_id = %(batch_id)s AND b.lease_owner = %(worker_id)s AND b.lease_epoch = %(epoch)s
   AND b.state IN ('completed', 'expired', 'failed', 'cancelled')
   AND NOT EXISTS (SELECT FROM {schema}.batch_items AS i
