@@ -1,8 +1,10 @@
-"""The batch lane as a team runs it: 50 partitions backfilled from the Dagster UI's path (the
+"""The batch lane as a team runs it: 10 partitions backfilled from the Dagster UI's path (the
 launchpad's GraphQL mutation, with a range) through the fake OpenAI Batch API, a real
 ``dagster-daemon`` launching the run and ticking the sensor, killed (SIGKILL, its whole process
-group) while the batch is in flight and started again. Then: one provider batch, 50 runs
-accepted once at the batch tier, the UI's metadata and the sensor's ticks, and ``runs stats``."""
+group) while the batch is in flight and started again. Then, with no manual command: one
+provider batch, 10 runs accepted once at the batch tier, a successful run of every partition
+(as the UI's partition status reads it) that delivered its notification once, the UI's metadata
+and the sensor's ticks, and ``runs stats``."""
 
 import json
 import os
@@ -107,7 +109,7 @@ def test_fifty_partitions_through_the_batch_lane_survive_a_killed_daemon(
         workspace(instance, module=MODULE) as context,
     ):
         home = Path(instance.root_directory)
-        # As the launchpad does: the batch job with a range of ten days of five teams.
+        # As the launchpad does: the batch job with a range of two days of five teams.
         data = graphql(
             context,
             LAUNCH,
@@ -116,7 +118,7 @@ def test_fifty_partitions_through_the_batch_lane_survive_a_killed_daemon(
                     "selector": {**REPOSITORY, "jobName": "ticket_labels_batch"},
                     "runConfigData": {
                         "ops": {
-                            "open_batch": {"config": {"start": "2026-11-01", "end": "2026-11-10"}}
+                            "open_batch": {"config": {"start": "2026-11-01", "end": "2026-11-02"}}
                         }
                     },
                 }
@@ -146,21 +148,27 @@ def test_fifty_partitions_through_the_batch_lane_survive_a_killed_daemon(
             assert (_batch(db) or (None, ""))[1] != "collected"
             daemon = _start_daemon(home, log)
             _wait(lambda: (_batch(db) or (None, ""))[1] == "collected", "the collection", log)
+            # The sensor then requests a run of every partition, which the daemon launches.
             _wait(
-                lambda: said("collected (50 accepted; 0.001635 USD)"),
-                "the tick that collected it",
+                lambda: set(_partition_statuses(context).get(key) for key in KEYS) == {"SUCCESS"},
+                "a successful run of every partition",
                 log,
             )
         finally:
             _kill(daemon)
 
-        assert said("submitted (50 pending)")
+        assert said("submitted (10 pending)")
+        tags = [
+            r.dagster_run.tags.get("idempotent_jobs/batch")
+            for r in instance.get_run_records(dg.RunsFilter(job_name="ticket_labels"))
+        ]
+        assert len(tags) == 10 and set(tags) == {(_batch(db) or ("",))[0]}
         run = instance.get_run_by_id(run_id)
         assert run is not None and run.status == dg.DagsterRunStatus.SUCCESS
         shown = step_metadata(instance, run_id, "open_batch")
         assert (shown["partitions"], shown["runs_in_batch"], shown["state"]) == (
-            50,
-            50,
+            10,
+            10,
             "submitted",
         )
 
@@ -169,18 +177,52 @@ def test_fifty_partitions_through_the_batch_lane_survive_a_killed_daemon(
         "SELECT count(*), count(DISTINCT run_id), count(*) FILTER (WHERE tier = 'batch')"
         " FROM idempotent_jobs.model_calls WHERE outcome = 'accepted'"
     ).fetchone()
-    assert calls == (50, 50, 50)
+    assert calls == (10, 10, 10)
     runs = db.execute(
         "SELECT count(*) FROM idempotent_jobs.runs WHERE status = 'completed'"
     ).fetchone()
-    assert runs == (50,)
+    assert runs == (10,)
+    delivered = [json.loads(line) for line in dagster_env.notifications.read_text().splitlines()]
+    partitions = [(d["payload"]["subject"], d["payload"]["window_start"][:10]) for d in delivered]
+    assert sorted(partitions) == sorted(
+        (subject, day) for subject in SUBJECTS for day in ("2026-11-01", "2026-11-02")
+    )  # one notification each, no manual command
     capsys.readouterr()
     assert cli(["runs", "stats", "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
     [spend] = [s for s in stats["spend"] if s["job_name"] == "ticket-labels"]
-    # 50 calls of 412 input and 6 output tokens at the batch tier's 0.075 and 0.30 per million.
-    assert (spend["calls"], spend["tokens"]) == (50, 50 * 418)
-    assert Decimal(spend["cost"]) == Decimal("0.001635")
+    # 10 calls of 412 input and 6 output tokens at the batch tier's 0.075 and 0.30 per million.
+    assert (spend["calls"], spend["tokens"]) == (10, 10 * 418)
+    assert Decimal(spend["cost"]) == Decimal("0.000327")
+
+
+SUBJECTS = ("emea", "amer", "apac", "nordics", "iberia")
+KEYS = [f"{subject}|2026-11-0{day}" for subject in SUBJECTS for day in (1, 2)]
+
+PARTITION_STATUSES = """
+query($selector: RepositorySelector!, $name: String!) {
+  partitionSetOrError(repositorySelector: $selector, partitionSetName: $name) {
+    __typename
+    ... on PartitionSet {
+      partitionStatusesOrError {
+        __typename
+        ... on PartitionStatuses { results { partitionName runStatus } }
+      }
+    }
+  }
+}
+"""
+
+
+def _partition_statuses(context: Any) -> dict[str, str | None]:
+    """Each partition's latest run status, as the UI's partitions view reads it."""
+    data = graphql(
+        context,
+        PARTITION_STATUSES,
+        {"selector": REPOSITORY, "name": "ticket_labels_partition_set"},
+    )
+    found = data["partitionSetOrError"]["partitionStatusesOrError"]
+    return {r["partitionName"]: r["runStatus"] for r in found.get("results") or []}
 
 
 LAUNCH = """
