@@ -1,8 +1,9 @@
-"""One matrix of failure cases through both drivers: the ledger state must be the same.
+"""One matrix of failure cases through the three drivers: the ledger state must be the same.
 
-Each case is a hostile model answer, collector or race. It runs once through ``run_idempotent``
-and once through the Dagster job (in process, no op retries), on two subjects of one window, and
-the two runs' ledger state is compared: status, whether the lease is free, the error, the
+Each case is a hostile model answer, collector or race. It runs once through ``run_idempotent``,
+once through the Dagster job (in process, no op retries) and once through the batch lane (a
+provider batch whose item answers as the case's model does), on three subjects of one window,
+and the runs' ledger state is compared: status, whether the lease is free, the error, the
 attempts' outcomes, the model calls with their tokens, and the outbox.
 """
 
@@ -15,15 +16,19 @@ import psycopg
 import pytest
 
 from idempotent_jobs import run_idempotent
+from idempotent_jobs.batches import BatchSteps, advance, open_intent
 from idempotent_jobs.core.database import DATABASE_URL_ENV
 from idempotent_jobs.core.identity import RunIdentity
-from idempotent_jobs.core.records import ModelUsage
+from idempotent_jobs.core.records import JobConfig, ModelUsage
 from idempotent_jobs.core.steps import ModelAnswer
 from idempotent_jobs.dagster.job_factory import build_idempotent_job
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 from idempotent_jobs.dagster.resource import RunLedgerResource
 from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel, ModelStep, StepContext
-from idempotent_jobs.models.prompts import require
+from idempotent_jobs.models.answers import Reply
+from idempotent_jobs.models.batches import ItemResult, ProviderBatch
+from idempotent_jobs.models.prompts import Prompt, require
+from idempotent_jobs.models.schema import OutputSchema
 from idempotent_jobs_tests.ledgers import BothFaces
 from testkit.dagster_harness import DagsterTestEnv
 
@@ -126,7 +131,7 @@ SPEC = IdempotentJobSpec(
     identity_job_name="parity-job",
     version="v1",
     window=dg.DailyPartitionsDefinition(start_date="2026-08-01"),
-    subjects=["via-dagster", "via-protocol"],
+    subjects=["via-dagster", "via-protocol", "via-lane"],
     lease_seconds=30.0,
     wait_seconds=0.0,
     model_retry=dg.RetryPolicy(max_retries=0),
@@ -144,6 +149,77 @@ def _defs(env: DagsterTestEnv) -> dg.Definitions:
             "report_file": JsonLinesChannel(path=str(env.notifications)),
         },
     )
+
+
+class CaseBatches:
+    """A provider batch API whose items answer as the current case's model would answer online:
+    the lane's item answer is the case's (its output and usage, or what it raises)."""
+
+    name = "case-provider"
+    model = "case-model"
+    marks_batches = True
+    max_batch_requests = 100
+    max_batch_bytes = 10**9
+
+    def __init__(self, case: Case, database: str) -> None:
+        self.case, self.database = case, database
+        self.runs: dict[int, tuple[str, dict[str, Any]]] = {}  # a prompt's run and raw input
+        self.items: dict[str, tuple[str, dict[str, Any]]] = {}  # a custom_id's
+
+    def prompt(self, raw: dict[str, Any], identity: RunIdentity) -> Prompt:
+        if self.case.model is _refuse_prompt:  # the lane builds the prompt before the call
+            require(raw, "contract_text")
+        made = Prompt.of(system="parity", user=identity.run_id)
+        self.runs[id(made)] = (identity.run_id, raw)
+        return made
+
+    def batch_line(self, custom_id: str, prompt: Prompt, schema: Any) -> dict[str, Any]:
+        self.items[custom_id] = self.runs[id(prompt)]
+        return {"custom_id": custom_id}
+
+    def worst_case(self, prompt: Prompt, schema: OutputSchema | None) -> tuple[int, int | None]:
+        return 0, None
+
+    def create_batch(self, lines: list[dict[str, Any]], intent: str) -> ProviderBatch:
+        self.made = [str(line["custom_id"]) for line in lines]
+        return ProviderBatch("case-batch-1", "submitted", {})
+
+    def find_batches(self, intent: str, since: Any, requests: int) -> list[ProviderBatch]:
+        return []
+
+    def retrieve_batch(self, provider_batch_id: str) -> ProviderBatch:
+        return ProviderBatch(provider_batch_id, "completed", {})
+
+    def cancel_batch(self, provider_batch_id: str) -> ProviderBatch:
+        return ProviderBatch(provider_batch_id, "cancelled", {})
+
+    def batch_results(self, batch: ProviderBatch) -> Any:
+        for custom_id in self.made:
+            yield ItemResult(custom_id, reply=Reply(None, ModelUsage(None, None, None)))
+
+    def item_answer(self, result: ItemResult, schema: OutputSchema | None) -> Any:
+        run_id, raw = self.items[result.custom_id]
+        return self.case.model(raw, run_id, self.database)
+
+
+def through_the_lane(case: Case, identity: RunIdentity, ledger: BothFaces, database: str) -> None:
+    """The run of ``identity`` through the batch lane, submitted and collected."""
+    provider = CaseBatches(case, database)
+    steps = BatchSteps(
+        job_name=SPEC.identity_job_name,
+        collect=lambda ident: case.raw_input or {"documents": ["a small input"]},
+        prompt=provider.prompt,
+        validate=SPEC.validate,
+        notifications=SPEC.notifications,
+        config=JobConfig(),
+    )
+    batch = open_intent(ledger, steps, provider, [identity], worker_id="lane", lease_seconds=30.0)
+    if batch is None:  # its attempt ended before it was an item (its input, drill or prompt)
+        return
+    for _ in range(3):
+        if advance(ledger, steps, provider, batch.batch_id, worker_id="lane").collected:
+            return
+    raise AssertionError("the lane did not collect its batch")
 
 
 def ledger_state(db: psycopg.Connection, run_id: str) -> dict[str, Any]:
@@ -213,9 +289,15 @@ def test_a_failure_leaves_the_same_ledger_state_through_both_drivers(
             lease_seconds=30.0,
         )
 
+    via_lane = SPEC.identity_for(PARTITION.format(subject="via-lane"))
+    if case.drilled:
+        ledger.arm_drill(SPEC.identity_job_name, 1, 3600)
+    through_the_lane(case, via_lane, ledger, dagster_env.database)
+
     dagster_state = ledger_state(db, via_dagster.run_id)
     protocol_state = ledger_state(db, via_protocol.run_id)
     assert dagster_state == protocol_state
+    assert ledger_state(db, via_lane.run_id) == protocol_state
     assert dagster_state["status"] == case.outcome
     if case.outcome == "failed":  # the attempt ended: the next one claims now, not on expiry
         assert dagster_state["lease_free"]
