@@ -2,9 +2,11 @@
 one step of a batch's life, against a fake batch API (OpenAI's or Anthropic's) that answers 5xx
 on some endpoint, loses a create's answer, completes slowly, expires part way or fails items,
 takes fewer requests a batch than the trial's runs (the driver splits them, or, not told, is
-refused with a 400 and gives the runs back); in some trials an operator then cancels the
-batches left open (``batches cancel``); then recovery drivers until every batch is collected,
-and the outbox delivered.
+refused with a 400 and gives the runs back), or poisons one item (a result line that is not
+JSON, a 200 body that is not an answer, an answer over the ledger's limit, or a payload builder
+that raises for it); in some trials an operator then cancels the batches left open (``batches
+cancel``), and the provider may refuse the cancel (a 400); then recovery drivers until every
+batch is collected, and the outbox delivered.
 
 Kill points (the driver kills itself, ``kill -9``, exactly there): ``before_intent``,
 ``while_claiming`` (some runs claimed for the batch, no items yet), ``after_intent``,
@@ -15,7 +17,8 @@ read), ``between_items`` (part of the results taken), ``none``.
 Invariants: at most one provider batch per intent (the fake counts creations: OpenAI's by
 the intent its metadata names, Anthropic's against the intents that were submitted); one
 accepted result per run; each notification key delivered once; every item the provider
-answered recorded as a paid call under its batch, once; no run left held by a batch.
+answered recorded as a paid call under its batch, once; every good item the provider answered
+accepted (its run completed); no run left held by a batch.
 """
 
 import json
@@ -56,7 +59,7 @@ def batch_identities(trial: int) -> list[Any]:
     ]
 
 
-def _steps(trial: int) -> Any:
+def _steps(trial: int, boom: str | None = None) -> Any:
     from idempotent_jobs.batches import BatchSteps
     from idempotent_jobs.core.records import JobConfig
     from idempotent_jobs.models import OutputSchema, Prompt
@@ -70,9 +73,19 @@ def _steps(trial: int) -> Any:
         collect=lambda identity: {"subject": identity.subject_id},
         prompt=lambda raw, identity: Prompt.of(system="Label.", user=f"subject {raw['subject']}"),
         schema=schema,
-        notifications=lambda identity, output: {"hook": {"label": output["label"]}},
+        notifications=lambda identity, output: _payload(identity, output, boom),
         config=JobConfig.of(prompt="Label.", model="m", validator=""),
     )
+
+
+def _payload(identity: Any, output: dict[str, Any], boom: str | None) -> dict[str, Any]:
+    if identity.subject_id == boom:  # the job's payload builder fails for this one item
+        raise KeyError("recipient")
+    return {"hook": {"label": output["label"]}}
+
+
+#: How one item of a trial may be poisoned.
+POISONS = ("bad_line", "odd_body", "oversize", "payload_raises")
 
 
 def _provider(spec: dict[str, Any]) -> Any:
@@ -99,7 +112,7 @@ def run_batch_driver(spec: dict[str, Any]) -> None:
     kill = spec.get("kill", "none")
     ledger = RunLedger(spec["database_url"])
     provider = _provider(spec)
-    steps = _steps(spec["trial"])
+    steps = _steps(spec["trial"], spec.get("boom"))
     begins, items = 0, 0
 
     def at(point: str) -> None:
@@ -196,16 +209,25 @@ class BatchTrials:
     """The ``batch`` kind, for :class:`~idempotent_jobs_tests.chaos.runner.Chaos`."""
 
     def __init__(self, chaos: Any) -> None:
+        from testkit.fake_batches import BadLine, OddBody
         from testkit.fake_providers import Answer, FakeProviders, Request, Status
 
         self.chaos = chaos
         self.rng = Random(chaos.rng.random())
         self.failing: set[str] = set()
+        self.poisoned: dict[str, str] = {}  # a subject and how its item is poisoned
 
         def answer(request: Request) -> Any:
             text = json.dumps(request.body)
             if any(f'subject {s}"' in text for s in self.failing):
                 return Status(400, "invalid request", "invalid_request_error")
+            poison = next((k for s, k in self.poisoned.items() if f'subject {s}"' in text), None)
+            if poison == "bad_line":
+                return BadLine(named=True)
+            if poison == "odd_body":
+                return OddBody({"weird": True})
+            if poison == "oversize":
+                return Answer(json.dumps({"label": "x" * (1024 * 1024 + 8)}), 40, 300_000)
             return Answer('{"label": "ok"}', 40, 4)
 
         self.fake = FakeProviders(default=answer)
@@ -228,6 +250,12 @@ class BatchTrials:
         cancel = rng.random() < 0.2  # an operator cancels the trial's batches after the kill
         subjects = [identity.subject_id for identity in batch_identities(trial)]
         self.failing = {rng.choice(subjects)} if rng.random() < 0.5 else set()
+        healthy = [s for s in subjects if s not in self.failing]
+        poison = rng.choice(POISONS) if rng.random() < 0.6 else None
+        self.poisoned = {rng.choice(healthy): poison} if poison else {}
+        boom = next(iter(self.poisoned)) if poison == "payload_raises" else None
+        if cancel and rng.random() < 0.5:  # the provider refuses the operator's cancel
+            batches.fail_next["cancel"] = [400]
         spec = {
             "trial": trial,
             "database_url": self.chaos.worker_url,
@@ -236,6 +264,7 @@ class BatchTrials:
             "openai_url": self.fake.openai_url,
             "anthropic_url": self.fake.anthropic_url,
             "split": 2 if mode == "split" else None,
+            "boom": boom,
         }
         created_before = len(batches.created[api])
         process = self.chaos.ctx.Process(
@@ -253,8 +282,12 @@ class BatchTrials:
         self._drive(spec)
         self._deliver(trial)
         label = f"batch:{api}+{kill}" + ("" if mode == "one" else f"+{mode}")
-        verdict = Verdict(trial, label + ("+cancel" if cancel else ""))
-        verdict.problems += self._check(trial, api, created_before)
+        label += f"+{poison}" if poison else ""
+        refused = "cancel" in batches.fail_next and not batches.fail_next["cancel"]
+        label += ("+cancel" + ("-refused" if refused else "")) if cancel else ""
+        verdict = Verdict(trial, label)
+        bad = self.failing | set(self.poisoned)
+        verdict.problems += self._check(trial, api, created_before, bad)
         made = len(batches.created[api]) - created_before
         if mode == "refused" and made:
             verdict.problems.append(f"{made} batches made over the provider's limit")
@@ -307,7 +340,7 @@ class BatchTrials:
             for identity in batch_identities(trial):
                 ledger.deliver_outbox(webhook.send, run_id=identity.run_id)
 
-    def _check(self, trial: int, api: str, created_before: int) -> list[str]:
+    def _check(self, trial: int, api: str, created_before: int, bad: set[str]) -> list[str]:
         problems: list[str] = []
         run_ids = [identity.run_id for identity in batch_identities(trial)]
         fake = self.fake.batches
@@ -368,6 +401,13 @@ class BatchTrials:
                     ).fetchone()
                     if calls != (1,):
                         problems.append(f"answered item {line['custom_id']} recorded {calls}")
+                    status = conn.execute(
+                        "SELECT r.subject_id, r.status FROM idempotent_jobs.batch_items i"
+                        " JOIN idempotent_jobs.runs r USING (run_id) WHERE i.custom_id = %s",
+                        (line["custom_id"],),
+                    ).fetchone()
+                    if status is not None and status[0] not in bad and status[1] != "completed":
+                        problems.append(f"good item of {status[0]} answered, run {status[1]}")
             outbox = conn.execute(
                 "SELECT run_id, count(*) FROM idempotent_jobs.notification_outbox"
                 " WHERE run_id = ANY(%s) GROUP BY run_id",
