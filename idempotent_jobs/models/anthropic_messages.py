@@ -8,6 +8,7 @@ this package's, recorded (``answers``). The input tokens recorded are all the in
 read: uncached, written to the cache, and read from it.
 """
 
+import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -28,6 +29,16 @@ from idempotent_jobs.models.prompts import Prompt
 from idempotent_jobs.models.schema import OutputSchema
 
 _CACHE = {"type": "ephemeral"}
+
+
+def anthropic_json_schema(schema: OutputSchema) -> dict[str, Any]:
+    """The output schema as Anthropic's structured output accepts it, made by the Anthropic SDK's
+    own transform (``anthropic.transform_schema``, what its ``parse`` helper sends): objects
+    closed, and the constraints the API does not take (``maxItems``, ``maxLength``, ``minimum``
+    ...) moved into the description. The answer is still checked against the schema as given."""
+    import anthropic
+
+    return anthropic.transform_schema(json.loads(json.dumps(dict(schema.json_schema))))
 
 
 @dataclass
@@ -83,7 +94,7 @@ class AnthropicMessages:
             options["temperature"] = self.temperature
         if schema is not None:
             options["output_config"] = {
-                "format": {"type": "json_schema", "schema": dict(schema.json_schema)}
+                "format": {"type": "json_schema", "schema": anthropic_json_schema(schema)}
             }
         messages: Any = [
             {

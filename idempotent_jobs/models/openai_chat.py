@@ -6,6 +6,7 @@ the response's: the dated model that answered (``gpt-4o-2024-08-06``) beside the
 The SDK's own retries are off: a retry is this package's, recorded (``answers``).
 """
 
+import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -45,18 +46,14 @@ def retry_after_seconds(headers: Any) -> float | None:
 
 
 def strict_json_schema(schema: Any) -> Any:
-    """``schema`` as OpenAI's strict structured output accepts it: every object closed
-    (``additionalProperties: false``) and every property listed as required. A pydantic model's
-    schema has neither; the answer is still checked against the schema as given."""
-    if isinstance(schema, list):
-        return [strict_json_schema(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    strict = {key: strict_json_schema(value) for key, value in schema.items()}
-    if strict.get("type") == "object" and isinstance(strict.get("properties"), dict):
-        strict.setdefault("additionalProperties", False)
-        strict["required"] = list(strict["properties"])
-    return strict
+    """``schema`` as OpenAI's strict structured output accepts it, made by the OpenAI SDK's own
+    transform (the one its ``parse`` helpers apply to a pydantic model): every object closed
+    (``additionalProperties: false``), every property required, references with siblings
+    inlined. The answer is still checked against the schema as given."""
+    from openai.lib._pydantic import _ensure_strict_json_schema
+
+    copied = json.loads(json.dumps(schema))  # the SDK's transform changes what it is given
+    return _ensure_strict_json_schema(copied, path=(), root=copied)
 
 
 @dataclass
