@@ -345,14 +345,15 @@ def _step(
     duplicates = 0
     cancelling = row["cancel_requested_at"] is not None
     if state == "intent" and cancelling:
-        adopted = False
+        adopted: bool | None = False
         if row["submit_started_at"] is not None:
             # A create may have reached the provider: adopt what it made, to cancel it there
-            # at the next step as a submitted batch's.
+            # at the next step as a submitted batch's (a batch that may be it and still runs
+            # is waited for: it is never cancelled before it is proven this intent's).
             items = ledger.batch_items(batch.batch_id, pending_only=True)
             started = row["submit_started_at"]
-            adopted, duplicates = _search(ledger, provider, batch, started, len(items))
-        if not adopted:  # never sent: nothing to cancel at the provider
+            adopted, duplicates = _search(ledger, provider, batch, started, items)
+        if adopted is False:  # never sent: nothing to cancel at the provider
             _end_unsent(
                 ledger,
                 batch,
@@ -440,7 +441,9 @@ def _submit(
         return 0
     earlier = ledger.start_submit(batch)  # committed before the provider is called
     if earlier is not None:
-        adopted, duplicates = _search(ledger, provider, batch, earlier, len(items))
+        adopted, duplicates = _search(ledger, provider, batch, earlier, items)
+        if adopted is None:  # a batch that may be this intent's still runs: wait for it
+            return 0
         if adopted:
             return duplicates
     lines = []
@@ -491,30 +494,55 @@ def _search(
     provider: BatchProvider,
     batch: BatchLease,
     since: datetime,
-    requests: int,
-) -> tuple[bool, int]:
-    """After a create that may have reached the provider: adopt the batch it made, if found
-    (the oldest), and cancel any other as a duplicate. Returns (adopted, duplicates)."""
-    found = provider.find_batches(batch.batch_id, since, requests)
+    items: list[BatchItem],
+) -> tuple[bool | None, int]:
+    """After a create that may have reached the provider: adopt the batch it made (the oldest
+    found), and record any second one as a duplicate. Returns (adopted, duplicates); adopted
+    ``None`` while a batch that may be this intent's still runs (nothing is created meanwhile).
+
+    Only a batch proven this intent's is adopted or cancelled: by the intent in its metadata
+    (OpenAI), or, where the provider keeps none (Anthropic), by its results once it has ended:
+    every ``custom_id`` in them is one of this intent's items (each names a run and the lease
+    epoch this batch holds it under, which no other batch does). Another team's batch of the
+    same size is never touched; until it ends, the intent waits."""
+    found = provider.find_batches(batch.batch_id, since, len(items))
     known = set(ledger.recorded_provider_batches([b.provider_batch_id for b in found]))
     found = [b for b in found if b.provider_batch_id not in known]  # other intents' batches
+    if not provider.marks_batches:
+        found = [_polled(provider, b) for b in found]
+        if any(b.state not in ENDED_STATES for b in found):
+            return None, 0
+        ours = {item.custom_id for item in items}
+        found = [b for b in found if _results_are(provider, b, ours)]
     if not found:
         return False, 0
     first, *others = found
     how = "found at the provider after a create whose answer was lost"
     if not ledger.record_submitted(batch, first.provider_batch_id, how):
         raise LeaseLostError()
-    if others and not provider.marks_batches:
-        if ledger.unresolved_creates_like(batch, provider.name, requests):
-            # Found by size alone, and another intent of that size has a create that may have
-            # reached the provider: they may be its batches, which its own search adopts.
-            return True, 0
-    for duplicate in others:
-        cancelled = _cancel_quietly(provider, duplicate.provider_batch_id)
+    for duplicate in others:  # proven this intent's too: a second create that went through
+        cancelled = (
+            _cancel_quietly(provider, duplicate.provider_batch_id)
+            if duplicate.state not in ENDED_STATES
+            else False
+        )
         ledger.record_duplicate(
             batch, duplicate.provider_batch_id, "a second batch for one intent", cancelled=cancelled
         )
     return True, len(others)
+
+
+def _polled(provider: BatchProvider, found: ProviderBatch) -> ProviderBatch:
+    """A listed batch as it stands now (a running one is read again)."""
+    if found.state in ENDED_STATES:
+        return found
+    return provider.retrieve_batch(found.provider_batch_id)
+
+
+def _results_are(provider: BatchProvider, found: ProviderBatch, ours: set[str]) -> bool:
+    """Whether an ended batch's results name only this intent's items (and some)."""
+    named = {result.custom_id for result in provider.batch_results(found)}
+    return bool(named) and named <= ours
 
 
 def _cancel_quietly(provider: BatchProvider, provider_batch_id: str) -> bool:

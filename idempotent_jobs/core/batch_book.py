@@ -279,13 +279,6 @@ class BatchBook(LedgerFace):
         rows = self._db.rows("recorded_provider_batches", {"ids": provider_batch_ids})
         return [row[0] for row in rows]
 
-    def unresolved_creates_like(self, batch: BatchLease, provider: str, requests: int) -> int:
-        """How many other intents of ``provider`` have a create that may have reached it and
-        no provider id recorded, with ``requests`` pending items (what a provider without
-        metadata on its batches is searched by)."""
-        params = {"provider": provider, "batch_id": batch.batch_id, "requests": requests}
-        return int(self._db.rows("unresolved_creates_like", params)[0][0])
-
     def give_back_strays(self, batch: BatchLease) -> tuple[int, int]:
         """Give back what the batch claimed and never made an item (an opener that died or lost
         the batch between its claims and its items): their budget holds and their runs.

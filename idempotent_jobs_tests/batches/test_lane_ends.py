@@ -240,3 +240,57 @@ def test_a_range_over_the_providers_byte_limit_is_split(
     while (batch := open_intent(ledger, _steps(), provider, left, worker_id="w1")) is not None:
         sizes.append(len(ledger.batch_items(batch.batch_id)))
     assert sizes == [2, 2, 1]
+
+
+def _foreign_batch(fake: FakeProviders, requests: int) -> str:
+    """Another team's Message Batch in the same workspace, of the same size."""
+    theirs = AnthropicBatches(model="claude-x", api_key="k", base_url=fake.anthropic_url)
+    lines = [
+        {"custom_id": f"theirs-{n}", "params": {"model": "claude-x", "max_tokens": 10}}
+        for n in range(requests)
+    ]
+    return theirs.create_batch(lines, "not-ours").provider_batch_id
+
+
+@pytest.mark.parametrize("theirs_made", ["after ours", "before ours"])
+def test_another_teams_batch_of_the_same_size_is_never_cancelled_nor_adopted(
+    theirs_made: str,
+    fake: FakeProviders,
+    ledger: BothFaces,
+    db: psycopg.Connection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Anthropic's batches carry no metadata: after our create's answer is lost, a batch of
+    the same size made by someone else is told apart by its results' custom_ids once it ends."""
+    provider = _provider("anthropic", fake)
+    batch = open_intent(ledger, _steps(), provider, _ids("a", "b", "c"), worker_id="w1")
+    assert batch is not None
+    foreign: list[str] = []
+    if theirs_made == "before ours":  # between our start mark and our create
+        real_start = ledger.start_submit
+
+        def start_then_theirs(*args: Any) -> Any:
+            started = real_start(*args)
+            if not foreign:
+                foreign.append(_foreign_batch(fake, 3))
+                fake.batches.lose_next_creates = 1  # ours, next
+            return started
+
+        monkeypatch.setattr(ledger, "start_submit", start_then_theirs)
+    else:
+        fake.batches.lose_next_creates = 1
+    with pytest.raises(Exception, match="500"):  # made, but its answer lost
+        advance(ledger, _steps(), provider, batch.batch_id, worker_id="w1")
+    if theirs_made == "after ours":
+        foreign.append(_foreign_batch(fake, 3))
+    done = _until_collected(ledger, provider, batch.batch_id)
+    assert done.items == {"accepted": 3}
+    [ours] = [b for b in fake.batches.created["anthropic"] if b not in foreign]
+    assert done.provider_batch_id == ours
+    assert ("anthropic", "cancel") not in fake.batches.calls  # theirs was never cancelled
+    assert fake.batches.batches[foreign[0]].outcome == "completed"
+    recorded = db.execute(
+        "SELECT provider_batch_id FROM idempotent_jobs.batch_submissions"
+    ).fetchall()
+    assert recorded == [(ours,)]
+    assert _held(db) == (0, 0, 0)

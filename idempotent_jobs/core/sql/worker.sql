@@ -881,14 +881,6 @@ WHERE b.state = 'collected' AND b.job_name = ANY(%(job_names)s::text[])
   AND b.collected_at > %(since)s::timestamptz
 ORDER BY b.collected_at, b.batch_id, r.subject_id, r.scheduled_at
 
--- name: unresolved_creates_like
--- How many other intents of this provider have a create that may have reached it (a start marked, no id recorded) with this many pending items: a provider that keeps no metadata on a batch finds them by their size.
-SELECT count(*) FROM {schema}.batches AS b
-WHERE b.provider = %(provider)s AND b.batch_id <> %(batch_id)s AND b.state = 'intent'
-  AND b.submit_started_at IS NOT NULL AND b.provider_batch_id IS NULL
-  AND (SELECT count(*) FROM {schema}.batch_items AS i
-       WHERE i.batch_id = b.batch_id AND i.state = 'pending') = %(requests)s
-
 -- name: recorded_provider_batches
 -- Which of these provider batch ids a batch of the ledger has recorded (adopted or as a duplicate).
 SELECT provider_batch_id FROM {schema}.batch_submissions
