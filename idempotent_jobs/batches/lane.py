@@ -371,8 +371,8 @@ def _step(
         if state in ENDED_STATES:
             _collect(ledger, steps, provider, batch, found, resumed=False)
     elif state in ENDED_STATES and row["provider_batch_id"] is None:
-        _release_pending(ledger, batch, f"the intent {state}: {row['error']}")  # never sent
-        ledger.finish_batch(batch)
+        # Never sent, and ended by a step cut short: what it still holds is given back.
+        _end_unsent(ledger, batch, str(row["error"]), f"the intent {state}: {row['error']}")
     elif state in ENDED_STATES:  # a collection begun by an earlier step, perhaps cut short
         found = provider.retrieve_batch(str(row["provider_batch_id"]))
         _collect(ledger, steps, provider, batch, found, resumed=True)
@@ -587,7 +587,7 @@ def _end_unsent(
 ) -> None:
     """End an intent the provider never took (``error`` on the batch, ``state`` ``failed`` or
     ``cancelled``), give its runs back (``why`` on each) and mark it collected."""
-    ledger.fail_batch_intent(batch, error, state)
+    ledger.fail_batch_intent(batch, error, state)  # no-op once the intent has ended
     _release_pending(ledger, batch, why)
     ledger.give_back_strays(batch)
     ledger.finish_batch(batch)
