@@ -38,6 +38,8 @@ from idempotent_jobs.dagster.resources import (
     NotificationChannel,
     StructuredModel,
 )
+from idempotent_jobs.dagster.resources.real_models import load_object
+from idempotent_jobs.models.schema import OutputSchema
 
 #: The package's own resources, named without a module in ``type``.
 BUILT_IN = "idempotent_jobs.dagster"
@@ -81,6 +83,40 @@ class BudgetItemDecl(dg.Model):
     period: Literal["day", "month"] = "day"
     scope: Literal["job", "subject", "group"] = "job"
     group: str | None = Field(default=None, description="the group's name (scope: group)")
+
+
+class RetryDecl(dg.Model):
+    """How the model step is retried after a failure that may pass (a 429, a 5xx, a timeout);
+    one that cannot (a 4xx, a redirect, a refusal before any request, a budget) never is."""
+
+    max_retries: int = Field(default=3, description="retries of the model step, 0 to 20")
+    delay_seconds: float = Field(default=2.0, description="the first retry's delay, 0 to 3600")
+    backoff: Literal["exponential", "linear"] = Field(
+        default="exponential", description="how the delay grows between retries"
+    )
+    jitter: bool = Field(default=True, description="spread retries by up to the delay")
+
+    @field_validator("max_retries")
+    @classmethod
+    def _retries(cls, value: int) -> int:
+        if not 0 <= value <= 20:
+            raise ValueError(f"is {value}, not a whole number from 0 to 20")
+        return value
+
+    @field_validator("delay_seconds")
+    @classmethod
+    def _delay(cls, value: float) -> float:
+        if not 0 <= value <= 3600:  # NaN and infinities too
+            raise ValueError(f"is {value}, not a number of seconds from 0 to 3600")
+        return value
+
+    def policy(self) -> dg.RetryPolicy:
+        return dg.RetryPolicy(
+            max_retries=self.max_retries,
+            delay=self.delay_seconds,
+            backoff=dg.Backoff.EXPONENTIAL if self.backoff == "exponential" else dg.Backoff.LINEAR,
+            jitter=dg.Jitter.PLUS_MINUS if self.jitter else None,
+        )
 
 
 class RateLimitDecl(dg.Model):
@@ -137,8 +173,13 @@ class IdempotentJob(dg.Component, dg.Model, dg.Resolvable):
     retention_days: dict[str, float | None] = Field(
         default_factory=dict, description=f"days kept per part ({', '.join(PARTS)})"
     )
-    lease_seconds: float = Field(default=300.0, gt=0)
-    wait_seconds: float | None = Field(default=None, ge=0)
+    lease_seconds: float = Field(default=300.0, gt=0, le=86400, allow_inf_nan=False)
+    wait_seconds: float | None = Field(default=None, ge=0, le=86400, allow_inf_nan=False)
+    retry: RetryDecl = Field(
+        default_factory=RetryDecl,
+        description="retries of the model step after a failure that may pass (429, 5xx, "
+        "timeout); a final one (a 4xx, a redirect, a refusal before any request) is not retried",
+    )
     step_storage: Literal["dagster", "ledger"] = Field(
         default="dagster",
         description="where the ops hand each other their tickets: Dagster's IO manager, or the "
@@ -167,7 +208,7 @@ class IdempotentJob(dg.Component, dg.Model, dg.Resolvable):
         resources: dict[str, Any] = {
             "ledger": RunLedgerResource(**_settings(self.ledger)),
             collector_key: refs.resource("collector", self.collector, Collector),
-            model_key: refs.resource("model_step", self.model_step, ModelStep),
+            model_key: refs.resource("model_step", self.model_step, ModelStep, MODEL_IMPORTS),
         }
         for key, channel in self.channels.items():
             resources[key] = refs.resource(f"channels.{key}", channel, NotificationChannel)
@@ -201,6 +242,7 @@ class IdempotentJob(dg.Component, dg.Model, dg.Resolvable):
                 follow_ledger_budget=self.follow_ledger_budget,
                 max_tokens_per_call=self.max_tokens_per_call,
                 rate_limits=[RateLimit(**limit.model_dump()) for limit in self.rate_limits],
+                model_retry=self.retry.policy(),
             )
         except (InvalidInputError, dg.DagsterInvalidDefinitionError, ValueError) as exc:
             raise InvalidInputError(where, str(exc)) from None
@@ -219,6 +261,22 @@ class IdempotentJob(dg.Component, dg.Model, dg.Resolvable):
         )
 
 
+def _prompt_builder(found: object) -> None:
+    if not callable(found):
+        raise ValueError("is not callable: a prompt builder is (raw_input, context) -> Prompt")
+
+
+def _output_schema(found: object) -> None:
+    OutputSchema.of(found)  # a pydantic model or a JSON schema dict, or the reason it is not
+
+
+#: A model step's settings that are import paths, and how each is checked when it is loaded.
+MODEL_IMPORTS: Mapping[str, Callable[[Any], object]] = {
+    "prompt": _prompt_builder,
+    "output_schema": _output_schema,
+}
+
+
 class _References:
     """Import paths of the component's YAML, resolved (a leading dot: its own folder)."""
 
@@ -228,7 +286,7 @@ class _References:
 
     def load(self, field: str, path: str) -> Any:
         if path.startswith("."):
-            path = self.context.defs_relative_module_name(self.context.path) + path
+            path = self.absolute(path)
         elif "." not in path:
             path = f"{BUILT_IN}.{path}"
         module_name, _, name = path.rpartition(".")
@@ -243,16 +301,45 @@ class _References:
             raise InvalidInputError(f"{self.where}: {field}", f"{module_name} has no {name!r}")
         return found
 
-    def resource(self, field: str, decl: ResourceDecl, kind: type[Any]) -> Any:
+    def resource(
+        self,
+        field: str,
+        decl: ResourceDecl,
+        kind: type[Any],
+        imports: Mapping[str, Callable[[Any], object]] | None = None,
+    ) -> Any:
+        """The resource ``decl`` declares. ``imports``: settings that are import paths (a
+        model step's ``prompt`` and ``output_schema``), resolved against the component's folder
+        when they start with a dot and imported now (``dg check defs`` names the one that
+        fails), each checked by its function."""
         cls = self.load(f"{field}.type", decl.type)
         if not (isinstance(cls, type) and issubclass(cls, kind)):
             raise InvalidInputError(
                 f"{self.where}: {field}.type", f"{decl.type} is not a {kind.__name__} class"
             )
+        config = dict(decl.config)
+        for key, check in (imports or {}).items():
+            path = config.get(key)
+            if not isinstance(path, str) or not path:
+                continue
+            where = f"{self.where}: {field}.config.{key}"
+            config[key] = path = self.absolute(path)
+            try:
+                check(load_object(path, where))
+            except InvalidInputError:
+                raise
+            except Exception as exc:  # the user's object: say what is wrong with it
+                raise InvalidInputError(where, f"{path}: {exc}") from None
         try:
-            return cls(**_settings(decl.config))
+            return cls(**_settings(config))
         except Exception as exc:  # pydantic names the setting
             raise InvalidInputError(f"{self.where}: {field}.config", str(exc)) from None
+
+    def absolute(self, path: str) -> str:
+        """An import path with a leading dot made the component folder's module's."""
+        if not path.startswith("."):
+            return path
+        return self.context.defs_relative_module_name(self.context.path) + path
 
     def function(
         self, field: str, path: str | None, default: Callable[..., Any]

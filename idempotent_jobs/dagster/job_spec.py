@@ -30,18 +30,20 @@ def callable_name(function: Callable[..., object]) -> str:
 
 
 def default_payload(identity: RunIdentity, output: JSONDict) -> JSONDict:
-    """The notification sent for an accepted result, on every channel."""
+    """The notification sent for an accepted result, on every channel: its ``summary`` (or, for
+    a model step with no output schema, its ``text``)."""
     return {
         "job": identity.job_name,
         "subject": identity.subject_id,
         "window_start": identity.scheduled_at.isoformat(),
-        "summary": output.get("summary"),
+        "summary": output.get("summary", output.get("text")),
     }
 
 
 def default_validate(output: JSONDict) -> bool:
-    """Accept an output with a non-empty text summary."""
-    summary = output.get("summary")
+    """Accept an output with a non-empty text ``summary``, or the non-empty ``text`` a model
+    step with no output schema answers (``{"text": ...}``): the defaults fit each other."""
+    summary = output.get("summary", output.get("text") if set(output) == {"text"} else None)
     return isinstance(summary, str) and bool(summary.strip())
 
 

@@ -53,6 +53,7 @@ from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 from idempotent_jobs.dagster.resources import Collector, ModelStep, NotificationChannel, StepContext
 from idempotent_jobs.dagster.telemetry import step_span
 from idempotent_jobs.dagster.ticket import StepResult, Ticket
+from idempotent_jobs.models.errors import ProviderError
 
 
 def _origin(context: dg.OpExecutionContext) -> CallOrigin:
@@ -248,6 +249,17 @@ def transform_step(
             metadata=budget_metadata(lease.run_id, exc),
             allow_retries=False,
         ) from None
+    except ProviderError as exc:
+        if not exc.final:
+            raise  # may pass (a 429, a 5xx, a timeout): the step's retry policy, with backoff
+        # The provider's answer is final (a 4xx other than 408/409/429, a redirect, an answer
+        # still outside the schema after its repair turns): another try would pay again for
+        # the same refusal. Fix the cause (the request, base_url, the prompt), then re-execute.
+        raise dg.Failure(
+            description=f"the provider's answer is final, not retried: {describe_error(exc)}",
+            metadata={"ledger_run_id": lease.run_id, "result": "failed, final"},
+            allow_retries=False,
+        ) from exc
     except Exception as exc:
         if not sent_nothing(exc) or isinstance(exc, _MAY_PASS):
             raise

@@ -23,6 +23,7 @@ from idempotent_jobs.models.errors import (
     ProviderUnavailableError,
     RateLimitedError,
     never_sent,
+    redirect_error,
 )
 from idempotent_jobs.models.openai_chat import retry_after_seconds
 from idempotent_jobs.models.prompts import Prompt
@@ -79,6 +80,8 @@ class AnthropicMessages:
                 api_key=self.api_key,
                 timeout=self.timeout_seconds,
                 max_retries=0,
+                # A redirect is refused (redirect_error), never followed to another host.
+                http_client=anthropic.DefaultHttpxClient(follow_redirects=False),
             )
         return self._made
 
@@ -149,6 +152,8 @@ class AnthropicMessages:
             return ProviderUnavailableError(f"connection failed: {text}", provider=self.name)
         if isinstance(exc, anthropic.APIStatusError):
             status = exc.status_code
+            if 300 <= status < 400:
+                return redirect_error(self.name, status, exc.response.headers.get("location"))
             after = retry_after_seconds(exc.response.headers)
             if status == 429:
                 return RateLimitedError(text, provider=self.name, status=status, retry_after=after)

@@ -8,6 +8,7 @@ end the attempt at once.
 """
 
 from typing import ClassVar
+from urllib.parse import urlsplit
 
 from idempotent_jobs.core.errors import PaidCallError
 from idempotent_jobs.core.records import ModelUsage
@@ -37,6 +38,16 @@ class ProviderError(PaidCallError):
         self.sent = sent
         #: Seconds the provider asked to wait before the next request (``Retry-After``).
         self.retry_after = retry_after
+
+    @property
+    def final(self) -> bool:
+        """Whether another try cannot change the outcome (a 4xx other than 408, 409 and 429,
+        a redirect, an answer still outside the schema after its repair turns): the step
+        fails without its retry policy. A transient error (a 429, a 5xx, a timeout, a dropped
+        connection) may pass, and so may an answer the model could give differently."""
+        if self.transient or self.status in (408, 409, 429):
+            return False
+        return isinstance(self, (ProviderRequestError, OutputSchemaError))
 
 
 def never_sent(exc: BaseException) -> bool:
@@ -96,6 +107,23 @@ class ProviderRequestError(ProviderError):
     it does not have, a schema it does not accept)."""
 
 
+class RedirectRefusedError(ProviderRequestError):
+    """The provider's URL answered with a redirect (3xx). A model call never follows one: the
+    prompt (and the key) would go to another host, and its answer would be taken as the
+    model's. Point ``base_url`` at the final address."""
+
+
+def redirect_error(provider: str, status: int, location: str | None) -> RedirectRefusedError:
+    """The error of a model call answered with a redirect, naming the host it pointed at."""
+    host = urlsplit(location or "").netloc or location or "an unnamed place"
+    return RedirectRefusedError(
+        f"answered {status}, a redirect to {host}: a model call follows no redirect; set "
+        "base_url to the final address",
+        provider=provider,
+        status=status,
+    )
+
+
 __all__ = [
     "ContentFilteredError",
     "ContextTooLongError",
@@ -105,5 +133,6 @@ __all__ = [
     "ProviderTimeoutError",
     "ProviderUnavailableError",
     "RateLimitedError",
+    "RedirectRefusedError",
     "RefusalError",
 ]

@@ -22,6 +22,7 @@ from idempotent_jobs.models.errors import (
     ProviderUnavailableError,
     RateLimitedError,
     never_sent,
+    redirect_error,
 )
 from idempotent_jobs.models.prompts import Prompt
 from idempotent_jobs.models.schema import OutputSchema
@@ -95,6 +96,8 @@ class OpenAIChat:
                 api_key=self.api_key,
                 timeout=self.timeout_seconds,
                 max_retries=0,
+                # A redirect is refused (redirect_error), never followed to another host.
+                http_client=openai.DefaultHttpxClient(follow_redirects=False),
             )
         return self._made
 
@@ -165,6 +168,8 @@ class OpenAIChat:
             return ProviderUnavailableError(f"connection failed: {text}", provider=self.name)
         if isinstance(exc, openai.APIStatusError):
             status = exc.status_code
+            if 300 <= status < 400:
+                return redirect_error(self.name, status, exc.response.headers.get("location"))
             after = retry_after_seconds(exc.response.headers)
             code = getattr(exc, "code", None) or ""
             if status == 429:

@@ -42,7 +42,11 @@ from idempotent_jobs.core.identity import normalize_text
 from idempotent_jobs.core.records import JobConfig, OutboxRecord
 from idempotent_jobs.dagster.job_factory import spec_of_job
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
-from idempotent_jobs.dagster.resource_errors import describe_resource_error
+from idempotent_jobs.dagster.resource_errors import (
+    describe_resource_error,
+    validation_error,
+    validation_text,
+)
 from idempotent_jobs.dagster.resources import ModelStep, NotificationChannel
 
 CODE_LOCATION_ENV = "IDEMPOTENT_JOBS_CODE_LOCATION"
@@ -628,6 +632,11 @@ def _loaded(load: Callable[[], Any], target: Target, what: str) -> Any:
         with redirect_stdout(sys.stderr):
             return load()
     except Exception as exc:
+        invalid = validation_error(exc)
+        if invalid is not None:  # a component's attributes or a resource's settings
+            raise CodeLocationError(
+                f"{target.describe()}: {what} failed: {validation_text(invalid)}"
+            ) from None
         why = f"{type(exc).__name__}: {describe_resource_error(exc)}"
         cause = exc
         while cause.__cause__ is not None:  # a component's own error, wrapped by Dagster

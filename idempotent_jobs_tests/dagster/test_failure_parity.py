@@ -27,6 +27,7 @@ from idempotent_jobs.dagster.resource import RunLedgerResource
 from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel, ModelStep, StepContext
 from idempotent_jobs.models.answers import Reply
 from idempotent_jobs.models.batches import ItemResult, ProviderBatch
+from idempotent_jobs.models.errors import ProviderRequestError, ProviderUnavailableError
 from idempotent_jobs.models.prompts import Prompt, require
 from idempotent_jobs.models.schema import OutputSchema
 from idempotent_jobs_tests.ledgers import BothFaces
@@ -445,7 +446,7 @@ RETRIED = replace(
     SPEC,
     name="retried_job",
     identity_job_name="retried-job",
-    subjects=["refused", "flaky"],
+    subjects=["refused", "flaky", "final", "overloaded"],
     model_retry=dg.RetryPolicy(max_retries=3),
 )
 RETRIED_JOB, _ = build_idempotent_job(RETRIED)
@@ -465,6 +466,10 @@ class CountingModel(ModelStep):
         ASKED.append(context.identity.subject_id)
         if context.identity.subject_id == "refused":
             require(raw_input, "contract_text")
+        if context.identity.subject_id == "final":  # the provider's 400: another try pays again
+            raise ProviderRequestError("invalid model", provider="fake", status=400)
+        if context.identity.subject_id == "overloaded" and ASKED.count("overloaded") == 1:
+            raise ProviderUnavailableError("overloaded", provider="fake", status=529)
         if ASKED.count("flaky") == 1:
             raise RuntimeError("provider down")
         return ModelAnswer({"summary": "ok"}, ModelUsage("m", 10, 5))
@@ -474,7 +479,8 @@ ASKED: list[str] = []
 
 
 @pytest.mark.parametrize(
-    ("subject", "asked", "succeeds"), [("refused", 1, False), ("flaky", 2, True)]
+    ("subject", "asked", "succeeds"),
+    [("refused", 1, False), ("flaky", 2, True), ("final", 1, False), ("overloaded", 2, True)],
 )
 def test_a_step_that_sent_nothing_is_not_retried_and_one_that_failed_at_the_provider_is(
     subject: str,
@@ -507,4 +513,8 @@ def test_a_step_that_sent_nothing_is_not_retried_and_one_that_failed_at_the_prov
         "SELECT outcome FROM idempotent_jobs.model_calls WHERE run_id = %s ORDER BY call_id",
         (run_id,),
     ).fetchall()
-    assert calls == ([] if subject == "refused" else [("failed",), ("accepted",)])
+    expected = {
+        "refused": [],  # sent nothing: no call, no retry
+        "final": [("failed",)],  # a final 400: one call, not retried
+    }.get(subject, [("failed",), ("accepted",)])  # may pass: retried by the op's policy
+    assert calls == expected

@@ -8,7 +8,9 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import dagster as dg
 import pytest
+from dagster._core.definitions.dependency import NodeHandle
 
 from idempotent_jobs import RateLimit
 from idempotent_jobs.operator.cli import main
@@ -239,3 +241,78 @@ def test_a_component_on_the_batch_lane_builds_the_batch_job_and_its_sensor(
     assert defs.resolve_sensor_def("ticket_labels_batches").name == "ticket_labels_batches"
     [spec] = workspace.specs  # the batch job is the spec's, not a second spec
     assert spec.name == "ticket_labels"
+
+
+TRIAGE_STEPS = """
+from pydantic import BaseModel
+
+from idempotent_jobs.models import Prompt
+
+
+class Triage(BaseModel):
+    summary: str
+    priority: int
+
+
+def triage_prompt(raw_input, context):
+    return Prompt.of(system=context.instructions, user=str(raw_input))
+"""
+
+
+def test_a_yaml_model_step_resolves_its_folders_references_and_checks_them_when_built(
+    tmp_path: Path, clean_modules: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``prompt: .steps:triage_prompt`` is the component folder's module, imported when the
+    definitions are built (as ``dg check defs`` builds them); a typo names the field there,
+    not at the first run. Retry settings reach the model step's op."""
+    monkeypatch.setenv("TRIAGE_KEY", "sk-ant-local")
+    project = tmp_path / "triage"
+    package = write_project(project, "triage")
+    folder = project / "src" / package / "defs" / "triage"
+    (folder / "steps.py").write_text(STEPS + TRIAGE_STEPS)
+    defs_yaml = folder / "defs.yaml"
+    model_step = (
+        "model_step:\n    type: AnthropicModel\n    config:\n      model: claude-haiku-4-5\n"
+        "      api_key: {env: TRIAGE_KEY}\n      base_url: http://127.0.0.1:9/anthropic\n"
+        "      prompt: .steps:{prompt}\n      output_schema: .steps.Triage"
+    )
+    text = defs_yaml.read_text().replace("model_step: {type: .steps.Model}", model_step)
+    retry = "  retry: {max_retries: 2, delay_seconds: 5, backoff: linear, jitter: false}\n"
+    defs_yaml.write_text(text.replace("{prompt}", "triage_promt") + retry)
+    with pytest.raises(CodeLocationError, match=r"model_step\.config\.prompt.*triage_promt"):
+        load_workspace(start=project)
+    for name in [m for m in sys.modules if m.startswith("dgproj_")]:
+        del sys.modules[name]
+    defs_yaml.write_text(text.replace("{prompt}", "triage_prompt") + retry)
+    workspace = load_workspace(start=project)
+    defs = workspace.locations[0].defs
+    model = defs.resources["triage_model"]  # type: ignore[index]
+    assert model.prompt == f"{package}.defs.triage.steps:triage_prompt"
+    assert model.output_schema == f"{package}.defs.triage.steps.Triage"
+    schema = model.output_schema_of()
+    assert schema is not None and set(schema.json_schema["properties"]) == {"summary", "priority"}
+    policy = defs.resolve_job_def("triage").get_retry_policy_for_handle(
+        NodeHandle("transform", None)
+    )
+    assert policy is not None and (policy.max_retries, policy.delay) == (2, 5)
+    assert policy.backoff == dg.Backoff.LINEAR and policy.jitter is None
+
+
+@pytest.mark.parametrize(
+    ("attribute", "field"),
+    [
+        ("lease_seconds: .inf", r"lease_seconds[^;]*: Input should be a finite number"),
+        ("retry: {max_retries: -1}", r"retry\.max_retries[^;]*: Value error, is -1, not a"),
+        ("lane: bath", r"lane[^;]*: Input should be 'online' or 'batch'"),
+        ("subjects: north", r"subjects[^;]*: Input should be a valid list"),
+    ],
+)
+def test_a_components_numbers_are_checked(
+    attribute: str, field: str, tmp_path: Path, clean_modules: None
+) -> None:
+    project = tmp_path / "numbers"
+    package = write_project(project, "numbers")
+    defs_yaml = project / "src" / package / "defs" / "numbers" / "defs.yaml"
+    defs_yaml.write_text(defs_yaml.read_text() + f"  {attribute}\n")
+    with pytest.raises(CodeLocationError, match=field):
+        load_workspace(start=project)
