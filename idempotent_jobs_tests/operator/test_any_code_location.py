@@ -2,6 +2,7 @@
 project folder of its own (``[tool.dagster]`` in its pyproject), with a Dagster instance whose
 ``dagster.yaml`` is the user's. Every command that needs jobs or channels finds them there."""
 
+import json
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -213,10 +214,10 @@ def test_launched_partitions_show_on_the_jobs_pages(
     from dagster._core.storage.tags import PARTITION_SET_TAG, REPOSITORY_LABEL_TAG
     from dagster._core.workspace.load_target import get_origins_from_toml
 
-    code, out = cli(capsys, "launch", "--job", "ticket_triage", *PARTITIONS)
+    code, out = cli(capsys, "launch", "--wait", "--job", "ticket_triage", *PARTITIONS)
     assert code == 0, out
     assert out.count("new") == 2
-    code, out = cli(capsys, "launch", "--job", "ticket-triage", PARTITIONS[0])
+    code, out = cli(capsys, "launch", "--wait", "--job", "ticket-triage", PARTITIONS[0])
     assert code == 0 and "reused" in out, out
     code, out = cli(capsys, "launch", "--job", "ticket_triage", "nowhere|2026-11-02")
     assert code == 2 and "has no partition 'nowhere|2026-11-02'" in out
@@ -238,3 +239,48 @@ def test_launched_partitions_show_on_the_jobs_pages(
     assert len(runs) == 3 and all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
     assert {p.partition for p in partitions} == set(PARTITIONS)
     assert (project["home"] / "dagster.yaml").read_text() == USER_DAGSTER_YAML
+
+
+@pytest.mark.dagster_instance
+def test_a_launched_run_that_failed_is_re_executed_from_failure_as_the_ui_does(
+    project: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``launch`` starts runs as the UI does (the code location's origin, the instance's run
+    coordinator and launcher): one that failed is re-executed from failure through the UI's
+    GraphQL mutation, and only the failed step runs again."""
+    from dagster_graphql.client.query import LAUNCH_PIPELINE_REEXECUTION_MUTATION
+
+    from idempotent_jobs.operator.ui_launch import Launched, dequeue, served, wait_for
+    from testkit.dagster_harness import graphql
+
+    receiver: Receiver = project["receiver"]
+    receiver.faults = ["500"] * 100  # the job's own delivery fails: the run fails there
+    code, out = cli(capsys, "launch", "--wait", "--json", "--job", "ticket_triage", PARTITIONS[0])
+    assert code == 1, out
+    [row] = json.loads(out)
+    assert row["result"].startswith("failed in") and "deliver" in row["result"]
+    receiver.faults = []
+    target = load_workspace().locations[0].target
+    with dg.DagsterInstance.get() as instance, served(target, instance) as context:
+        data = graphql(
+            context,
+            LAUNCH_PIPELINE_REEXECUTION_MUTATION,
+            {
+                "reexecutionParams": {
+                    "parentRunId": row["dagster_run_id"],
+                    "strategy": "FROM_FAILURE",
+                }
+            },
+        )
+        launched = data["launchPipelineReexecution"]
+        assert launched["__typename"] == "LaunchRunSuccess", launched
+        again = Launched(PARTITIONS[0], launched["run"]["runId"], dg.DagsterRunStatus.QUEUED)
+        dequeue(context, [again])  # no daemon here: as launch does
+        [ended] = list(wait_for(instance, [again]))
+        run = instance.get_run_by_id(ended.run_id)
+    assert ended.status == dg.DagsterRunStatus.SUCCESS
+    assert run is not None and run.parent_run_id == row["dagster_run_id"]
+    assert run.step_keys_to_execute is not None and all(
+        "deliver" in step for step in run.step_keys_to_execute
+    )  # from failure: the model step did not run again
+    assert sorted(receiver.effects.values()) == [1]

@@ -173,8 +173,8 @@ def test_every_command_works_in_a_create_dagster_project(
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     (tmp_path / "dagster_home").mkdir()
     for argv in (
-        ["launch", "--job", "alerts", "north|2026-11-02", "south|2026-11-02"],
-        ["launch", "--job", "alerts", "north|2026-11-02"],
+        ["launch", "--wait", "--job", "alerts", "north|2026-11-02", "south|2026-11-02"],
+        ["launch", "--wait", "--job", "alerts", "--from", "2026-11-02", "--subject", "north"],
         ["runs", "list", "--job", "alerts"],
         ["outbox", "deliver"],
         ["reconcile", "--job", "alerts"],

@@ -227,7 +227,17 @@ class Fleet:
 
     def launch(self, release: Release, *keys: str) -> Launch:
         proc = subprocess.Popen(
-            release.command("-f", "fleet_job.py", "launch", "--json", "--job", JOB, *keys),
+            # Today's launch returns once its runs are started; it waits for them when told.
+            release.command(
+                "-f",
+                "fleet_job.py",
+                "launch",
+                "--json",
+                *(["--wait"] if release.name == "today" else []),
+                "--job",
+                JOB,
+                *keys,
+            ),
             cwd=self.project,
             env=self.env,
             stdout=subprocess.PIPE,
