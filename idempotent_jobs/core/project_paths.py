@@ -72,10 +72,32 @@ def project_root() -> Path:
 
 def project_home() -> Path:
     """The folder for local state (embedded database, Dagster home, the notifications file):
-    ``$IDEMPOTENT_JOBS_HOME``, else ``.idempotent_jobs`` in :func:`project_root`. Git-ignored.
-    Outside a project, without the variable: :class:`ProjectNotFoundError` (never a new folder,
-    never a new database)."""
+    ``$IDEMPOTENT_JOBS_HOME``, else ``.idempotent_jobs`` in :func:`project_root` (a
+    ``.gitignore`` in it keeps it out of the project's git: :func:`keep_out_of_git`). Outside a
+    project, without the variable: :class:`ProjectNotFoundError` (never a new folder, never a
+    new database)."""
     configured = os.environ.get(HOME_ENV)
     if configured:
         return Path(configured).resolve()
     return (project_root() / ".idempotent_jobs").resolve()
+
+
+#: What keeps the state folder out of a project's git (written once, inside the folder).
+STATE_GITIGNORE = (
+    "# idempotent-jobs' local state (embedded PostgreSQL, Dagster home): not code\n*\n"
+)
+
+
+def keep_out_of_git(folder: Path) -> None:
+    """Create ``folder``'s parents and, when the folder is the project's state folder (the
+    default ``.idempotent_jobs``), a ``.gitignore`` in it that ignores everything in it, so a
+    project's ``git add .`` never takes its database files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if folder.name != ".idempotent_jobs":
+        return
+    ignore = folder / ".gitignore"
+    if not ignore.exists():
+        try:
+            ignore.write_text(STATE_GITIGNORE, encoding="utf-8")
+        except OSError:  # a read-only checkout: git status shows it, nothing breaks
+            pass

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import dagster as dg
 import yaml
+from dagster._utils.schedules import is_valid_cron_string
 from pydantic import Field, field_validator
 
 from idempotent_jobs.core.budgets import Budget, TokenBudget
@@ -31,6 +32,7 @@ from idempotent_jobs.dagster.batch_lane import build_batch_lane
 from idempotent_jobs.dagster.job_factory import build_idempotent_job
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec, default_payload, default_validate
 from idempotent_jobs.dagster.ledger_io import ledger_io_manager
+from idempotent_jobs.dagster.reconciliation_job import build_reconciliation_job
 from idempotent_jobs.dagster.resource import RunLedgerResource
 from idempotent_jobs.dagster.resources import (
     Collector,
@@ -39,6 +41,7 @@ from idempotent_jobs.dagster.resources import (
     StructuredModel,
 )
 from idempotent_jobs.dagster.resources.real_models import load_object
+from idempotent_jobs.dagster.retention_job import build_retention_job
 from idempotent_jobs.models.schema import OutputSchema
 
 #: The package's own resources, named without a module in ``type``.
@@ -191,7 +194,24 @@ class IdempotentJob(dg.Component, dg.Model, dg.Resolvable):
         "a range of windows) and the sensor <name>_batches, for backfills through the "
         "provider's batch API (OpenAICompatibleModel or AnthropicModel)",
     )
+    reconciliation_schedule: str | None = Field(
+        default=None,
+        description="a cron schedule: adds <name>_reconciliation (the ledger checked against "
+        "Dagster: stuck runs, undelivered notifications, drift), running on it",
+    )
+    retention_schedule: str | None = Field(
+        default="30 3 * * *",
+        description="the cron schedule of <name>_retention, added when retention_days prunes "
+        "anything (null: no retention job; prune by hand with `idempotent-jobs prune --apply`)",
+    )
     description: str = ""
+
+    @field_validator("reconciliation_schedule", "retention_schedule")
+    @classmethod
+    def _cron(cls, cron: str | None) -> str | None:
+        if cron is not None and not is_valid_cron_string(cron):
+            raise ValueError(f"{cron!r} is not a cron schedule (e.g. '*/15 * * * *')")
+        return cron
 
     @field_validator("retention_days")
     @classmethod
@@ -247,8 +267,11 @@ class IdempotentJob(dg.Component, dg.Model, dg.Resolvable):
         except (InvalidInputError, dg.DagsterInvalidDefinitionError, ValueError) as exc:
             raise InvalidInputError(where, str(exc)) from None
         job, schedule = build_idempotent_job(spec, io_manager_key=io_manager_key)
+        upkeep = self._upkeep(spec)
         if self.lane == "online":
-            return dg.Definitions(jobs=[job], schedules=[schedule], resources=resources)
+            return dg.Definitions.merge(
+                dg.Definitions(jobs=[job], schedules=[schedule], resources=resources), upkeep
+            )
         if not isinstance(resources[model_key], StructuredModel):
             raise InvalidInputError(
                 f"{where}: lane",
@@ -256,9 +279,37 @@ class IdempotentJob(dg.Component, dg.Model, dg.Resolvable):
                 f"AnthropicModel), not {type(resources[model_key]).__name__}",
             )
         batch_job, sensor = build_batch_lane(spec)
-        return dg.Definitions(
-            jobs=[job, batch_job], schedules=[schedule], sensors=[sensor], resources=resources
+        return dg.Definitions.merge(
+            dg.Definitions(
+                jobs=[job, batch_job], schedules=[schedule], sensors=[sensor], resources=resources
+            ),
+            upkeep,
         )
+
+    def _upkeep(self, spec: IdempotentJobSpec) -> dg.Definitions:
+        """The job's reconciliation and retention jobs with their schedules, as asked for
+        (running: a schedule written in the YAML is meant to run)."""
+        jobs, schedules = [], []
+        running = dg.DefaultScheduleStatus.RUNNING
+        if self.reconciliation_schedule is not None:
+            job, schedule = build_reconciliation_job(
+                [spec],
+                name=f"{self.name}_reconciliation",
+                cron_schedule=self.reconciliation_schedule,
+                default_status=running,
+            )
+            jobs.append(job)
+            schedules.append(schedule)
+        if self.retention_schedule is not None and spec.retention.prunes_anything:
+            job, schedule = build_retention_job(
+                [spec],
+                name=f"{self.name}_retention",
+                cron_schedule=self.retention_schedule,
+                default_status=running,
+            )
+            jobs.append(job)
+            schedules.append(schedule)
+        return dg.Definitions(jobs=jobs, schedules=schedules)
 
 
 def _prompt_builder(found: object) -> None:
@@ -318,6 +369,14 @@ class _References:
                 f"{self.where}: {field}.type", f"{decl.type} is not a {kind.__name__} class"
             )
         config = dict(decl.config)
+        settings = getattr(cls, "model_fields", None)
+        if isinstance(settings, dict):
+            unknown = sorted(set(config) - set(settings))
+            if unknown:
+                raise InvalidInputError(
+                    f"{self.where}: {field}.config.{unknown[0]}",
+                    f"is not a setting of {cls.__name__} (its settings: {', '.join(settings)})",
+                )
         for key, check in (imports or {}).items():
             path = config.get(key)
             if not isinstance(path, str) or not path:

@@ -10,6 +10,7 @@ import yaml
 
 from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.core.identity import RunIdentity, clean_identity_text
+from idempotent_jobs.dagster.yaml_limits import check_yaml_file
 
 WINDOW = "window"
 SUBJECT = "subject"
@@ -20,7 +21,10 @@ def load_subjects(job_name: str, default_file: str | Path) -> list[str]:
     """The configured subjects of ``job_name``, from ``$IDEMPOTENT_JOBS_SUBJECTS_FILE`` or, when
     that is unset, ``default_file`` (a YAML mapping of job name to its list of subjects)."""
     source = Path(os.environ.get(SUBJECTS_FILE_ENV) or default_file)
+    check_yaml_file(source)
     config = yaml.safe_load(source.read_text(encoding="utf-8")) or {}
+    if not isinstance(config, dict):
+        raise InvalidInputError("subjects", f"{source} is not a mapping of job name to subjects")
     subjects = config.get(job_name)
     if not isinstance(subjects, list) or not subjects:
         raise InvalidInputError("subjects", f"{source} lists no subjects for job {job_name!r}")

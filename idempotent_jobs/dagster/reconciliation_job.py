@@ -54,7 +54,14 @@ def spend_table(admin: LedgerAdmin) -> str:
 
 def build_reconciliation_job(
     specs: Sequence[IdempotentJobSpec],
+    *,
+    name: str = "ledger_reconciliation",
+    cron_schedule: str = "*/15 * * * *",
+    default_status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.STOPPED,
 ) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
+    """The reconciliation job of ``specs`` (``name``) and its schedule (``<name>_schedule``,
+    on ``cron_schedule``)."""
+
     @dg.op(name="reconcile_ledger", required_resource_keys={"ledger", *(s.model for s in specs)})
     def reconcile_ledger(context: dg.OpExecutionContext, config: ReconcileConfig) -> None:
         ledger: LedgerFace = context.resources.ledger  # the run's worker face
@@ -90,13 +97,14 @@ def build_reconciliation_job(
 
     # One check, one run, one verdict: dagster.yaml's run retries would otherwise turn every
     # standing problem into three red runs per tick.
-    @dg.job(name="ledger_reconciliation", description=__doc__, tags={"dagster/max_retries": "0"})
+    @dg.job(name=name, description=__doc__, tags={"dagster/max_retries": "0"})
     def ledger_reconciliation() -> None:
         reconcile_ledger()
 
     schedule = dg.ScheduleDefinition(
-        name="ledger_reconciliation_schedule",
+        name=f"{name}_schedule",
         job=ledger_reconciliation,
-        cron_schedule="*/15 * * * *",
+        cron_schedule=cron_schedule,
+        default_status=default_status,
     )
     return ledger_reconciliation, schedule

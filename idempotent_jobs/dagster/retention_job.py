@@ -28,7 +28,14 @@ class RetentionConfig(dg.Config):
 
 def build_retention_job(
     specs: Sequence[IdempotentJobSpec],
+    *,
+    name: str = "ledger_retention",
+    cron_schedule: str = "30 3 * * *",
+    default_status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.STOPPED,
 ) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
+    """The retention job of ``specs`` (``name``) and its schedule (``<name>_schedule``, on
+    ``cron_schedule``)."""
+
     @dg.op(name="prune_ledger", required_resource_keys={"ledger"})
     def prune_ledger(context: dg.OpExecutionContext, config: RetentionConfig) -> None:
         ledger: LedgerFace = context.resources.ledger  # the run's worker face
@@ -42,12 +49,15 @@ def build_retention_job(
             }
         )
 
-    @dg.job(name="ledger_retention", description=__doc__)
+    @dg.job(name=name, description=__doc__)
     def ledger_retention() -> None:
         prune_ledger()
 
     schedule = dg.ScheduleDefinition(
-        name="ledger_retention_schedule", job=ledger_retention, cron_schedule="30 3 * * *"
+        name=f"{name}_schedule",
+        job=ledger_retention,
+        cron_schedule=cron_schedule,
+        default_status=default_status,
     )
     return ledger_retention, schedule
 

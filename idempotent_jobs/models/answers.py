@@ -52,6 +52,12 @@ class Provider(Protocol):
 
     def send(self, prompt: Prompt, schema: OutputSchema | None) -> Reply: ...
 
+    def ready(self) -> None:
+        """Make what a request needs before it can leave (the SDK imported, its client made),
+        so the request leaves as soon as its place under a rate limit is taken: a fresh
+        process's first request would otherwise arrive seconds after its place."""
+        ...
+
     def rate_request(self, prompt: Prompt) -> RateRequest:
         """What sending ``prompt`` takes under the provider's rate limits (the model asked
         for, the API key's name, the tokens: the prompt's and the most the answer may have)."""
@@ -101,6 +107,7 @@ def send_with_retries(
         schema_bytes = len(json.dumps(dict(schema.json_schema)).encode())
         rate = replace(rate, max_input_tokens=rate.max_input_tokens + 2 * schema_bytes + 512)
     for attempt in range(retry.max_retries + 1):
+        provider.ready()  # the slow part of a first request, before its place is taken
         book.before_request(rate)
         try:
             return provider.send(prompt, schema)

@@ -114,6 +114,11 @@ class AnthropicMessages:
         ]
         return {"model": self.model, "max_tokens": self.max_tokens, "messages": messages, **options}
 
+    def ready(self) -> None:
+        """The SDK imported and its client made, with the resource a request goes through
+        (the SDK loads it on first use)."""
+        self._client().messages  # noqa: B018 - loaded now, not after the place
+
     def send(self, prompt: Prompt, schema: OutputSchema | None) -> Reply:
         import anthropic
 

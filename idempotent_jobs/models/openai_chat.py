@@ -127,6 +127,11 @@ class OpenAIChat:
             }
         return {"model": self.model, "messages": messages, **options}
 
+    def ready(self) -> None:
+        """The SDK imported and its client made, with the resource a request goes through
+        (the SDK loads it on first use)."""
+        self._client().chat.completions  # noqa: B018 - loaded now, not after the place
+
     def send(self, prompt: Prompt, schema: OutputSchema | None) -> Reply:
         import openai
 

@@ -48,6 +48,7 @@ from idempotent_jobs.dagster.resource_errors import (
     validation_text,
 )
 from idempotent_jobs.dagster.resources import ModelStep, NotificationChannel
+from idempotent_jobs.dagster.yaml_limits import check_yaml_file
 
 CODE_LOCATION_ENV = "IDEMPOTENT_JOBS_CODE_LOCATION"
 _WORKSPACE_FILES = ("workspace.yaml", "workspace.yml")
@@ -551,6 +552,20 @@ def find_targets(
 # -- loading --------------------------------------------------------------------------------
 
 
+def _check_component_yaml(target: Target) -> None:
+    """The project's component files (``defs.yaml``) within the YAML limits, checked before
+    Dagster parses them (an alias bomb would hang it)."""
+    assert target.module is not None
+    package = Path(target.working_directory or Path.cwd()) / target.module.split(".")[0]
+    if not package.is_dir():
+        return
+    for path in sorted(package.rglob("defs.yaml")):
+        try:
+            check_yaml_file(path)
+        except InvalidInputError as exc:
+            raise CodeLocationError(f"{target.describe()}: {exc}") from None
+
+
 def _import(target: Target) -> Any:
     """Import the target's module. Whatever it prints goes to stderr (so ``--json`` output
     stays valid), and a ``sys.exit()`` in it is one :class:`CodeLocationError` naming it."""
@@ -649,6 +664,8 @@ def _loaded(load: Callable[[], Any], target: Target, what: str) -> Any:
 def load_location(target: Target) -> CodeLocation:
     """Import the target and collect the idempotent job specs of its jobs; definitions Dagster
     refuses (two jobs of one name, a resource missing) are one :class:`CodeLocationError`."""
+    if target.dg_project:
+        _check_component_yaml(target)
     module = _import(target)
     if target.autoload_defs:
         defs = _loaded(lambda: load_defs(module), target, "its defs folder")

@@ -11,7 +11,7 @@ from pathlib import Path
 from urllib.parse import quote, urlencode
 
 from idempotent_jobs.core.database import parse_database_url
-from idempotent_jobs.core.project_paths import project_home
+from idempotent_jobs.core.project_paths import keep_out_of_git, project_home
 
 DAGSTER_HOME_ENV = "DAGSTER_HOME"
 DAGSTER_STORAGE_URL_ENV = "IDEMPOTENT_JOBS_DAGSTER_STORAGE_URL"
@@ -67,6 +67,7 @@ def prepare_dagster_home() -> Path:
     configured = os.environ.get(DAGSTER_HOME_ENV)
     if configured:
         return Path(configured).resolve()
+    keep_out_of_git(project_home())
     home = (project_home() / "dagster_home").resolve()
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"

@@ -13,7 +13,12 @@ from pathlib import Path
 
 from idempotent_jobs.core.database import DATABASE_URL_ENV
 from idempotent_jobs.core.errors import LedgerError
-from idempotent_jobs.core.project_paths import HOME_ENV, ProjectNotFoundError, project_home
+from idempotent_jobs.core.project_paths import (
+    HOME_ENV,
+    ProjectNotFoundError,
+    keep_out_of_git,
+    project_home,
+)
 from idempotent_jobs.operator.dagster_home import DAGSTER_STORAGE_URL_ENV, dagster_storage_url
 
 
@@ -23,7 +28,7 @@ def start_embedded_postgres(data_dir: Path | None = None) -> str:
     check_folder(data_dir.parent)
     check_folder(data_dir)
     try:
-        data_dir.parent.mkdir(parents=True, exist_ok=True)
+        keep_out_of_git(data_dir.parent)
     except OSError as exc:
         raise EmbeddedServerError(f"{data_dir.parent} cannot be created: {exc.strerror}") from None
     try:

@@ -113,3 +113,77 @@ def test_eight_workers_of_two_deployments_share_the_limit_fairly(database: str) 
         f"the scheduled runs waited {max(daily):.2f}s at most (window {WINDOW}s)"
     )
     assert len(daily) == 6 and max(daily) <= WINDOW + 0.5, daily
+
+
+FRESH_WINDOW = 2
+FRESH_REQUESTS = 3  # per window: 1.5 a second
+FRESH_RUNS = 3  # per worker: 24 requests in all, each from a process of its own
+
+
+def one_step(conninfo: str, url: str, subject: str, n: int) -> None:
+    """A process started for one model step, as Dagster's multiprocess executor starts one per
+    step: everything is imported and made here, so its request is its first."""
+    from idempotent_jobs import RunIdentity, RunLedger, run_idempotent
+    from idempotent_jobs.models import OpenAIChat, Prompt, RetryPolicy, answer
+
+    provider = OpenAIChat(model="gpt-4o", api_key="sk", base_url=url, max_tokens=100)
+    with RunLedger(conninfo, pool_max_size=1) as ledger:
+        run_idempotent(
+            ledger,
+            RunIdentity(
+                "fresh", subject, datetime(2026, 1, 1, tzinfo=UTC) + timedelta(hours=n), "v1"
+            ),
+            collect=lambda identity: {"n": identity.scheduled_at.hour},
+            transform=lambda raw: answer(
+                provider, Prompt.of(user=f"{raw}"), None, retry=RetryPolicy(max_retries=0)
+            ),
+        )
+
+
+def test_a_process_per_step_keeps_the_limit_and_uses_it(database: str) -> None:
+    """Eight workers, each starting a fresh process per model step: the place under the limit
+    is taken once the process's client is made, so requests arrive when their places say:
+    no 429 from a provider enforcing the same limit, and the limit used at 85% or more."""
+    import threading
+
+    from idempotent_jobs import RateLimit
+    from idempotent_jobs.core.rate_limits import declare_rate_limits
+
+    with BothFaces(database) as ledger:
+        ledger.migrate()
+        limit_decl = RateLimit("openai", "gpt-4o", FRESH_REQUESTS, window_seconds=FRESH_WINDOW)
+        declare_rate_limits(ledger, [limit_decl], "fresh")
+    limit = Limit(requests=FRESH_REQUESTS, tokens=10**9, window=FRESH_WINDOW)
+    with FakeProviders(default=lambda request: Answer("a summary", 30, 10), limit=limit) as fake:
+        context = multiprocessing.get_context("spawn")
+
+        exits: list[int | None] = []
+
+        def worker(w: int) -> None:
+            for n in range(FRESH_RUNS):
+                step = context.Process(
+                    target=one_step, args=(database, fake.openai_url, f"w{w}", n)
+                )
+                step.start()
+                step.join(120)
+                exits.append(step.exitcode)  # a 429 fails its step (no retry here)
+
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(300)
+    requests = len(fake.requests)
+    times = [t for t, _, _ in limit.admitted]
+    assert limit.throttled == 0, f"{limit.throttled} of {requests} requests met a 429"
+    assert requests == 8 * FRESH_RUNS and exits == [0] * len(exits), exits
+    # Used: the requests admitted while others queued (the middle of the run), against the
+    # most the provider takes in that time.
+    middle = times[FRESH_REQUESTS : len(times) - 4]
+    took = middle[-1] - middle[0]
+    used = (len(middle) - 1) / (took * FRESH_REQUESTS / FRESH_WINDOW)
+    print(
+        f"a process per step: {requests} requests, {limit.throttled} met a 429; "
+        f"{used:.0%} of the limit used while requests queued ({took:.1f}s)"
+    )
+    assert used >= 0.85, f"{len(middle)} requests in {took:.2f}s: {used:.0%} of the limit"

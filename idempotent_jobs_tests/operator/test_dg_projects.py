@@ -316,3 +316,59 @@ def test_a_components_numbers_are_checked(
     defs_yaml.write_text(defs_yaml.read_text() + f"  {attribute}\n")
     with pytest.raises(CodeLocationError, match=field):
         load_workspace(start=project)
+
+
+ALIAS_BOMB = """
+  description: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]
+""" + "".join(
+    f"  d{n}: &a{n} [*a{n - 1}, *a{n - 1}, *a{n - 1}, *a{n - 1}, *a{n - 1}, *a{n - 1}]\n"
+    for n in range(1, 30)
+)
+
+
+def test_an_alias_bomb_and_an_unknown_setting_are_refused_naming_the_file_and_field(
+    tmp_path: Path, clean_modules: None
+) -> None:
+    project = tmp_path / "bombed"
+    package = write_project(project, "bombed")
+    defs_yaml = project / "src" / package / "defs" / "bombed" / "defs.yaml"
+    text = defs_yaml.read_text()
+    defs_yaml.write_text(text + ALIAS_BOMB)
+    with pytest.raises(CodeLocationError, match=r"defs\.yaml.*more than 100 aliases"):
+        load_workspace(start=project)  # refused before Dagster builds it (it would hang)
+    defs_yaml.write_text(
+        text.replace(
+            "{type: JsonLinesChannel, config: {path:",
+            "{type: JsonLinesChannel, config: {pth: x, path:",
+        )
+    )
+    with pytest.raises(
+        CodeLocationError, match=r"channels\.bombed_file\.config\.pth.*not a setting"
+    ):
+        load_workspace(start=project)
+
+
+def test_a_component_adds_its_reconciliation_and_retention_jobs_with_their_schedules(
+    tmp_path: Path, clean_modules: None
+) -> None:
+    project = tmp_path / "upkeep"
+    package = write_project(project, "upkeep")
+    defs_yaml = project / "src" / package / "defs" / "upkeep" / "defs.yaml"
+    text = defs_yaml.read_text()
+    defs_yaml.write_text(
+        text + "  retention_days: {raw_input: 30}\n  reconciliation_schedule: '*/10 * * * *'\n"
+    )
+    defs = load_workspace(start=project).locations[0].defs
+    for job, cron in (
+        ("upkeep_reconciliation", "*/10 * * * *"),
+        ("upkeep_retention", "30 3 * * *"),
+    ):
+        assert defs.resolve_job_def(job).name == job
+        schedule = defs.resolve_schedule_def(f"{job}_schedule")
+        assert schedule.cron_schedule == cron
+        assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
+    for name in [m for m in sys.modules if m.startswith("dgproj_")]:
+        del sys.modules[name]
+    defs_yaml.write_text(text + "  reconciliation_schedule: every hour\n")
+    with pytest.raises(CodeLocationError, match=r"reconciliation_schedule.*not a cron schedule"):
+        load_workspace(start=project)

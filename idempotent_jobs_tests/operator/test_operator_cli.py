@@ -110,8 +110,12 @@ def test_runs_list_as_table_and_json_with_filters(
     code, out = run(capsys, "runs", "list", "--job", "another-job")  # a typo is never "(none)"
     assert code == 2 and "the ledger's jobs are competitor-summary" in out
     assert as_json(capsys, "runs", "list", "--job", "competitor_summary")  # the Dagster name
-    code, out = run(capsys, "runs", "list", "--since", "2026-08-07")
+    by_day = as_json(capsys, "runs", "list", "--since", "2026-08-07")  # a plain date: UTC
+    assert len(by_day) == len(as_json(capsys, "runs", "list", "--since", "2026-08-07T00:00Z"))
+    code, out = run(capsys, "runs", "list", "--since", "2026-08-07T09:00")
     assert code == 2 and "needs a timezone" in out
+    code, out = run(capsys, "runs", "list", "--since", "yesterday")
+    assert code == 2 and "is not a date" in out
 
 
 def test_runs_list_pages_by_keyset_through_ties(

@@ -4,7 +4,7 @@ numeric option types, and how a result or a finding list is printed."""
 import argparse
 import math
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from idempotent_jobs.core.constants import (
@@ -93,7 +93,16 @@ def code_location(args: argparse.Namespace) -> "Workspace":
 
 
 def when(text: str) -> datetime:
-    value = datetime.fromisoformat(text)
+    """An argparse type: a moment with its zone (``2026-08-07T09:00+02:00``), or a plain date
+    (``2026-08-07``: its start, UTC, as run windows are)."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a date (2026-08-07) or a time with its zone (2026-08-07T00:00Z)"
+        ) from None
+    if value.tzinfo is None and len(text.strip()) == len("2026-08-07"):
+        return value.replace(tzinfo=UTC)  # a plain date: its start, in UTC
     if value.tzinfo is None:
         raise argparse.ArgumentTypeError(f"{text!r} needs a timezone, e.g. 2026-08-07T00:00Z")
     return value

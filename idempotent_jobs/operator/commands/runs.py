@@ -478,7 +478,9 @@ def add_parser(commands: Any, shared: Shared) -> None:
     )
     listing.add_argument("--subject")
     listing.add_argument("--status", choices=RUN_STATUSES)
-    listing.add_argument("--since", type=when, help="window start >= this (ISO, with zone)")
+    listing.add_argument(
+        "--since", type=when, help="window start >= this (a date, UTC, or a time with its zone)"
+    )
     listing.add_argument("--until", type=when, help="window start < this (ISO, with zone)")
     listing.add_argument("--limit", type=positive(int), default=100)
     listing.add_argument(
