@@ -15,7 +15,9 @@ def test_the_state_folder_is_ignored_by_the_projects_git(
 ) -> None:
     project = tmp_path / "my-project"
     project.mkdir()
-    (project / "pyproject.toml").write_text('[project]\nname = "my-project"\n')
+    (project / "pyproject.toml").write_text(
+        '[project]\nname = "my-project"\n\n[tool.dagster]\nmodule_name = "my_defs"\n'
+    )
     subprocess.run(["git", "init", "-q", str(project)], check=True)
     monkeypatch.chdir(project)
     monkeypatch.delenv(HOME_ENV, raising=False)

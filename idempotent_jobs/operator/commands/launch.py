@@ -11,11 +11,9 @@ ended. Works with the embedded database or ``IDEMPOTENT_JOBS_DATABASE_URL``.
 
 import argparse
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from idempotent_jobs.core.errors import InvalidInputError
-from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
-from idempotent_jobs.dagster.partitions import partition_key
 from idempotent_jobs.operator.commands.common import (
     Shared,
     code_location,
@@ -24,10 +22,15 @@ from idempotent_jobs.operator.commands.common import (
 )
 from idempotent_jobs.operator.render import escape_controls, table
 
+if TYPE_CHECKING:  # the CLI parses its arguments without importing Dagster
+    from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 
-def partitions_of(spec: IdempotentJobSpec, args: argparse.Namespace) -> list[str]:
+
+def partitions_of(spec: "IdempotentJobSpec", args: argparse.Namespace) -> list[str]:
     """The partition keys asked for: given one by one, or a range of windows (``--from``,
     ``--to``, both included) for ``--subject`` (repeatable; none: every subject)."""
+    from idempotent_jobs.dagster.partitions import partition_key
+
     keys = list(args.partitions or [])
     if args.window_from or args.window_to:
         windows = spec.window.get_partition_keys()
