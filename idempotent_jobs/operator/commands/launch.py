@@ -11,6 +11,10 @@ ended. Works with the embedded database or ``IDEMPOTENT_JOBS_DATABASE_URL``.
 
 import argparse
 import logging
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from idempotent_jobs.core.errors import InvalidInputError
@@ -78,7 +82,11 @@ def launch(args: argparse.Namespace) -> int:
     prepare_dagster_home()
     if not args.verbose:  # one line per partition; Dagster's own logs with -v
         logging.getLogger("dagster").setLevel(logging.WARNING)
-    with dg.DagsterInstance.get() as instance, ui_launch.served(target, instance) as context:
+    with (
+        _stdout_to_stderr(),  # the code server's own lines: stdout stays the command's output
+        dg.DagsterInstance.get() as instance,
+        ui_launch.served(target, instance) as context,
+    ):
         location = target.dagster_location_name
         tags = ui_tags(workspace, spec)  # the UI's Runs and Partitions pages select by these
         launched = [ui_launch.submit(context, location, spec, key, tags) for key in keys]
@@ -96,6 +104,22 @@ def launch(args: argparse.Namespace) -> int:
     if args.wait:
         return 0 if all(r["success"] for r in rows) else 1
     return 0 if all(r["status"] != "FAILURE" for r in rows) else 1
+
+
+@contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send what this process and the processes it starts meanwhile (the code server) write to
+    standard output to standard error instead, at the file descriptor, so ``--json`` and the
+    table are all that reach standard output."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _row(instance: Any, run: Any, *, waited: bool) -> dict[str, Any]:
