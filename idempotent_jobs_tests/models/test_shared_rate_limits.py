@@ -3,7 +3,9 @@ against a fake provider that enforces the same limit itself (429 above it): almo
 meets a 429, the limit is used at 90% or more, and the second deployment's scheduled runs are
 not held back by the first one's backfill for more than a window."""
 
+import json
 import multiprocessing
+import re
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -12,7 +14,7 @@ import pytest
 
 from idempotent_jobs.core.rate_limits import BURST_SHARE, PACE_SHARE
 from idempotent_jobs_tests.ledgers import BothFaces
-from testkit.fake_providers import Answer, FakeProviders, Limit
+from testkit.fake_providers import Answer, FakeProviders, Limit, Request
 
 pytestmark = pytest.mark.slow
 
@@ -115,17 +117,27 @@ def test_eight_workers_of_two_deployments_share_the_limit_fairly(database: str) 
     assert len(daily) == 6 and max(daily) <= WINDOW + 0.5, daily
 
 
-FRESH_WINDOW = 2
-FRESH_REQUESTS = 3  # per window: 1.5 a second
-FRESH_RUNS = 3  # per worker: 24 requests in all, each from a process of its own
+FRESH_WINDOW = 4
+FRESH_REQUESTS = 2  # per window: one every 2 s, below what 8 processes a step ask on 2 cores
+FRESH_RUNS = 2  # per worker: 16 requests in all, each from a process of its own
 
 
-def one_step(conninfo: str, url: str, subject: str, n: int) -> None:
+def one_step(conninfo: str, url: str, subject: str, n: int, placed: Any) -> None:
     """A process started for one model step, as Dagster's multiprocess executor starts one per
-    step: everything is imported and made here, so its request is its first."""
+    step: everything is imported and made here, so its request is its first. It tells
+    ``placed`` when its place under the limit was granted (the system's monotonic clock, the
+    one the fake provider stamps arrivals with)."""
     from idempotent_jobs import RunIdentity, RunLedger, run_idempotent
+    from idempotent_jobs.core.calls import CallBook
     from idempotent_jobs.models import OpenAIChat, Prompt, RetryPolicy, answer
 
+    granted = CallBook.before_request
+
+    def timed(book: CallBook, rate: Any = None) -> None:
+        granted(book, rate)
+        placed.put((f"{subject}/{n}", time.monotonic()))
+
+    CallBook.before_request = timed  # type: ignore[method-assign,assignment]
     provider = OpenAIChat(model="gpt-4o", api_key="sk", base_url=url, max_tokens=100)
     with RunLedger(conninfo, pool_max_size=1) as ledger:
         run_idempotent(
@@ -135,7 +147,7 @@ def one_step(conninfo: str, url: str, subject: str, n: int) -> None:
             ),
             collect=lambda identity: {"n": identity.scheduled_at.hour},
             transform=lambda raw: answer(
-                provider, Prompt.of(user=f"{raw}"), None, retry=RetryPolicy(max_retries=0)
+                provider, Prompt.of(user=f"step {subject}/{n}"), None, retry=RetryPolicy(0)
             ),
         )
 
@@ -154,15 +166,26 @@ def test_a_process_per_step_keeps_the_limit_and_uses_it(database: str) -> None:
         limit_decl = RateLimit("openai", "gpt-4o", FRESH_REQUESTS, window_seconds=FRESH_WINDOW)
         declare_rate_limits(ledger, [limit_decl], "fresh")
     limit = Limit(requests=FRESH_REQUESTS, tokens=10**9, window=FRESH_WINDOW)
-    with FakeProviders(default=lambda request: Answer("a summary", 30, 10), limit=limit) as fake:
-        context = multiprocessing.get_context("spawn")
+    arrived: dict[str, float] = {}
+
+    def arrive(request: Request) -> Answer:
+        [step] = re.findall(r"step (w\d+/\d+)", json.dumps(request.body))
+        arrived[step] = time.monotonic()
+        return Answer("a summary", 30, 10)
+
+    with FakeProviders(default=arrive, limit=limit) as fake:
+        # Dagster's multiprocess executor with its forkserver start method: a process per step,
+        # this package preloaded, the provider's SDK imported by the step's first request.
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["idempotent_jobs"])
 
         exits: list[int | None] = []
+        placed = context.Queue()
 
         def worker(w: int) -> None:
             for n in range(FRESH_RUNS):
                 step = context.Process(
-                    target=one_step, args=(database, fake.openai_url, f"w{w}", n)
+                    target=one_step, args=(database, fake.openai_url, f"w{w}", n, placed)
                 )
                 step.start()
                 step.join(120)
@@ -173,17 +196,23 @@ def test_a_process_per_step_keeps_the_limit_and_uses_it(database: str) -> None:
             thread.start()
         for thread in threads:
             thread.join(300)
+        places = dict(placed.get(timeout=10) for _ in range(len(exits)))
     requests = len(fake.requests)
     times = [t for t, _, _ in limit.admitted]
+    # Each request arrived right after its place: the SDK was imported and its client made
+    # before the place was taken (a fresh process's first request, seconds late otherwise).
+    lags = sorted(arrived[step] - places[step] for step in places)
+    assert lags[-1] < 0.5, f"a request arrived {lags[-1]:.2f}s after its place"
     assert limit.throttled == 0, f"{limit.throttled} of {requests} requests met a 429"
     assert requests == 8 * FRESH_RUNS and exits == [0] * len(exits), exits
     # Used: the requests admitted while others queued (the middle of the run), against the
     # most the provider takes in that time.
-    middle = times[FRESH_REQUESTS : len(times) - 4]
+    middle = times[FRESH_REQUESTS : len(times) - 3]
     took = middle[-1] - middle[0]
     used = (len(middle) - 1) / (took * FRESH_REQUESTS / FRESH_WINDOW)
     print(
         f"a process per step: {requests} requests, {limit.throttled} met a 429; "
+        f"arrived {lags[len(lags) // 2]:.3f}s (median), {lags[-1]:.3f}s (most) after the place; "
         f"{used:.0%} of the limit used while requests queued ({took:.1f}s)"
     )
     assert used >= 0.85, f"{len(middle)} requests in {took:.2f}s: {used:.0%} of the limit"
