@@ -368,6 +368,23 @@ class LedgerAdmin(LedgerFace):
         params = {"batch_id": batch_id, "job_name": job_name, "state": state, "limit": limit}
         return self._db.fetch("list_batches", params, dict_row)
 
+    def batch_id_of(self, prefix: str) -> str:
+        """The batch whose id starts with ``prefix`` (as ``batches list`` shows ids, from 4 hex
+        digits); :class:`InvalidInputError` naming ``batch_id`` when none does, or several."""
+        text = prefix.strip().lower()
+        if not 4 <= len(text) <= 32 or any(c not in "0123456789abcdef" for c in text):
+            raise InvalidInputError(
+                "batch_id", f"{prefix!r} is not a batch id (4 to 32 hex digits)"
+            )
+        found = [row[0] for row in self._db.rows("batch_ids_like", {"prefix": text})]
+        if not found:
+            raise InvalidInputError("batch_id", f"no batch {prefix!r}")
+        if len(found) > 1:
+            raise InvalidInputError(
+                "batch_id", f"{prefix!r} starts {len(found)} batch ids: give more of it"
+            )
+        return str(found[0])
+
     def batch_runs(self, batch_id: str) -> list[dict[str, Any]]:
         """A batch's runs: each item's run, subject, state, error and recorded call."""
         return self._db.fetch("batch_runs", {"batch_id": batch_id}, dict_row)

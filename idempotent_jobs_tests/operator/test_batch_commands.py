@@ -48,8 +48,16 @@ def test_an_operator_lists_shows_and_cancels_batches(
     # 2 calls of 50 input and 5 output tokens at the batch tier's price per million.
     assert "0.000021 USD" in lines[2]
 
-    code, out = run(capsys, "batches", "show", done.batch_id, "--json")
+    code, out = run(capsys, "batches", "show", done.batch_id[:8], "--json")  # a prefix
     shown = json.loads(out)
+    assert shown["batch_id"] == done.batch_id
+    code, out = run(capsys, "batches", "show", "xyz!")
+    assert code == 2 and "batch_id" in out and "not a batch id" in out
+    ids = (done.batch_id, open_.batch_id)
+    unknown = next(p for p in ("0000", "ffff", "abcd") if not any(i.startswith(p) for i in ids))
+    code, out = run(capsys, "batches", "show", unknown)
+    assert code == 2 and f"no batch '{unknown}'" in out
+
     assert shown["provider_batch_id"] == fake.batches.created["openai"][0]
     assert sorted((r["subject_id"], r["state"]) for r in shown["runs"]) == [
         ("a", "accepted"),

@@ -667,6 +667,12 @@ RETURNING provider
 -- Every provider rate limit, by provider, model and key name.
 SELECT * FROM {schema}.rate_limits ORDER BY provider, model, key_name
 
+-- name: batch_ids_like
+-- The ids of the batches that start with a prefix of hex digits (at most two: one, or ambiguous).
+SELECT batch_id FROM {schema}.batches
+WHERE batch_id >= %(prefix)s AND batch_id < %(prefix)s || 'g'
+ORDER BY batch_id LIMIT 2
+
 -- name: list_batches
 -- Batches, newest first, of one job or all, in one state or any, with their items by state and their money.
 -- Money: the calls recorded under the batch (worker `batch:<id>`), each at the money it was

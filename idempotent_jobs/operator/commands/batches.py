@@ -14,6 +14,8 @@ def batches_command(args: argparse.Namespace) -> int:
     from idempotent_jobs.core.errors import InvalidInputError
 
     with open_admin(args) as admin:
+        if args.batches_command in ("cancel", "show"):
+            args.batch_id = admin.batch_id_of(args.batch_id)  # a prefix, as the list shows
         if args.batches_command == "cancel":
             row = admin.cancel_batch(args.batch_id, requested_by=args.requested_by)
             emit(
