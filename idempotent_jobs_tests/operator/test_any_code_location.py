@@ -221,6 +221,10 @@ def test_launched_partitions_show_on_the_jobs_pages(
     assert code == 0 and "reused" in out, out
     code, out = cli(capsys, "launch", "--job", "ticket_triage", "nowhere|2026-11-02")
     assert code == 2 and "has no partition 'nowhere|2026-11-02'" in out
+    code, out = cli(capsys, "runs", "show", "--partition", PARTITIONS[0], "--job", "ticket_triage")
+    assert code == 0 and "support" in out and "completed" in out, out
+    code, out = cli(capsys, "runs", "show", "--partition", PARTITIONS[0])
+    assert code == 2 and "--partition needs the job" in out
 
     [origin] = get_origins_from_toml(str(project["folder"] / "pyproject.toml"))
     label = f"__repository__@{origin.location_name}"

@@ -230,9 +230,27 @@ def _call_money(billing: str | None, cost: Decimal | None, currency: str) -> str
     return f"{shown} (not billed)" if billing == "unbilled" else shown
 
 
+def _run_id_asked(args: argparse.Namespace) -> str:
+    """The run ``runs show`` is asked for: an id (or a unique prefix), or a partition of a job
+    (``--partition KEY --job J``, the job found in the code location)."""
+    from idempotent_jobs.core.errors import InvalidInputError
+
+    if args.partition is None:
+        if args.run_id is None:
+            raise InvalidInputError("run_id", "give a run id, or --partition KEY --job J")
+        return str(args.run_id)
+    if args.run_id is not None:
+        raise InvalidInputError("--partition", "give a run id or a partition, not both")
+    if not args.job:
+        raise InvalidInputError("--job", "--partition needs the job (--job J)")
+    spec = code_location(args).find_job(args.job).spec
+    return spec.identity_for(args.partition).run_id
+
+
 def runs_show(args: argparse.Namespace) -> int:
+    asked = _run_id_asked(args)
     with open_admin(args) as admin:
-        run_id = admin.resolve_run_id(args.run_id)
+        run_id = admin.resolve_run_id(asked)
         record = admin.get(run_id)
         if record is None:
             print(f"idempotent-jobs: no run {run_id}", file=sys.stderr)
@@ -488,7 +506,9 @@ def add_parser(commands: Any, shared: Shared) -> None:
     )
     listing.set_defaults(handler=runs_list)
     show = runs.add_parser("show", parents=[shared.json_flag], help="one run: attempts, outbox")
-    show.add_argument("run_id", help="run id (or a unique prefix)")
+    show.add_argument("run_id", nargs="?", help="run id (or a unique prefix)")
+    show.add_argument("--partition", help="the run of this partition of --job (subject|window)")
+    show.add_argument("--job", help="the Dagster or identity job name of --partition")
     stats = runs.add_parser(
         "stats",
         parents=[shared.json_flag],
