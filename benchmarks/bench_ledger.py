@@ -554,21 +554,23 @@ def budget_cost(url: str, runs: int) -> None:
     budgets = {"none": None, "budget": Budget(amount=10**15)}
     times: dict[str, list[float]] = {name: [] for name in budgets}
     with RunLedger(url, pool_min_size=1, pool_max_size=1) as ledger:
-        for block in range(runs // 20 + 1):
-            for name, budget in budgets.items():
-                for n in range(20):
-                    started = time.perf_counter()
-                    run_idempotent(
-                        ledger,
-                        ident(f"budget-{name}-{block}", n, job=f"bench-{name}"),
-                        collect=noop_collect,
-                        transform=paid_model,
-                        notifications=notify,
-                        budget=budget,
-                        max_tokens_per_call=200 if budget else None,
-                    )
-                    if block:  # the first block warms both up
-                        times[name].append(time.perf_counter() - started)
+        # One call of each, in turn (the order flipped every pair), so both see the same
+        # moments of a noisy machine; the first 40 pairs warm both up.
+        for n in range(2 * runs + 40):
+            order = list(budgets.items())
+            for name, budget in order if n % 2 else order[::-1]:
+                started = time.perf_counter()
+                run_idempotent(
+                    ledger,
+                    ident(f"budget-{name}", n, job=f"bench-{name}"),
+                    collect=noop_collect,
+                    transform=paid_model,
+                    notifications=notify,
+                    budget=budget,
+                    max_tokens_per_call=200 if budget else None,
+                )
+                if n >= 40:
+                    times[name].append(time.perf_counter() - started)
     base, budgeted = pct(times["none"], 0.5), pct(times["budget"], 0.5)
     row(
         "whole call, new run, with a budget (p50)",
