@@ -78,6 +78,11 @@ class IdempotentJobSpec:
     ``rate_limits`` are the provider limits its model steps keep (:class:`RateLimit`: requests
     and tokens per minute per provider and model), declared in the ledger when a worker first
     calls the model and kept by every worker of every deployment sharing it.
+    ``model_retry`` is the model step's op retry policy (3 retries, 2 s, exponential backoff
+    with jitter), for a failure that may pass: a 429, a 5xx, a timeout, a dropped connection,
+    an answer the validator refused. A failure another try cannot change (a provider 4xx
+    other than 408/409/429, a redirect, an answer outside the schema after its repair turns, a
+    refusal before any request, a budget) fails the step at once, whatever the policy.
     """
 
     name: str
