@@ -447,6 +447,14 @@ def test_prices_list_shows_what_is_in_force_and_history_every_row(
     ]
     code, out = run(capsys, "prices", "list", "--history")
     assert code == 0 and "(correction)" in out and "ops" in out
+    run_idempotent(  # a call of a model no price covers: named on a line of its own
+        ledger,
+        RunIdentity("unpriced-job", "s", datetime(2026, 8, 7, tzinfo=UTC), "v1"),
+        collect=lambda identity: {"x": 1},
+        transform=lambda raw: ModelAnswer({"summary": "s"}, ModelUsage("m9", 10, 5)),
+    )
+    code, out = run(capsys, "prices", "list")
+    assert "\nno price for 1 call(s) of: m9" in out and "\\n" not in out
 
 
 def test_a_connection_never_made_is_not_billed_and_holds_nothing(

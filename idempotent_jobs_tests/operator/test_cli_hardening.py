@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from idempotent_jobs import Budget, LedgerAdmin
 from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
 from idempotent_jobs_tests.helpers import claimed
 from idempotent_jobs_tests.ledgers import BothFaces
@@ -130,3 +131,27 @@ def test_the_db_commands_never_show_a_configured_password(
     assert env == {"PGPASSWORD": secret}
     assert "pw-db" not in " ".join(argv) and "host=db.example" in argv[0]
     assert argv[1:] == ["-c", "select 1"]
+
+
+def test_revise_now_with_a_spent_budget_is_refused_before_the_revision_is_recorded(
+    cli_env: Path,  # noqa: F811
+    ledger: BothFaces,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The recompute would be refused by the job's budget: nothing is written, and the run
+    stays completed at its revision."""
+    ident = COMPETITOR_SUMMARY.identity_for("workspace-acme|2026-08-07")
+    ledger.complete(claimed(ledger, ident), {"summary": "first"}, {"report_file": {"n": 1}})
+    with LedgerAdmin.beside(ledger) as admin:
+        admin.set_budget(Budget(amount=1), job_name=ident.job_name)
+    with ledger.connection() as conn:  # the period's budget is spent
+        conn.execute("UPDATE idempotent_jobs.budget_counters SET spent = 1")
+        conn.execute(
+            "INSERT INTO idempotent_jobs.budget_counters (budget_id, period_start, subject_id,"
+            " spent) SELECT budget_id, (now() AT TIME ZONE 'UTC')::date, '', 1"
+            " FROM idempotent_jobs.spend_budgets ON CONFLICT DO NOTHING"
+        )
+    code, out = run(capsys, "revise", ident.run_id, "--reason", "prompt fixed", "--now")
+    assert code == 2 and "--now" in out and "no room left" in out, out
+    record = ledger.get(ident.run_id)
+    assert record is not None and (record.status, record.revision) == ("completed", 0)

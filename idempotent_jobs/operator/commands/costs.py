@@ -124,8 +124,8 @@ def prices_command(args: argparse.Namespace) -> int:
     unpriced = [m for m in matches if m["model_pattern"] is None]
     if unpriced:
         models = ", ".join(unpriced[0]["models"])
-        human += escape_controls(
-            f"\nno price for {unpriced[0]['calls']:,} call(s) of: {models} (cost unknown)"
+        human += "\n" + escape_controls(  # the line break itself is not the model's text
+            f"no price for {unpriced[0]['calls']:,} call(s) of: {models} (cost unknown)"
         )
     emit(args, {"prices": known, "matches": matches}, human)  # table() escapes each cell
     return 0

@@ -42,6 +42,7 @@ def revise(args: argparse.Namespace) -> int:
             if args.now:  # everything the recompute needs, checked before the revise writes
                 partition = partition_for_run(workspace, record)
                 workspace.check_resources(spec)
+                _check_budget_room(admin, record.job_name)
         record = admin.revise(
             run_id,
             args.reason,
@@ -90,3 +91,20 @@ def add_parser(commands: Any, shared: Shared) -> None:
         "--now", action="store_true", help="recompute now, running the partition in this process"
     )
     parser.set_defaults(handler=revise)
+
+
+def _check_budget_room(admin: Any, job_name: str) -> None:
+    """Refuse ``--now`` before anything is written when a budget of the job (or of its group)
+    has no room left this period: its recompute would be refused, leaving the run reopened,
+    not done."""
+    for standing in admin.budgets(job_name):
+        if standing.scope == "subject":  # its standing is the subject that spent most
+            continue
+        used = standing.spent + standing.reserved + standing.in_doubt
+        if used >= standing.amount:
+            raise InvalidInputError(
+                "--now",
+                f"budget {standing.budget_id} has no room left this period ({used} of "
+                f"{standing.amount} {standing.unit}): its recompute would be refused; revise "
+                "without --now, or raise the budget first",
+            )
