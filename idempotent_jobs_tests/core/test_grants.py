@@ -239,6 +239,8 @@ def test_the_reader_role_runs_every_read_of_the_operator_face(
         reader.rate_limits()
         reader.batches()
         reader.batch_runs("0" * 32)
+        with pytest.raises(InvalidInputError, match="no batch"):
+            reader.batch_id_of("0000")  # read, and none found
         reader.spend_by_job()
         reader.job_history("competitor-summary")
         reader.run_statuses([run_id])
