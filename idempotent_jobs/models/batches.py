@@ -173,6 +173,26 @@ def _usage_in(body: Any, model: str, provider: str, keys: tuple[str, str]) -> Mo
     )
 
 
+def _not_an_answer(
+    provider: str,
+    model: str,
+    custom_id: str,
+    body: Any,
+    keys: tuple[str, str],
+    exc: Exception,
+) -> ItemResult:
+    """An item answered 200 with a body that is not an answer the SDK can read: its error, with
+    whatever usage the body still reports (a ``rejected`` call then, paid; else in doubt)."""
+    usage = _usage_in(body, model, provider, keys)
+    error = ProviderError(
+        f"its answer is not one the provider's SDK reads: {exc}"[:500],
+        provider=provider,
+        usage=usage,
+        answered=usage is not None,
+    )
+    return ItemResult(custom_id, error=error)
+
+
 def answer_of(provider: str, result: ItemResult, schema: OutputSchema | None) -> ModelAnswer:
     """The lane's answer for an item: its error raised, or its reply read as the online model
     step reads a final reply (refusals, the schema)."""
@@ -319,14 +339,8 @@ class OpenAIBatches(OpenAIChat):
         try:
             reply = self.reply_of(ChatCompletion.model_validate(body), tier="batch")
         except Exception as exc:  # noqa: BLE001 - this item's answer, not the batch's
-            usage = _usage_in(body, self.model, self.name, ("prompt_tokens", "completion_tokens"))
-            error = ProviderError(
-                f"its answer is not a chat completion: {exc}"[:500],
-                provider=self.name,
-                usage=usage,
-                answered=usage is not None,
-            )
-            return ItemResult(custom_id, error=error)
+            keys = ("prompt_tokens", "completion_tokens")
+            return _not_an_answer(self.name, self.model, custom_id, body, keys, exc)
         return ItemResult(custom_id, reply=reply)
 
     def _item_error(self, status: Any, body: Any) -> ProviderError:
@@ -436,14 +450,8 @@ class AnthropicBatches(AnthropicMessages):
             try:
                 reply = self.reply_of(Message.model_validate(body), tier="batch")
             except Exception as exc:  # noqa: BLE001 - this item's answer, not the batch's
-                usage = _usage_in(body, self.model, self.name, ("input_tokens", "output_tokens"))
-                error = ProviderError(
-                    f"its answer is not a message: {exc}"[:500],
-                    provider=self.name,
-                    usage=usage,
-                    answered=usage is not None,
-                )
-                return ItemResult(custom_id, error=error)
+                keys = ("input_tokens", "output_tokens")
+                return _not_an_answer(self.name, self.model, custom_id, body, keys, exc)
             return ItemResult(custom_id, reply=reply)
         if kind == "errored":
             assert isinstance(result, dict)
@@ -451,16 +459,16 @@ class AnthropicBatches(AnthropicMessages):
             if isinstance(inner, dict) and isinstance(inner.get("error"), dict):
                 inner = inner["error"]
             message = inner.get("message") if isinstance(inner, dict) else inner
-            error = ProviderRequestError(
+            refused = ProviderRequestError(
                 f"batch item errored: {str(message)[:500]}",
                 provider=self.name,
                 usage=_unbilled(self.name, self.model),
             )
-            return ItemResult(custom_id, error=error)
+            return ItemResult(custom_id, error=refused)
         if kind in ("canceled", "expired"):  # never answered, nothing paid
             return ItemResult(custom_id)
-        error = ProviderError(f"its result has no known type: {kind!r}", provider=self.name)
-        return ItemResult(custom_id, error=error)
+        unknown = ProviderError(f"its result has no known type: {kind!r}", provider=self.name)
+        return ItemResult(custom_id, error=unknown)
 
     def item_answer(self, result: ItemResult, schema: OutputSchema | None) -> ModelAnswer:
         return answer_of(self.name, result, schema)
