@@ -312,6 +312,11 @@ class BatchBook(LedgerFace):
         rows = self._db.fetch("get_batch", {"batch_id": batch_id}, dict_row)
         return rows[0] if rows else None
 
+    def last_collected(self, job_names: list[str]) -> datetime | None:
+        """When the newest collected batch of ``job_names`` was collected (``None``: none)."""
+        found: datetime | None = self._db.rows("last_collected", {"job_names": job_names})[0][0]
+        return found
+
     def collected_runs(self, job_names: list[str], since: datetime) -> list[CollectedRun]:
         """The items of the batches collected after ``since``, oldest batch first, each with
         what became of it."""

@@ -261,11 +261,16 @@ def build_batch_lane(
         model = batch_model(spec, context.resources)
         steps = batch_steps(spec, model)
         provider = model.batch_provider()
+        cursor = context.cursor
+        if cursor is None:  # a sensor's first tick: batches collected before it are not its to
+            # request runs for (an upgrade must not launch a run per partition of the past)
+            before = ledger.last_collected([spec.identity_job_name])
+            cursor = before.isoformat() if before is not None else None
         lines = [
             _advance_one(ledger, steps, provider, batch_id)
             for batch_id in ledger.open_batches([spec.identity_job_name])
         ] or ["no open batch"]
-        requests, named, cursor = collected_requests(spec, ledger, context.cursor)
+        requests, named, cursor = collected_requests(spec, ledger, cursor)
         lines.extend(named)
         if requests:
             lines.append(f"{len(requests)} run(s) of {spec.name} requested")

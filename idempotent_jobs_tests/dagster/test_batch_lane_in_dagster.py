@@ -140,6 +140,10 @@ def test_a_range_backfilled_through_the_batch_lane_is_computed_once_and_reused(
     assert calls == (6, 6)
     with dg.build_sensor_context(resources=resources, definitions=defs, cursor=cursor) as context:
         assert not SENSOR.evaluate_tick(context).run_requests  # requested once
+    with dg.build_sensor_context(resources=resources, definitions=defs) as context:
+        # A sensor's first tick (no cursor: just deployed, or upgraded) requests nothing for
+        # batches collected before it.
+        assert not SENSOR.evaluate_tick(context).run_requests
 
     # The requested runs reuse the batch's results and deliver each notification once.
     online_requests = len(provider.requests)

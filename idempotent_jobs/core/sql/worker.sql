@@ -871,6 +871,11 @@ WHERE state <> 'collected'
   AND (%(job_names)s::text[] IS NULL OR job_name = ANY(%(job_names)s::text[]))
 ORDER BY created_at
 
+-- name: last_collected
+-- When the newest collected batch of some jobs was collected (NULL: none yet).
+SELECT max(collected_at) FROM {schema}.batches
+WHERE state = 'collected' AND job_name = ANY(%(job_names)s::text[])
+
 -- name: collected_runs
 -- The items of the batches collected after a time, with what became of each, oldest batch first (the lane's sensor requests a run of each accepted partition and names the others).
 SELECT b.batch_id, b.collected_at, r.subject_id, r.scheduled_at, i.state
