@@ -84,7 +84,7 @@ def configure_pooled_connection(conn: psycopg.Connection) -> None:
     ``ignore_startup_parameters`` lists them (1.18 refuses the client otherwise), but it tracks
     ``TimeZone`` and sets it again on every server connection it hands this client."""
     configure_connection(conn)
-    conn.execute("SET TimeZone TO 'UTC'")
+    conn.execute("SET TimeZone TO 'UTC'", prepare=False)
 
 
 def behind_pooler(conn: psycopg.Connection) -> bool:
@@ -93,8 +93,14 @@ def behind_pooler(conn: psycopg.Connection) -> bool:
     A pooler hands the client a backend key of its own (it must route cancel requests), so the
     process id the server reports differs from the one the connection was given at startup;
     on a direct connection, or through a plain TCP proxy, they are the same.
+
+    Never prepared, whatever the connection's ``prepare_threshold``: this check is what
+    decides whether preparing is safe, and a pool opened on a direct host runs it on every new
+    connection, which after a failover is PgBouncer's. There a prepared check (``_pg3_0``)
+    lands on a server connection PgBouncer shares between clients and collides with another
+    client's, and the pool cannot make a connection until its timeout.
     """
-    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    row = conn.execute("SELECT pg_backend_pid()", prepare=False).fetchone()
     return row is None or int(row[0]) != conn.info.backend_pid
 
 
