@@ -2,13 +2,41 @@
 are opened and closed. A face runs only its own statements (``sql/<face>.sql``); its executor is
 private to it."""
 
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, NoReturn, Self
 
 from psycopg_pool import ConnectionPool
 
 from idempotent_jobs.core.executor import Executor
 from idempotent_jobs.core.settings import LedgerSettings
 from idempotent_jobs.core.sql import Face
+
+
+class MovedMethod:
+    """A method a face no longer has: a typed stub that says what replaced it.
+
+    Asked for, on the class or an instance, it raises ``AttributeError`` with that reason, so
+    ``hasattr`` is false. A face has no ``__getattr__``: ``mypy --strict`` refuses a name no
+    face defines, and a stub is typed ``NoReturn``.
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        self.name = "?"
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = f"{owner.__name__}.{name}"
+
+    def __get__(self, instance: object, owner: type | None = None) -> NoReturn:
+        raise AttributeError(f"{self.name} {self.reason}")
+
+
+def operator_method(name: str) -> MovedMethod:
+    """A worker face's stub for a method the operator face has (release 0.1 had it on the
+    worker face)."""
+    return MovedMethod(
+        f"is the operator's now: call it on the operator face, "
+        f"LedgerAdmin.beside(ledger).{name}(...) or LedgerAdmin(url).{name}(...)"
+    )
 
 
 class LedgerFace:

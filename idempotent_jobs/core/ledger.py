@@ -39,6 +39,7 @@ from idempotent_jobs.core.errors import (
     LedgerError,
     RunNotFoundError,
 )
+from idempotent_jobs.core.face import MovedMethod, operator_method
 from idempotent_jobs.core.identity import RunIdentity, normalize_text
 from idempotent_jobs.core.json_values import dump_json_object
 from idempotent_jobs.core.rate_limits import (
@@ -67,18 +68,6 @@ from idempotent_jobs.core.rows import record_from, record_row
 from idempotent_jobs.core.settings import LedgerSettings
 from idempotent_jobs.core.step_outputs import StepOutputs
 
-#: The operator face's methods (release 0.1 had them on RunLedger): asked of a worker face, the
-#: error says where they are.
-OPERATOR_METHODS = frozenset(
-    "migrate upgrade missing_privileges arm_drill disarm_drills attempts outbox revisions "
-    "revise".split()
-)
-#: Gone in 0.2, with what does their work now.
-REMOVED_METHODS = {
-    "register": "begin registers and claims in one statement",
-    "save_raw_input": "checkpoint(lease, raw_input).stored_raw_input is the stored value",
-}
-
 
 def _held(hold: AdvanceHold | None, outcome: str | None, before: int | None) -> int | None:
     """What a lease holds after a write that may have reserved ``hold``: its tokens when the
@@ -101,20 +90,25 @@ class RunLedger(OutboxDelivery, StepOutputs, BatchBook):
 
     face = "worker"
 
+    # Asked of a worker face, these say where they went (no __getattr__: see MovedMethod).
+    migrate = operator_method("migrate")
+    upgrade = operator_method("upgrade")
+    missing_privileges = operator_method("missing_privileges")
+    arm_drill = operator_method("arm_drill")
+    disarm_drills = operator_method("disarm_drills")
+    attempts = operator_method("attempts")
+    outbox = operator_method("outbox")
+    revisions = operator_method("revisions")
+    revise = operator_method("revise")
+    register = MovedMethod("was removed in 0.2: begin registers and claims in one statement")
+    save_raw_input = MovedMethod(
+        "was removed in 0.2: checkpoint(lease, raw_input).stored_raw_input is the stored value"
+    )
+
     def __init__(self, settings: LedgerSettings | str, **options: Any) -> None:
         super().__init__(settings, **options)  # pool=, and any setting
         self._declared_budgets: set[tuple[str, tuple[Budget, ...], bool]] = set()
         self._currency: str | None = None
-
-    def __getattr__(self, name: str) -> Any:  # only for a name the class does not have
-        if name in OPERATOR_METHODS:
-            raise AttributeError(
-                f"RunLedger.{name} is the operator's now: call it on the operator face, "
-                f"LedgerAdmin.beside(ledger).{name}(...) or LedgerAdmin(url).{name}(...)"
-            )
-        if name in REMOVED_METHODS:
-            raise AttributeError(f"RunLedger.{name} was removed in 0.2: {REMOVED_METHODS[name]}")
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _lease_write(self, params: dict[str, Any]) -> dict[str, Any]:
         """``params`` of a lease-only write plus its commit mode (see ``sql/worker.sql``)."""

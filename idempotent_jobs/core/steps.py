@@ -17,6 +17,7 @@ state, because it goes through the same :func:`end_attempt`:
 """
 
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -150,6 +151,17 @@ def _lease_attributes(lease: Lease) -> dict[str, int]:
     return {"idempotent_jobs.lease_epoch": lease.epoch, "idempotent_jobs.revision": lease.revision}
 
 
+def _chat_span(lease: Lease, config: JobConfig) -> AbstractContextManager[Any]:
+    """The client span of one model call (OpenTelemetry's GenAI ``chat <model>``)."""
+    model_name = config.parts.get("model", "")
+    attributes: dict[str, str | int] = {
+        **_lease_attributes(lease),
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": model_name,
+    }
+    return telemetry.span(f"chat {model_name}".strip(), attributes, client=True)
+
+
 def advance_hold(
     lease: Lease, max_tokens_per_call: int | None, model_name: str | None
 ) -> AdvanceHold | None:
@@ -254,14 +266,8 @@ def call_model(
     called = answered = False
     usage: ModelUsage | None = None
     book = CallBook()
-    model_name = config.parts.get("model", "")
-    attributes: dict[str, str | int] = {
-        **_lease_attributes(lease),
-        "gen_ai.operation.name": "chat",
-        "gen_ai.request.model": model_name,
-    }
     with (
-        telemetry.span(f"chat {model_name}".strip(), attributes, client=True) as span,
+        _chat_span(lease, config) as span,
         LeaseHeartbeat(ledger, lease, heartbeat_seconds) as heartbeat,
     ):
         budgeted = False
@@ -276,7 +282,9 @@ def call_model(
             budgeted = bool(declared) or lease.budgeted is not False
             if budgeted and not announces_requests and held is None:
                 ledger.reserve_budget(
-                    lease, max_tokens=max_tokens_per_call, requested_model=model_name or None
+                    lease,
+                    max_tokens=max_tokens_per_call,
+                    requested_model=config.parts.get("model") or None,
                 )
             if drill_job is not None:
                 take_drill(ledger, lease, drill_job)
@@ -389,15 +397,9 @@ def accept_paid_answer(
     cost. A failure ends the attempt through :func:`end_attempt` (the call ``failed`` or
     ``rejected``, recorded once; the lease and the hold given back) and propagates; a lost lease
     or a stale basis raise as :func:`commit` raises them."""
-    model_name = config.parts.get("model", "")
-    attributes: dict[str, str | int] = {
-        **_lease_attributes(lease),
-        "gen_ai.operation.name": "chat",
-        "gen_ai.request.model": model_name,
-    }
     answered = False
     usage: ModelUsage | None = None
-    with telemetry.span(f"chat {model_name}".strip(), attributes, client=True) as span:
+    with _chat_span(lease, config) as span:
         try:
             output, reported = _unpack(produce())
             answered = True
