@@ -3,8 +3,9 @@
 
 Listings and reads (which the reader role can run), revisions, failure drills armed and ended,
 migrate and upgrade, privileges, prices and spend, and retention's batches. Its statements are
-``sql/admin.sql``'s, and only those; the worker's path (claim, checkpoint, commit, fail, deliver)
-is the other face, :class:`~idempotent_jobs.core.ledger.RunLedger`.
+the ``-- faces: admin`` ones of the stores' files (``sql/<store>.sql``), and only those; the
+worker's path (claim, checkpoint, commit, fail, deliver) is the other
+face, :class:`~idempotent_jobs.core.ledger.RunLedger`.
 """
 
 import os

@@ -1,6 +1,6 @@
 """How the ledger talks to PostgreSQL: a pool, its statements, retries and typed errors.
 
-Every runtime statement is one of its face's (``sql/worker.sql`` or ``sql/admin.sql``), rendered
+Every runtime statement is one of its face's (in ``sql/<store>.sql``), rendered
 once per executor with the quoted schema name. Each runs on an autocommit connection, so one call
 is one round trip and one transaction, and safe to retry when the connection breaks: every
 statement is written so that one which landed before the break is recognised on the retry instead

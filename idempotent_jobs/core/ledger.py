@@ -1,8 +1,9 @@
 """The run ledger's worker face: durable run records in their own PostgreSQL schema, usable
 without Dagster. PostgreSQL is the only authority: uniqueness is a constraint, the lease one atomic
 UPDATE on the database clock, and every write after a claim fenced by owner and epoch (the
-statements: ``sql/worker.sql``, this face's only). Each method is one statement on an autocommit
-connection, so one round trip and one transaction, safe to retry when the connection drops.
+statements: the ``-- faces: worker`` ones of the stores' files, ``sql/<store>.sql``). Each method
+is one statement on an autocommit connection, so one round trip and one transaction, safe to retry
+when the connection drops.
 """
 
 from collections.abc import Mapping, Sequence
@@ -111,7 +112,7 @@ class RunLedger(OutboxDelivery, StepOutputs, BatchBook):
         self._currency: str | None = None
 
     def _lease_write(self, params: dict[str, Any]) -> dict[str, Any]:
-        """``params`` of a lease-only write plus its commit mode (see ``sql/worker.sql``)."""
+        """``params`` of a lease-only write plus its commit mode (see ``sql/runs.sql``)."""
         params["lease_commit"] = None if self.settings.durable_lease_commits else "off"
         return params
 

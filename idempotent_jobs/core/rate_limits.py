@@ -4,7 +4,7 @@ A :class:`RateLimit` caps the requests and the tokens a provider takes for one m
 key name) per window, a minute unless said. It is declared by a job's spec (written when its
 workers start; an operator's ``idempotent-jobs limits set`` stands over it) or by an operator.
 Before each request to a limited model a worker reserves its place in the ledger, on the
-database clock (``acquire_rate`` in ``sql/worker.sql``, one statement), and waits until then
+database clock (``acquire_rate`` in ``sql/limits.sql``, one statement), and waits until then
 instead of meeting a 429. It paces at :data:`PACE_SHARE` of the limit, with bursts of
 :data:`BURST_SHARE` of a window: the provider's own bucket keeps the difference against the
 jitter between a reservation and the request's arrival. The tokens a request takes are

@@ -461,7 +461,7 @@ class CommitProxy:
     (wait, e.g. while the parent kills the client).
     """
 
-    # The start of the `complete` statement (sql/worker.sql), after its `WITH cur AS (`.
+    # The start of the `complete` statement (sql/attempts.sql), after its `WITH cur AS (`.
     MARKER = b"SELECT run_id, status, lease_epoch, output, revision"
 
     def __init__(self, socket_path: str, on_commit_answer: Callable[[], str]) -> None:

@@ -192,7 +192,7 @@ def test_migrate_without_createrole_says_what_a_superuser_must_do(
 def test_the_reader_role_runs_every_read_of_the_operator_face(
     login_role: MakeRole, ledger: BothFaces
 ) -> None:
-    """Each admin method that reads (every admin.sql statement that writes nothing) works for a
+    """Each admin method that reads (every operator statement that writes nothing) works for a
     read-only role: the reader can list, show, check health, estimate and count storage."""
     from idempotent_jobs.core.admin import LedgerAdmin
     from idempotent_jobs.core.health import ledger_findings

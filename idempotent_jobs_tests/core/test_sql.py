@@ -2,15 +2,24 @@
 cacheable."""
 
 import re
+from importlib import resources
 from pathlib import Path
 
 import pytest
 from psycopg import _queries
 
 from idempotent_jobs.core import ledger as ledger_module
+from idempotent_jobs.core import sql as sql_package
 from idempotent_jobs.core.executor import Executor
 from idempotent_jobs.core.settings import LedgerSettings
-from idempotent_jobs.core.sql import FACES, Face, face_statements, parse_statements
+from idempotent_jobs.core.sql import (
+    FACES,
+    STORES,
+    Face,
+    face_statements,
+    parse_statements,
+    store_statements,
+)
 from idempotent_jobs_tests.ledgers import harness_statements
 
 #: Every statement of both faces and of the tests' harness (a name both faces hold is the same
@@ -175,8 +184,32 @@ def test_a_name_both_faces_hold_is_the_same_read() -> None:
         "list_rate_limits",
     }
     for name in shared:
-        assert face_statements("worker")[name] == face_statements("admin")[name], name
+        # written once, in its store's file, for both faces
+        assert face_statements("worker")[name] is face_statements("admin")[name], name
+        assert face_statements("worker")[name].faces == frozenset(FACES), name
         assert not _WRITE.search(face_statements("worker")[name].text), name
+
+
+def test_each_store_owns_one_file_of_at_most_400_lines_and_a_statement_is_written_once() -> None:
+    folder = resources.files(sql_package)
+    files = sorted(p.name for p in folder.iterdir() if p.name.endswith(".sql"))
+    assert files == sorted(f"{store}.sql" for store in STORES)
+    for name in files:
+        lines = folder.joinpath(name).read_text(encoding="utf-8").count("\n")
+        assert lines <= 400, (name, lines)
+    every = store_statements()
+    assert {s.store for s in every.values()} == set(STORES)
+    assert set(every) == set(face_statements("worker")) | set(face_statements("admin"))
+
+
+def test_a_faces_line_names_real_faces_and_a_name_is_defined_once() -> None:
+    one, two = "-- name: a\n-- Purpose.\nSELECT 1\n", "-- name: b\n-- Purpose.\nSELECT 2\n"
+    parsed = parse_statements(f"-- faces: admin\n{one}-- faces: worker admin\n{two}")
+    assert parsed["a"].faces == {"admin"} and parsed["b"].faces == {"worker", "admin"}
+    with pytest.raises(ValueError, match="names no face"):
+        parse_statements("-- faces: worker cook\n" + one)
+    with pytest.raises(ValueError, match="defined twice"):
+        parse_statements(one + one)
 
 
 def test_no_string_literal_spans_lines() -> None:

@@ -1,12 +1,17 @@
-"""The ledger's SQL: each face's named statements, loaded once per process.
+"""The ledger's SQL: one file per store, each face's named statements loaded once per process.
 
-``worker.sql`` holds the worker face's (:class:`~idempotent_jobs.core.ledger.RunLedger`),
-``admin.sql`` the operator face's (:class:`~idempotent_jobs.core.admin.LedgerAdmin`); an executor
-renders only its own face's, so neither face can run the other's statements.
+A store is one subsystem of the ledger (``runs``, ``attempts``, ``calls``, ``budgets``,
+``prices``, ``limits``, ``outbox``, ``batches``, ``drills``, ``step_outputs``, ``revisions``,
+``retention``: :data:`STORES`) and its file, ``<store>.sql``, holds every statement of it, once.
+A ``-- faces: worker``, ``-- faces: admin`` or ``-- faces: worker admin`` line says which face
+may run the statements after it: the worker face
+(:class:`~idempotent_jobs.core.ledger.RunLedger`) or the operator face
+(:class:`~idempotent_jobs.core.admin.LedgerAdmin`). An executor renders only its own face's, so
+neither face can run the other's statements, and a read both faces need is written once.
 
-Each statement in the file starts with ``-- name: <name>`` and a one-line purpose (more comment
-lines may follow); the statement runs to the next ``-- name:``. The text is a package file, never
-built from input, so each statement is typed as a ``LiteralString``: only its ``{schema}``
+Each statement starts with ``-- name: <name>`` and a one-line purpose (more comment lines may
+follow); the statement runs to the next ``-- name:`` or ``-- faces:``. The text is a package file,
+never built from input, so each statement is typed as a ``LiteralString``: only its ``{schema}``
 placeholder is filled in, with a quoted identifier, and every value is a parameter.
 """
 
@@ -16,11 +21,28 @@ from functools import cache
 from importlib import resources
 from typing import Literal, LiteralString, cast
 
-#: The two faces of the ledger, each with its own statement file.
+#: The two faces of the ledger.
 Face = Literal["worker", "admin"]
 FACES: tuple[Face, ...] = ("worker", "admin")
 
+#: The ledger's stores, each with its statement file ``<store>.sql``.
+STORES = (
+    "runs",
+    "attempts",
+    "revisions",
+    "calls",
+    "budgets",
+    "prices",
+    "limits",
+    "outbox",
+    "batches",
+    "drills",
+    "step_outputs",
+    "retention",
+)
+
 _NAME = re.compile(r"--\s*name:\s*([a-z_]+)\s*")
+_FACES = re.compile(r"--\s*faces:\s*([a-z ]+?)\s*")
 
 
 @dataclass(frozen=True)
@@ -30,14 +52,27 @@ class Statement:
     name: str
     purpose: str
     text: LiteralString
+    #: The faces that may run it (every face, in a file with no ``-- faces:`` line).
+    faces: frozenset[Face] = frozenset(FACES)
+    #: The store whose file holds it (empty for a file outside the package's stores).
+    store: str = ""
 
 
-def parse_statements(source: str) -> dict[str, Statement]:
+def _faces(line: str, listed: str) -> frozenset[Face]:
+    faces = frozenset(listed.split())
+    unknown = faces - set(FACES)
+    if not faces or unknown:
+        raise ValueError(f"{line!r} names no face of {FACES}")
+    return cast(frozenset[Face], faces)
+
+
+def parse_statements(source: str, store: str = "") -> dict[str, Statement]:
     """The statements of a file in the format above; raise ``ValueError`` on a malformed one."""
     statements: dict[str, Statement] = {}
     name: str | None = None
     comments: list[str] = []
     body: list[str] = []
+    faces: frozenset[Face] = frozenset(FACES)
 
     def finish() -> None:
         if name is None:
@@ -53,9 +88,14 @@ def parse_statements(source: str) -> dict[str, Statement]:
             raise ValueError(f"statement {name!r} is defined twice")
         # mypy treats LiteralString as str; the cast states what the text is (a package file).
         literal = cast(LiteralString, text)  # type: ignore[redundant-cast]
-        statements[name] = Statement(name, comments[0], literal)
+        statements[name] = Statement(name, comments[0], literal, faces, store)
 
     for line in source.splitlines():
+        listed = _FACES.fullmatch(line.strip())
+        if listed:
+            finish()
+            name, faces = None, _faces(line, listed[1])
+            continue
         match = _NAME.fullmatch(line.strip())
         if match:
             finish()
@@ -69,12 +109,27 @@ def parse_statements(source: str) -> dict[str, Statement]:
 
 
 @cache
+def store_statements() -> dict[str, Statement]:
+    """Every store's statements by name, read from the package once per process; a name two
+    files define is a ``ValueError`` (a statement is written once)."""
+    statements: dict[str, Statement] = {}
+    for store in STORES:
+        source = resources.files(__name__).joinpath(f"{store}.sql").read_text(encoding="utf-8")
+        for name, parsed in parse_statements(source, store).items():
+            if name in statements:
+                raise ValueError(
+                    f"statement {name!r} is defined in {statements[name].store}.sql and {store}.sql"
+                )
+            statements[name] = parsed
+    return statements
+
+
+@cache
 def face_statements(face: Face) -> dict[str, Statement]:
-    """The statements of one face by name, read from the package once per process."""
+    """The statements one face may run, by name."""
     if face not in FACES:
         raise ValueError(f"no ledger face {face!r} (faces: {', '.join(FACES)})")
-    source = resources.files(__name__).joinpath(f"{face}.sql").read_text(encoding="utf-8")
-    return parse_statements(source)
+    return {name: s for name, s in store_statements().items() if face in s.faces}
 
 
 def statement(face: Face, name: str) -> LiteralString:
