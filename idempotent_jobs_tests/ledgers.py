@@ -54,8 +54,11 @@ class AdminMethod(Generic[P, R]):
     """One of the operator face's methods, on :class:`BothFaces`: typed as the operator's
     (the worker face's stub of the same name says it moved)."""
 
-    def __init__(self, method: Callable[Concatenate[LedgerAdmin, P], R]) -> None:
-        self.name = method.__name__
+    def __init__(self, method: Callable[Concatenate[Any, P], R]) -> None:
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
 
     def __get__(self, instance: "BothFaces", owner: type | None = None) -> Callable[P, R]:
         bound: Callable[P, R] = getattr(instance.admin, self.name)
@@ -112,7 +115,7 @@ class BothFaces(RunLedger):
         try:
             rows = self._db.fetch("register", params, record_row(RunRecord))
         except IdentityConflictError:
-            params = self._stored_id_of(params)
+            params = self._stores.runs._stored_id_of(params)
             rows = self._db.fetch("register", params, record_row(RunRecord))
         check_identity(rows[0], identity)
         return rows[0]

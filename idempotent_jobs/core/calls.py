@@ -34,8 +34,6 @@ from idempotent_jobs.core.rate_limits import (
     MIN_POLL_SECONDS,
     RateRequest,
     applies,
-    forget_limits,
-    limits_of,
 )
 from idempotent_jobs.core.records import CallOrigin, CallOutcome, Lease, ModelUsage
 
@@ -110,7 +108,7 @@ class CallBook:
         )
 
     def _wait_for_place(self, ledger: RunLedger, lease: Lease, rate: RateRequest) -> None:
-        limit = limits_of(ledger).get(rate.key)
+        limit = ledger.known_rate_limits().get(rate.key)
         if limit is None:
             return
         tokens = applies(limit, rate)
@@ -118,7 +116,7 @@ class CallBook:
         while True:
             grant = ledger.acquire_rate(lease, rate, tokens)
             if grant is None:  # the limit was deleted meanwhile
-                forget_limits(ledger)
+                ledger.forget_rate_limits()
                 break
             if grant.granted:
                 if grant.wait_seconds > 0:

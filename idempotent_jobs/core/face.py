@@ -2,13 +2,47 @@
 are opened and closed. A face runs only its own statements (``sql/<face>.sql``); its executor is
 private to it."""
 
-from typing import Any, ClassVar, NoReturn, Self
+from collections.abc import Callable
+from typing import Any, ClassVar, Concatenate, Generic, NoReturn, ParamSpec, Self, TypeVar, overload
 
 from psycopg_pool import ConnectionPool
 
 from idempotent_jobs.core.executor import Executor
 from idempotent_jobs.core.settings import LedgerSettings
 from idempotent_jobs.core.sql import Face
+from idempotent_jobs.core.stores import Stores
+
+S = TypeVar("S")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class StoreMethod(Generic[S, P, R]):
+    """A face's method that is one of its stores' (see :func:`of_store`), typed as the store's.
+    Asked of the face's class, it is the store's function (its signature and docstring)."""
+
+    def __init__(self, store: str, method: Callable[Concatenate[S, P], R]) -> None:
+        self.store = store
+        self.function = method
+        self.method = method.__name__
+        self.__doc__ = method.__doc__
+
+    @overload
+    def __get__(self, face: None, owner: type) -> Callable[Concatenate[S, P], R]: ...
+
+    @overload
+    def __get__(self, face: "LedgerFace", owner: type | None = None) -> Callable[P, R]: ...
+
+    def __get__(self, face: "LedgerFace | None", owner: type | None = None) -> Any:
+        if face is None:
+            return self.function
+        return getattr(getattr(face._stores, self.store), self.method)
+
+
+def of_store(store: str, method: Callable[Concatenate[S, P], R]) -> StoreMethod[S, P, R]:
+    """``begin = of_store("runs", RunsStore.begin)``: the face's ``begin`` is its runs store's,
+    with the same signature for callers and for ``mypy``."""
+    return StoreMethod(store, method)
 
 
 class MovedMethod:
@@ -60,6 +94,7 @@ class LedgerFace:
     ) -> None:
         self.settings = LedgerSettings.of(settings, **options)
         self._db = self.executor_class(self.settings, self.face, pool=pool)
+        self._stores = Stores.over(self._db, self.settings)
 
     def __repr__(self) -> str:  # the conninfo may hold a password: never shown
         return f"{type(self).__name__}(schema={self.schema!r})"

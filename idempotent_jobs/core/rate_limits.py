@@ -16,12 +16,8 @@ window ahead, and asks again past that, while a subject with none may reserve a 
 ahead: a backfill of one subject does not push another subject's run more than a window out.
 """
 
-import threading
-import time
-import weakref
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from idempotent_jobs.core.errors import InvalidInputError
 
@@ -119,69 +115,6 @@ class RateGrant:
     wait_seconds: float
 
 
-class LimitSource(Protocol):
-    def rate_limit_rows(self) -> list[dict[str, Any]]: ...
-
-
-_known: "weakref.WeakKeyDictionary[Any, tuple[float, dict[tuple[str, str, str], RateLimit]]]" = (
-    weakref.WeakKeyDictionary()
-)
-_lock = threading.Lock()
-
-
-def limits_of(source: LimitSource) -> dict[tuple[str, str, str], RateLimit]:
-    """The limits in the ledger, by (provider, model, key name), read at most every
-    :data:`LIMITS_TTL_SECONDS` per ledger: a model with none costs no statement."""
-    now = time.monotonic()
-    with _lock:
-        cached = _known.get(source)
-    if cached is not None and now - cached[0] < LIMITS_TTL_SECONDS:
-        return cached[1]
-    table = {}
-    for row in source.rate_limit_rows():
-        limit = RateLimit(
-            row["provider"],
-            row["model"],
-            row["requests_per_window"],
-            row["tokens_per_window"],
-            row["key_name"],
-            row["window_seconds"],
-        )
-        table[limit.key] = limit
-    with _lock:
-        _known[source] = (now, table)
-    return table
-
-
-class Declarer(Protocol):
-    def declare_rate_limit(self, limit: RateLimit, declared_by: str) -> bool: ...
-
-
-_declared: "weakref.WeakKeyDictionary[Any, set[tuple[RateLimit, str]]]" = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def declare_rate_limits(ledger: Declarer, limits: Sequence[RateLimit], job_name: str) -> None:
-    """Declare a job's limits in the ledger, once per process and ledger (a statement each,
-    the first time only)."""
-    if not limits:
-        return
-    with _lock:
-        done = _declared.setdefault(ledger, set())
-        todo = [limit for limit in limits if (limit, job_name) not in done]
-    for limit in todo:
-        ledger.declare_rate_limit(limit, job_name)
-        with _lock:
-            done.add((limit, job_name))
-
-
-def forget_limits(source: LimitSource) -> None:
-    """Read the limits afresh at the next request (after this process declared one)."""
-    with _lock:
-        _known.pop(source, None)
-
-
 def applies(limit: RateLimit, request: RateRequest) -> int:
     """The tokens ``request`` reserves under ``limit``: never more than the burst's share of
     the window's tokens, the most one reservation can take (a bigger one is paced as that)."""
@@ -190,4 +123,4 @@ def applies(limit: RateLimit, request: RateRequest) -> int:
     return min(max(0, request.tokens), int(limit.tokens_per_minute * BURST_SHARE * PACE_SHARE))
 
 
-__all__ = ["RateGrant", "RateLimit", "RateRequest", "limits_of"]
+__all__ = ["RateGrant", "RateLimit", "RateRequest"]

@@ -29,7 +29,6 @@ from idempotent_jobs.core.errors import (
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.leases import Busy, Reused, claim_or_reuse
 from idempotent_jobs.core.ledger import RunLedger
-from idempotent_jobs.core.rate_limits import declare_rate_limits
 from idempotent_jobs.core.records import (
     AdvanceHold,
     CallCosts,
@@ -238,8 +237,8 @@ def transform_step(
             announces_requests=bool(getattr(model, "announces_requests", False)),
             # Inside the call's guard: a ledger that cannot take the declaration ends the
             # attempt (lease given back, no call recorded) instead of leaving the lease held.
-            before_call=lambda: declare_rate_limits(
-                ledger, spec.rate_limits, spec.identity_job_name
+            before_call=lambda: ledger.declare_rate_limits(
+                spec.rate_limits, spec.identity_job_name
             ),
             record_answer=True,  # before the answer goes to the IO manager
         )

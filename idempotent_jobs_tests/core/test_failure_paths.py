@@ -114,14 +114,15 @@ def test_a_delivery_whose_record_fails_is_reported_and_the_pass_goes_on(
     for ident in runs:
         ledger.complete(claimed(ledger, ident), {"summary": "s"}, {"hook": {"n": 1}})
     first = ledger.outbox(pending_only=True)[0].run_id
-    original = ledger._deliver_one
+    outbox = ledger._stores.outbox
+    original = outbox._deliver_one
 
     def broken(send: Any, key: dict[str, Any]) -> Any:
         if key["run_id"] == first:
             raise RuntimeError("the mark could not be written \x00")
         return original(send, key)
 
-    monkeypatch.setattr(ledger, "_deliver_one", broken)
+    monkeypatch.setattr(outbox, "_deliver_one", broken)
     report = ledger.deliver_outbox(lambda row: None)
     assert [r.run_id for r in report.delivered] != [] and len(report.failed) == 1
     assert report.failed[0][1].startswith("delivery not recorded: RuntimeError")

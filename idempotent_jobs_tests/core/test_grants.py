@@ -267,7 +267,7 @@ def test_split_roles_leave_workers_admitting_and_settling_and_operators_setting(
     the operator role can. `doctor` names what each may do."""
     from idempotent_jobs import Budget, LedgerAdmin
     from idempotent_jobs.core.grants import ensure_grants, operator_role
-    from idempotent_jobs.core.rate_limits import RateLimit, RateRequest, declare_rate_limits
+    from idempotent_jobs.core.rate_limits import RateLimit, RateRequest
     from idempotent_jobs_tests.helpers import claimed
 
     as_worker = login_role(worker_role(SCHEMA))
@@ -300,7 +300,7 @@ def test_split_roles_leave_workers_admitting_and_settling_and_operators_setting(
             config=JobConfig.of(prompt="", model="m", validator=""),
         )
         assert done.executed
-        declare_rate_limits(worker, [RateLimit("p", "m", requests_per_minute=100)], "money-job")
+        worker.declare_rate_limits([RateLimit("p", "m", requests_per_minute=100)], "money-job")
         lease = claimed(
             worker, RunIdentity("money-job", "b", datetime(2026, 12, 1, tzinfo=UTC), "v1")
         )

@@ -14,8 +14,6 @@ from idempotent_jobs.core.rate_limits import (
     BURST_SHARE,
     PACE_SHARE,
     RateRequest,
-    declare_rate_limits,
-    limits_of,
 )
 from idempotent_jobs.operator.cli import main
 from idempotent_jobs_tests.helpers import claimed
@@ -124,15 +122,15 @@ def test_a_model_without_a_limit_costs_no_statement(
     monkeypatch.setattr(type(ledger), "acquire_rate", lambda self, *a: asked.append(a))
     assert place(ledger, "free", 9) < 1
     assert asked == []
-    assert limits_of(ledger) == {}
+    assert ledger.known_rate_limits() == {}
 
 
 def test_a_spec_declares_and_an_operator_setting_stands_over_it(
     ledger: BothFaces, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     declared = RateLimit("anthropic", "claude-haiku-4-5", tokens_per_minute=40_000)
-    declare_rate_limits(ledger, [declared], "lead-scoring")
-    declare_rate_limits(ledger, [declared], "lead-scoring")  # once per process: no statement
+    ledger.declare_rate_limits([declared], "lead-scoring")
+    ledger.declare_rate_limits([declared], "lead-scoring")  # once per process: no statement
     [row] = ledger.admin.rate_limits()
     assert (row["tokens_per_window"], row["declared_by"]) == (40_000, "lead-scoring")
     monkeypatch.setenv("IDEMPOTENT_JOBS_DATABASE_URL", ledger.settings.conninfo)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from psycopg import _queries
 
-from idempotent_jobs.core import ledger as ledger_module
 from idempotent_jobs.core import sql as sql_package
+from idempotent_jobs.core import stores as stores_package
 from idempotent_jobs.core.executor import Executor
 from idempotent_jobs.core.settings import LedgerSettings
 from idempotent_jobs.core.sql import (
@@ -29,11 +29,7 @@ STATEMENTS = {
     **face_statements("admin"),
     **harness_statements(),
 }
-#: The modules each face's statements are run from.
-FACE_MODULES: dict[Face, tuple[str, ...]] = {
-    "worker": ("ledger.py", "delivery.py", "step_outputs.py", "batch_book.py"),
-    "admin": ("admin.py",),
-}
+STORES_FOLDER = Path(stores_package.__file__).resolve().parent
 _USED = re.compile(r'(?:(?:_db|executor)\.(?:fetch|rows|query)|_fenced)\(\s*"([a-z_]+)"')
 
 # Writes that are not fenced by a lease, and why each may not be.
@@ -148,28 +144,30 @@ def test_every_write_after_a_claim_carries_the_owner_and_epoch_fence() -> None:
                 assert part in fence, (name, part)
 
 
+@pytest.mark.parametrize("store", STORES)
+def test_each_store_module_runs_its_own_files_statements_and_uses_every_one(store: str) -> None:
+    """A store's module (``core/stores/<store>.py``) names only statements of its own file
+    (``sql/<store>.sql``), and every statement there is used."""
+    module = STORES_FOLDER / f"{store}.py"
+    own = {name for name, s in store_statements().items() if s.store == store}
+    assert set(_USED.findall(module.read_text(encoding="utf-8"))) == own
+    for name in own:
+        assert STATEMENTS[name].purpose.endswith("."), name
+        assert not STATEMENTS[name].text.rstrip().endswith(";"), name
+
+
 @pytest.mark.parametrize("face", FACES)
-def test_each_face_runs_its_own_statements_and_uses_every_one(face: Face) -> None:
-    """A face's modules name only statements of its own file, and every statement there is
-    used; the other face's executor refuses it by name."""
-    core = Path(ledger_module.__file__).resolve().parent
-    source = "\n".join((core / name).read_text(encoding="utf-8") for name in FACE_MODULES[face])
-    assert set(_USED.findall(source)) == set(face_statements(face))
-    for statement in face_statements(face).values():
-        assert statement.purpose.endswith("."), statement.name
-        assert not statement.text.rstrip().endswith(";")
+def test_a_face_refuses_the_other_faces_statements_by_name(face: Face) -> None:
     other: Face = "admin" if face == "worker" else "worker"
     only_mine = sorted(set(face_statements(face)) - set(face_statements(other)))
-    with pytest.raises(KeyError, match=f"the {other} face has no statement"):
-        Executor(LedgerSettings("postgresql://unused"), other).query(only_mine[0])
+    for name in only_mine[:3]:
+        with pytest.raises(KeyError, match=f"the {other} face has no statement"):
+            Executor(LedgerSettings("postgresql://unused"), other).query(name)
 
 
 def test_no_other_module_runs_a_statement() -> None:
-    package = Path(ledger_module.__file__).resolve().parents[1]
-    faces = {name for names in FACE_MODULES.values() for name in names}
-    others = [
-        p for p in sorted(package.rglob("*.py")) if p.name not in faces or p.parent.name != "core"
-    ]
+    package = STORES_FOLDER.parents[1]
+    others = [p for p in sorted(package.rglob("*.py")) if p.parent != STORES_FOLDER]
     for path in others:
         assert not _USED.findall(path.read_text(encoding="utf-8")), path
 

@@ -1,7 +1,7 @@
 """A job's spec declares its provider's rate limit; the transform step of each partition waits
 for its place in the ledger before its request, and says how long in its metadata."""
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 import dagster as dg
@@ -90,7 +90,7 @@ def test_the_spec_declares_the_limit_and_the_step_reports_its_wait(
 class NoDeclarations(BothFaces):
     """A ledger that cannot take the spec's limits (a role without the privilege, an outage)."""
 
-    def declare_rate_limit(self, limit: RateLimit, declared_by: str) -> bool:
+    def declare_rate_limits(self, limits: Sequence[RateLimit], job_name: str) -> None:
         raise LedgerPermissionError("permission denied for table rate_limits")
 
 

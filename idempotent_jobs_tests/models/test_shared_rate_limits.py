@@ -28,7 +28,6 @@ def worker(conninfo: str, url: str, job: str, runs: list[tuple[str, int]], out: 
     """One worker process of one deployment: its runs, one model call each, keeping the limit
     its deployment's spec declares."""
     from idempotent_jobs import RateLimit, RunIdentity, RunLedger, current_calls, run_idempotent
-    from idempotent_jobs.core.rate_limits import declare_rate_limits
     from idempotent_jobs.models import OpenAIChat, Prompt, RetryPolicy, answer
 
     provider = OpenAIChat(model="gpt-4o", api_key="sk", base_url=url, max_tokens=MAX_TOKENS)
@@ -37,7 +36,7 @@ def worker(conninfo: str, url: str, job: str, runs: list[tuple[str, int]], out: 
     )  # as each deployment's spec declares it
     waits: list[float] = []
     with RunLedger(conninfo, pool_max_size=2) as ledger:
-        declare_rate_limits(ledger, [limit], job)
+        ledger.declare_rate_limits([limit], job)
 
         def transform(raw: dict[str, Any]) -> Any:
             got = answer(provider, Prompt.of(user=f"summarise {raw}"), None, retry=RetryPolicy())
@@ -159,12 +158,11 @@ def test_a_process_per_step_keeps_the_limit_and_uses_it(database: str) -> None:
     import threading
 
     from idempotent_jobs import RateLimit
-    from idempotent_jobs.core.rate_limits import declare_rate_limits
 
     with BothFaces(database) as ledger:
         ledger.migrate()
         limit_decl = RateLimit("openai", "gpt-4o", FRESH_REQUESTS, window_seconds=FRESH_WINDOW)
-        declare_rate_limits(ledger, [limit_decl], "fresh")
+        ledger.declare_rate_limits([limit_decl], "fresh")
     limit = Limit(requests=FRESH_REQUESTS, tokens=10**9, window=FRESH_WINDOW)
     arrived: dict[str, float] = {}
 

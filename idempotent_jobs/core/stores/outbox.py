@@ -1,6 +1,5 @@
-"""The worker face's delivery of the outbox: each undelivered notification sent once, through the
-sender the caller passes, by whichever worker or ``outbox deliver`` gets its row lock first.
-Part of :class:`~idempotent_jobs.core.ledger.RunLedger` (a mixin of its worker face)."""
+"""The outbox store: notifications the commit queues, delivered once each by whichever worker or
+``outbox deliver`` locks their row first (``sql/outbox.sql``); and the operator's listings."""
 
 from collections.abc import Callable, Collection
 from typing import Any
@@ -8,13 +7,13 @@ from typing import Any
 from idempotent_jobs.core import telemetry
 from idempotent_jobs.core.checks import check_job_names, check_limit
 from idempotent_jobs.core.error_text import describe_error, safe_text
-from idempotent_jobs.core.face import LedgerFace
 from idempotent_jobs.core.records import DeliveryReport, OutboxRecord
 from idempotent_jobs.core.rows import record_row
+from idempotent_jobs.core.stores.base import Store
 
 
-class OutboxDelivery(LedgerFace):
-    """:meth:`deliver_outbox`, for the worker face."""
+class OutboxStore(Store):
+    """The outbox: delivery and listings."""
 
     def deliver_outbox(
         self,
@@ -113,3 +112,32 @@ class OutboxDelivery(LedgerFace):
                 conn.execute(self._db.query("mark_delivery_failed"), {**key, "error": reason})
         except Exception:  # noqa: S110 - the pass goes on; the row stays pending
             pass
+
+    def outbox(
+        self,
+        run_id: str | None = None,
+        *,
+        pending_only: bool = False,
+        limit: int = 1000,
+        job_names: Collection[str] | None = None,
+    ) -> list[OutboxRecord]:
+        """Outbox rows, optionally of one run, of the identity jobs ``job_names``, and/or only
+        those not delivered yet."""
+        params = {
+            "run_id": run_id,
+            "pending_only": pending_only,
+            "limit": check_limit(limit),
+            "job_names": check_job_names(job_names),
+        }
+        return self._db.fetch("list_outbox", params, record_row(OutboxRecord))
+
+    def stale_outbox(
+        self, older_than_seconds: float, limit: int | None = None
+    ) -> list[OutboxRecord]:
+        """Undelivered notifications queued more than ``older_than_seconds`` ago, oldest
+        first."""
+        params = {
+            "older_than_seconds": float(older_than_seconds),
+            "limit": None if limit is None else check_limit(limit),
+        }
+        return self._db.fetch("stale_outbox", params, record_row(OutboxRecord))

@@ -1,16 +1,17 @@
-"""What a Dagster step hands the next, kept in the ledger (the ledger IO manager's storage): part
-of :class:`~idempotent_jobs.core.ledger.RunLedger` (a mixin of its worker face). Retention prunes
-these rows with their run's attempts."""
+"""The step outputs store: what a Dagster step hands the next, kept in the ledger (the ledger IO
+manager's storage, ``sql/step_outputs.sql``); retention prunes it with its run's attempts."""
 
+from datetime import datetime
 from typing import Any
 
 from idempotent_jobs.core.checks import check_name
-from idempotent_jobs.core.face import LedgerFace
+from idempotent_jobs.core.identity import normalize_text
 from idempotent_jobs.core.json_values import dump_json_object
+from idempotent_jobs.core.stores.base import Store
 
 
-class StepOutputs(LedgerFace):
-    """:meth:`store_step_output` and :meth:`load_step_output`, for the worker face."""
+class StepOutputsStore(Store):
+    """Step outputs."""
 
     def store_step_output(
         self, dagster_run_id: str, step_key: str, output_name: str, value: dict[str, Any]
@@ -37,3 +38,17 @@ class StepOutputs(LedgerFace):
         }
         rows = self._db.rows("load_step_output", params)
         return dict(rows[0][0]) if rows else None
+
+    def prune_step_outputs(
+        self, job_name: str, before: datetime, batch_size: int | None, apply: bool
+    ) -> tuple[int, int]:
+        """One batch of what the ledger IO manager kept between the steps of the job's runs
+        completed before ``before`` (``batch_size`` None: count them all): rows and bytes."""
+        params = {
+            "job_name": normalize_text(job_name),
+            "before": before,
+            "batch_size": batch_size,
+            "apply": apply,
+        }
+        [(rows, size)] = self._db.rows("prune_step_outputs", params)
+        return int(rows), int(size)
