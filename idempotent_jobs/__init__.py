@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from idempotent_jobs.core.identity import RunIdentity, stable_run_id
     from idempotent_jobs.core.json_values import UnreadableValue
     from idempotent_jobs.core.ledger import RunLedger
+    from idempotent_jobs.core.policy import CallPolicy
     from idempotent_jobs.core.protocol import ModelAnswer, RunOutcome, run_idempotent
     from idempotent_jobs.core.rate_limits import RateLimit
     from idempotent_jobs.core.records import (
@@ -67,6 +68,7 @@ _HOMES = {
     "TokenBudget": "budgets",
     "Budget": "budgets",
     "RateLimit": "rate_limits",
+    "CallPolicy": "policy",
     "CallBook": "calls",
     "current_calls": "calls",
     "RunIdentity": "identity",
@@ -104,6 +106,7 @@ __all__ = [
     "BudgetExceededError",
     "CallBook",
     "CallCosts",
+    "CallPolicy",
     "CallOrigin",
     "Completion",
     "DeliveryReport",

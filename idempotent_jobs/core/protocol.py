@@ -8,16 +8,19 @@ either. Other schedulers call :func:`run_idempotent` directly.
 import os
 import socket
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from idempotent_jobs.core import telemetry
-from idempotent_jobs.core.budgets import BudgetSpec, check_call_ceiling
+from idempotent_jobs.core.budgets import BudgetSpec
+from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.leases import Busy, Reused, claim_or_reuse
 from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.policy import NO_POLICY, CallPolicy
+from idempotent_jobs.core.rate_limits import RateLimit
 from idempotent_jobs.core.records import CallOrigin, JobConfig, RunStatus
 from idempotent_jobs.core.steps import (
     ModelAnswer,
@@ -79,9 +82,7 @@ class RunOptions:
     wait_seconds: float = 0.0
     origin: CallOrigin = CallOrigin()
     config: JobConfig = JobConfig()
-    budget: BudgetSpec | None = None
-    follow_ledger_budget: bool = False
-    max_tokens_per_call: int | None = None
+    policy: CallPolicy = NO_POLICY
 
 
 def run_idempotent(
@@ -101,6 +102,8 @@ def run_idempotent(
     budget: BudgetSpec | None = None,
     follow_ledger_budget: bool = False,
     max_tokens_per_call: int | None = None,
+    rate_limits: Sequence[RateLimit] = (),
+    policy: CallPolicy | None = None,
 ) -> RunOutcome:
     """Run one logical run at most once to completion, however often it is called.
 
@@ -123,6 +126,11 @@ def run_idempotent(
       differ, unless ``follow_ledger_budget``). ``max_tokens_per_call``: the most tokens one
       call of ``transform`` takes, reserved before it runs, so racing workers never overshoot
       a budget (without it a call is only checked against what is spent and held).
+    - ``rate_limits`` (:class:`RateLimit`) are the provider limits the transform's model calls
+      keep, declared in the ledger and kept by every worker sharing it (the provider models
+      take each request's place under them).
+    - ``policy``: the four keywords above as one :class:`~idempotent_jobs.core.policy.CallPolicy`,
+      built once per job (give either, not both).
     - ``origin`` names the caller's run and step (a scheduler's run id, its step): recorded
       with the claim, its attempt and its model calls.
 
@@ -136,9 +144,9 @@ def run_idempotent(
         wait_seconds=wait_seconds,
         origin=origin or CallOrigin(),
         config=config or JobConfig(),
-        budget=budget,
-        follow_ledger_budget=follow_ledger_budget,
-        max_tokens_per_call=check_call_ceiling(max_tokens_per_call),
+        policy=_policy_of(
+            policy, budget, follow_ledger_budget, max_tokens_per_call, rate_limits
+        ).for_job(identity.job_name),
     )
     if not telemetry.active():  # no SDK: not even a span's context manager
         return _run(ledger, identity, steps, options)
@@ -158,6 +166,33 @@ def run_idempotent(
         if outcome.executed:
             telemetry.annotate(span, outcome="executed", lease_epoch=outcome.epoch)
         return outcome
+
+
+def _policy_of(
+    policy: CallPolicy | None,
+    budget: BudgetSpec | None,
+    follow_ledger_budget: bool,
+    max_tokens_per_call: int | None,
+    rate_limits: Sequence[RateLimit],
+) -> CallPolicy:
+    """``policy``, or one made of the keywords; both is a mistake, named."""
+    keywords = (budget, follow_ledger_budget, max_tokens_per_call, tuple(rate_limits))
+    if policy is None:
+        return CallPolicy(
+            budget=budget,
+            follow_ledger_budget=follow_ledger_budget,
+            max_tokens_per_call=max_tokens_per_call,
+            rate_limits=rate_limits,
+        )
+    if not isinstance(policy, CallPolicy):
+        raise InvalidInputError("policy", f"must be a CallPolicy, got {type(policy).__name__}")
+    if keywords != (None, False, None, ()):
+        raise InvalidInputError(
+            "policy",
+            "give either a policy or budget/follow_ledger_budget/max_tokens_per_call/"
+            "rate_limits, not both",
+        )
+    return policy
 
 
 def _run(
@@ -193,7 +228,7 @@ def _run(
             output_pruned_at=done.output_pruned_at,
         )
     hold = advance_hold(
-        lease, options.max_tokens_per_call, options.config.parts.get("model")
+        lease, options.policy.max_tokens_per_call, options.config.parts.get("model")
     )  # the call's worst case rides on the checkpoint: a budget costs it no round trip
     lease = collect_once(ledger, lease, lambda: steps.collect(identity), hold=hold)
     answer = call_model(
@@ -204,10 +239,7 @@ def _run(
         config=options.config,
         origin=options.origin,
         heartbeat_seconds=options.heartbeat_seconds or options.lease_seconds / 3,
-        budget=options.budget,
-        follow_ledger_budget=options.follow_ledger_budget,
-        max_tokens_per_call=options.max_tokens_per_call,
-        drill_job=identity.job_name,
+        policy=options.policy,
     )
     completion = commit(ledger, lease, answer, steps.notifications)
     return RunOutcome(

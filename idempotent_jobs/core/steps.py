@@ -22,7 +22,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from idempotent_jobs.core import telemetry
-from idempotent_jobs.core.budgets import BudgetSpec, budgets_of
 from idempotent_jobs.core.calls import CallBook, keeping
 from idempotent_jobs.core.checks import JsonPayload
 from idempotent_jobs.core.drills import take_drill
@@ -41,6 +40,7 @@ from idempotent_jobs.core.errors import (
 )
 from idempotent_jobs.core.heartbeat import LeaseHeartbeat
 from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.policy import NO_POLICY, CallPolicy
 from idempotent_jobs.core.records import (
     USAGE_PARTS,
     AdvanceHold,
@@ -224,12 +224,9 @@ def call_model(
     heartbeat_seconds: float,
     validate: Callable[[JSONDict], object] | None = None,
     before_call: Callable[[], None] | None = None,
-    budget: BudgetSpec | None = None,
-    follow_ledger_budget: bool = False,
-    max_tokens_per_call: int | None = None,
+    policy: CallPolicy = NO_POLICY,
     announces_requests: bool = False,
     record_answer: bool = False,
-    drill_job: str | None = None,
 ) -> BoundAnswer:
     """Call ``model`` on the lease's checkpoint while renewing the lease, check the answer, and
     bind it to the basis it was computed on.
@@ -241,17 +238,17 @@ def call_model(
     (:class:`BudgetExceededError`, decided in the ledger; the attempt ends ``budget``). A lease
     lost meanwhile raises :class:`LeaseLostError`.
 
-    Budgets (:mod:`idempotent_jobs.core.budgets`): ``budget`` is what the job's spec declares
-    (held against the ledger's, :class:`BudgetConflictError` when they differ, unless
-    ``follow_ledger_budget``); whatever the ledger holds for the job is enforced. A model step
-    that ``announces_requests`` (calls :meth:`CallBook.before_request` with each request's
-    worst case, as the provider models do) has each request reserved there; any other is
-    reserved once before it runs, at ``max_tokens_per_call`` (none: only checked). What the
-    lease holds already (:func:`advance_hold`, reserved with the checkpoint or the handover)
-    is not reserved again: that step's or first request's budget costs no round trip.
-
-    ``drill_job``: the identity job whose armed failure drill this call takes
-    (:mod:`idempotent_jobs.core.drills`), the same way through either driver.
+    ``policy`` (:class:`~idempotent_jobs.core.policy.CallPolicy`, one per job) is what decides
+    whether the call may be sent: its job's armed failure drill is taken
+    (:mod:`idempotent_jobs.core.drills`); the budgets it declares are held against the ledger's
+    (:class:`BudgetConflictError` when they differ, unless it follows the ledger's), and
+    whatever the ledger holds for the job is enforced; its rate limits are declared. A model
+    step that ``announces_requests`` (calls :meth:`CallBook.before_request` with each
+    request's worst case, as the provider models do) has each request admitted there, in one
+    statement; any other is reserved once before it runs, at the policy's
+    ``max_tokens_per_call`` (none: only checked). What the lease holds already
+    (:func:`advance_hold`, reserved with the checkpoint or the handover) is not reserved
+    again: that step's or first request's budget costs no round trip.
 
     ``record_answer``: record the paid call with its answer before returning it
     (:meth:`RunLedger.record_answer`), for a caller whose answer crosses a step boundary
@@ -272,22 +269,18 @@ def call_model(
     ):
         budgeted = False
         try:
-            declared = budgets_of(budget)
             held = lease.held_tokens
-            if declared or follow_ledger_budget:
-                if ledger.declare_budgets(
-                    lease, declared, follow_ledger=follow_ledger_budget, job_name=drill_job
-                ):
-                    held = None  # a budget may be new since the hold: reserve under all
-            budgeted = bool(declared) or lease.budgeted is not False
+            if policy.declare(ledger, lease):
+                held = None  # a budget may be new since the hold: reserve under all
+            budgeted = bool(policy.budgets) or lease.budgeted is not False
             if budgeted and not announces_requests and held is None:
                 ledger.reserve_budget(
                     lease,
-                    max_tokens=max_tokens_per_call,
+                    max_tokens=policy.max_tokens_per_call,
                     requested_model=config.parts.get("model") or None,
                 )
-            if drill_job is not None:
-                take_drill(ledger, lease, drill_job)
+            if policy.job_name is not None:
+                take_drill(ledger, lease, policy.job_name)
             if before_call is not None:
                 before_call()
             called = True
@@ -296,7 +289,7 @@ def call_model(
                 lease,
                 origin,
                 budgeted=budgeted,
-                max_tokens_per_call=max_tokens_per_call,
+                max_tokens_per_call=policy.max_tokens_per_call,
                 held_tokens=held,
                 lease_check=heartbeat.raise_if_lost,
             )

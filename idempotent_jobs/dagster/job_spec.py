@@ -6,13 +6,15 @@ Any AI job fits: the spec names the resource keys of its :class:`Collector` and
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import dagster as dg
 
-from idempotent_jobs.core.budgets import BudgetSpec, budgets_of, check_call_ceiling
+from idempotent_jobs.core.budgets import BudgetSpec
 from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.core.identity import RunIdentity, clean_identity_text
+from idempotent_jobs.core.policy import CallPolicy
 from idempotent_jobs.core.rate_limits import RateLimit
 from idempotent_jobs.core.records import JobConfig
 from idempotent_jobs.core.retention import RetentionPolicy
@@ -134,18 +136,23 @@ class IdempotentJobSpec:
                 )
             seen[text] = subject
         try:
-            budgets_of(self.budget)
-            check_call_ceiling(self.max_tokens_per_call)
+            self.call_policy  # noqa: B018 (checked, and built once, here)
         except InvalidInputError as exc:
             raise InvalidInputError(
                 f"IdempotentJobSpec {self.name!r}: {exc.field}", exc.reason
             ) from None
-        for limit in self.rate_limits:
-            if not isinstance(limit, RateLimit):
-                raise InvalidInputError(
-                    f"IdempotentJobSpec {self.name!r}: rate_limits",
-                    f"must be RateLimit values, got {type(limit).__name__}",
-                )
+
+    @cached_property
+    def call_policy(self) -> CallPolicy:
+        """What decides whether the job's model call may be sent (its drills, budgets, most
+        tokens per call and rate limits), built once."""
+        return CallPolicy(
+            job_name=self.identity_job_name,
+            budget=self.budget,
+            follow_ledger_budget=self.follow_ledger_budget,
+            max_tokens_per_call=self.max_tokens_per_call,
+            rate_limits=self.rate_limits,
+        )
 
     @property
     def partitions_def(self) -> dg.MultiPartitionsDefinition:

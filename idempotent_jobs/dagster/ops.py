@@ -230,16 +230,10 @@ def transform_step(
             config=config,
             origin=_origin(context),
             heartbeat_seconds=spec.lease_seconds / 3,
-            drill_job=spec.identity_job_name,
-            budget=spec.budget,
-            follow_ledger_budget=spec.follow_ledger_budget,
-            max_tokens_per_call=spec.max_tokens_per_call,
+            # Declared inside the call's guard: a ledger that cannot take the job's budgets or
+            # limits ends the attempt (lease given back, no call recorded).
+            policy=spec.call_policy,
             announces_requests=bool(getattr(model, "announces_requests", False)),
-            # Inside the call's guard: a ledger that cannot take the declaration ends the
-            # attempt (lease given back, no call recorded) instead of leaving the lease held.
-            before_call=lambda: ledger.declare_rate_limits(
-                spec.rate_limits, spec.identity_job_name
-            ),
             record_answer=True,  # before the answer goes to the IO manager
         )
     except BudgetExceededError as exc:  # retrying today would be refused again: no retry

@@ -25,6 +25,7 @@ from idempotent_jobs import (
 )
 from idempotent_jobs.core.budgets import BudgetSpec
 from idempotent_jobs.core.health import budget_findings
+from idempotent_jobs.core.policy import CallPolicy
 from idempotent_jobs.core.records import AdvanceHold, CallOrigin
 from idempotent_jobs.core.steps import call_model
 from idempotent_jobs_tests import workers
@@ -465,7 +466,7 @@ def test_a_hold_made_with_the_handover_is_given_back_when_no_call_is_made(
             origin=CallOrigin(),
             heartbeat_seconds=10,
             before_call=refuse,
-            max_tokens_per_call=300,
+            policy=CallPolicy(max_tokens_per_call=300),
         )
     assert _counter(db, f"job:tokens/day:{JOB}")[:2] == (0, 0)
     # Too big a hold is not made: the lease says nothing is held, and the call reserves (and is
