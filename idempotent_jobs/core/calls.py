@@ -6,10 +6,11 @@ retried. Each request that reached the provider is a call to account for, and a 
 must not lose it. While :func:`~idempotent_jobs.core.steps.call_model` runs the model, the
 :class:`CallBook` of that call is the current one (:func:`current_calls`); a model step:
 
-- calls :meth:`CallBook.before_request` before each request: from the second on, the lease must
-  still be held (nothing more is paid for a run another worker took over); under a budget, the
-  request's worst case is reserved (:class:`BudgetExceededError` when it does not fit; see
-  :mod:`idempotent_jobs.core.budgets`);
+- calls :meth:`CallBook.before_request` before each request, which admits it in one statement:
+  from the second on, the lease must still be held (nothing more is paid for a run another
+  worker took over); under a budget, the request's worst case is reserved
+  (:class:`BudgetExceededError` when it does not fit; see :mod:`idempotent_jobs.core.budgets`);
+  under a provider's rate limit, its place is taken and waited for;
 - calls :meth:`CallBook.paid` after each request that did not give the final answer: the call
   is recorded at once as a *turn* of the attempt (``rejected`` or ``failed``, with its usage),
   counted in the day's spend.
@@ -32,6 +33,7 @@ from idempotent_jobs.core.errors import LeaseLostError
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.rate_limits import (
     MIN_POLL_SECONDS,
+    RateGrant,
     RateRequest,
     applies,
 )
@@ -64,25 +66,44 @@ class CallBook:
     refused: bool = False
 
     def before_request(self, rate: RateRequest | None = None) -> None:
-        """Before each provider request: from the second on, the lease must still be held (one
-        fenced renewal, :class:`LeaseLostError` otherwise). Under a budget, the request's worst
+        """Before each provider request, admit it in one statement
+        (:meth:`RunLedger.admit_request`): from the second on, the lease must still be held (a
+        fenced renewal, :class:`LeaseLostError` otherwise); under a budget, the request's worst
         case (``rate``'s most input and output tokens, else the step's ``max_tokens_per_call``)
-        is reserved, or the request refused (:class:`BudgetExceededError`). With ``rate`` (the
-        provider, model and tokens of the request), wait for its place under the ledger's rate
-        limit for that model, if there is one (:mod:`idempotent_jobs.core.rate_limits`)."""
+        is reserved, or the request refused (:class:`BudgetExceededError`); with ``rate`` (the
+        provider, model and tokens of the request), its place is taken under the ledger's rate
+        limit for that model, if there is one (:mod:`idempotent_jobs.core.rate_limits`), and
+        waited for. A first request whose hold rides on the lease and that no limit covers
+        costs no statement."""
         self.requests += 1
         if self.ledger is None or self.lease is None:
             return
         try:
-            if self.requests > 1:
+            renew = self.requests > 1
+            if renew:
                 self.lease_check()
                 if "lease_lost" in self.turns:
                     raise LeaseLostError()
-                self.ledger.renew(self.lease)  # fenced: LeaseLostError if another claim took it
-            if self.budgeted and not self._held(rate):
-                self._reserve(self.ledger, self.lease, rate)
-            if rate is not None:
-                self._wait_for_place(self.ledger, self.lease, rate)
+            hold = self.budgeted and not self._held(rate)
+            limit = self.ledger.known_rate_limits().get(rate.key) if rate is not None else None
+            if not (renew or hold or limit is not None):
+                return
+            started = time.monotonic()
+            output = rate.max_output_tokens if rate is not None else None
+            tokens = applies(limit, rate) if limit is not None and rate is not None else 0
+            grant = self.ledger.admit_request(
+                self.lease,
+                renew=renew,
+                hold=hold,
+                max_input_tokens=rate.max_input_tokens if rate is not None else None,
+                max_output_tokens=output,
+                max_tokens=self.max_tokens_per_call if output is None else None,
+                requested_model=rate.model if rate is not None else None,
+                place=rate if limit is not None else None,
+                place_tokens=tokens,
+            )
+            if limit is not None and rate is not None:
+                self._wait_for_place(self.ledger, self.lease, rate, tokens, grant, started)
         except BaseException:
             self.refused = True  # this request was never sent: no call to record for it
             raise
@@ -97,24 +118,17 @@ class CallBook:
         worst += output if output is not None else (self.max_tokens_per_call or 0)
         return worst <= self.held_tokens
 
-    def _reserve(self, ledger: RunLedger, lease: Lease, rate: RateRequest | None) -> None:
-        output = rate.max_output_tokens if rate is not None else None
-        ledger.reserve_budget(
-            lease,
-            max_input_tokens=rate.max_input_tokens if rate is not None else None,
-            max_output_tokens=output,
-            max_tokens=self.max_tokens_per_call if output is None else None,
-            requested_model=rate.model if rate is not None else None,
-        )
-
-    def _wait_for_place(self, ledger: RunLedger, lease: Lease, rate: RateRequest) -> None:
-        limit = ledger.known_rate_limits().get(rate.key)
-        if limit is None:
-            return
-        tokens = applies(limit, rate)
-        started = time.monotonic()
+    def _wait_for_place(
+        self,
+        ledger: RunLedger,
+        lease: Lease,
+        rate: RateRequest,
+        tokens: int,
+        grant: RateGrant | None,
+        started: float,
+    ) -> None:
+        """Wait for the place ``grant`` gave, or ask again (a place only) until one is given."""
         while True:
-            grant = ledger.acquire_rate(lease, rate, tokens)
             if grant is None:  # the limit was deleted meanwhile
                 ledger.forget_rate_limits()
                 break
@@ -124,6 +138,7 @@ class CallBook:
                 break
             self.lease_check()  # nothing more is waited for on a lease another worker took
             self.sleep(max(grant.wait_seconds, MIN_POLL_SECONDS))
+            grant = ledger.acquire_rate(lease, rate, tokens)
         waited = time.monotonic() - started
         self.rate_wait_seconds += waited
         telemetry.record_lease_wait(waited, "rate_limited")

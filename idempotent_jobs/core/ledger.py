@@ -62,6 +62,7 @@ class RunLedger(LedgerFace):
 
     # -- calls -------------------------------------------------------------------------------------
     output_payload = of_store("calls", CallsStore.output_payload)
+    admit_request = of_store("calls", CallsStore.admit_request)
     record_answer = of_store("calls", CallsStore.record_answer)
     recorded_answer = of_store("calls", CallsStore.recorded_answer)
     record_lost_call = of_store("calls", CallsStore.record_lost_call)

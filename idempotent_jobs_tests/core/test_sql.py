@@ -60,8 +60,6 @@ UNFENCED_WRITES = {
     "record_lost_call": "only the cost of a call whose lease was lost, never the run's state; "
     "only for an epoch the ledger recorded as this worker's",
     "declare_rate_limit": "the provider limit a job's workers keep; it touches no run",
-    "acquire_rate": "a place under a provider's rate limit (its row locked FOR UPDATE); it "
-    "touches no run, and waiting for it is not paying for anything",
     "set_rate_limit": "an operator sets a provider's rate limit; it touches no run",
     "delete_rate_limit": "an operator removes a provider's rate limit; it touches no run",
     "open_batch": "opens a new batch under its first lease; it touches no run",
@@ -115,6 +113,7 @@ def test_every_write_after_a_claim_carries_the_owner_and_epoch_fence() -> None:
         for where in re.findall(r"UPDATE \{schema\}\.runs .*? WHERE (.*?)(?: RETURNING |$)", text):
             assert "lease_owner = 'batch:' ||" in where and "lease_epoch = i.lease_epoch" in where
     assert fenced == {
+        "admit_request",
         "renew",
         "save_raw_input",
         "complete",

@@ -94,6 +94,43 @@ WHERE r.run_id = %(run_id)s
 ON CONFLICT (run_id, lease_epoch, worker_id, turn) WHERE turn IS NOT NULL DO NOTHING
 RETURNING c.outcome, c.money
 
+-- name: admit_request
+-- Admit one request of a model call in one round trip: lease, budget hold, rate-limit place.
+-- Each part is asked for by its parameter and runs only once the one before it admitted the
+-- request: `renew` extends the lease (else the fence is only checked), `hold` reserves the
+-- request's worst case under every budget covering its job (the ledger's `reserve_budget`,
+-- which fixes the price in force), `provider` asks its place under that provider's limit (the
+-- ledger's `take_rate_place`). A lost lease holds and places nothing; a budget's refusal takes
+-- no place. The hold commits as the lease does (`lease_commit`, see runs.sql).
+WITH renewed AS (
+  UPDATE {schema}.runs SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+  WHERE %(renew)s AND run_id = %(run_id)s AND lease_owner = %(worker_id)s
+    AND lease_epoch = %(epoch)s AND status = 'running'
+  RETURNING job_name, subject_id, set_config('synchronous_commit',
+    COALESCE(%(lease_commit)s::text, current_setting('synchronous_commit')), true) AS mode
+), fence AS (
+  SELECT job_name, subject_id FROM renewed
+  UNION ALL
+  SELECT job_name, subject_id FROM {schema}.runs
+  WHERE NOT %(renew)s AND run_id = %(run_id)s AND lease_owner = %(worker_id)s
+    AND lease_epoch = %(epoch)s AND status = 'running'
+), hold AS (
+  SELECT v.* FROM fence AS f, LATERAL {schema}.reserve_budget(%(run_id)s, %(epoch)s,
+    %(worker_id)s, %(max_input)s::bigint, %(max_output)s::bigint, %(max_total)s::bigint,
+    %(requested)s, NULL, NULL, f.job_name, f.subject_id) AS v
+  WHERE %(hold)s
+), place AS (
+  SELECT p.* FROM fence, LATERAL {schema}.take_rate_place(%(run_id)s, %(provider)s,
+    %(model)s, %(key_name)s, %(tokens)s::bigint, %(burst)s::float8, %(pace)s::float8) AS p
+  WHERE %(provider)s::text IS NOT NULL
+    AND NOT EXISTS (SELECT 1 FROM hold WHERE hold.outcome <> 'admitted')
+)
+SELECT f.job_name, f.subject_id, h.outcome, h.budget_id, h.amount, h.spent, h.reserved,
+  h.wanted, h.period_start, (SELECT currency FROM {schema}.ledger_currency) AS currency,
+  (SELECT p.granted FROM place AS p) AS granted,
+  (SELECT p.wait_seconds FROM place AS p) AS wait_seconds
+FROM fence AS f LEFT JOIN hold AS h ON true
+
 -- faces: worker admin
 
 -- name: list_model_calls

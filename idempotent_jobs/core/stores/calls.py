@@ -43,6 +43,9 @@ from idempotent_jobs.core.stores.runs import RunsStore
 if TYPE_CHECKING:
     from idempotent_jobs.core.executor import Executor
 
+from idempotent_jobs.core.budgets import budget_refusal
+from idempotent_jobs.core.rate_limits import BURST_SHARE, PACE_SHARE, RateGrant, RateRequest
+
 
 class CallsStore(Store):
     """Paid calls and their money."""
@@ -114,6 +117,56 @@ class CallsStore(Store):
             self.record_lost_call(lease, usage, basis.revision, origin=origin)
             raise
         return None
+
+    def admit_request(
+        self,
+        lease: Lease,
+        *,
+        renew: bool = False,
+        hold: bool = False,
+        max_input_tokens: int | None = None,
+        max_output_tokens: int | None = None,
+        max_tokens: int | None = None,
+        requested_model: str | None = None,
+        place: RateRequest | None = None,
+        place_tokens: int = 0,
+    ) -> RateGrant | None:
+        """Admit one request of a model call in one statement: ``renew`` the lease (else only
+        check it is held), ``hold`` the request's worst case under every budget covering its
+        job (as :meth:`reserve_budget`), and take its ``place`` under that provider's rate limit
+        (``place_tokens`` as the limit counts them). Each part runs only once the one before
+        admitted the request. Raises :class:`LeaseLostError`, or the budget's
+        :class:`BudgetExceededError` (no place is taken then); returns the place's grant
+        (``None``: no place asked, or no such limit)."""
+        params = self._runs.lease_write(
+            {
+                **fence_params(lease),
+                "renew": renew,
+                "lease_seconds": lease.lease_seconds,
+                "hold": hold,
+                "max_input": max_input_tokens,
+                "max_output": max_output_tokens,
+                "max_total": max_tokens,
+                "requested": requested_model,
+                "provider": None if place is None else place.provider,
+                "model": None if place is None else place.model,
+                "key_name": None if place is None else place.key_name,
+                "tokens": place_tokens,
+                "burst": BURST_SHARE,
+                "pace": PACE_SHARE,
+            }
+        )
+        rows = self._db.fetch("admit_request", params, dict_row)
+        if not rows:
+            raise LeaseLostError()
+        [row] = rows
+        if row["outcome"] not in (None, "admitted"):  # None: no hold asked
+            if row["outcome"] == "lease_lost":
+                raise LeaseLostError()
+            raise budget_refusal(row, requested_model)
+        if row["granted"] is None:
+            return None
+        return RateGrant(bool(row["granted"]), float(row["wait_seconds"]))
 
     def recorded_answer(self, lease: Lease) -> dict[str, Any] | None:
         """The latest answer recorded by :meth:`record_answer` and not committed yet, on the

@@ -50,7 +50,7 @@ class RunsStore(Store):
     """Registration, leases and checkpoints (the worker face); listings of runs (the operator
     face)."""
 
-    def _lease_write(self, params: dict[str, Any]) -> dict[str, Any]:
+    def lease_write(self, params: dict[str, Any]) -> dict[str, Any]:
         """``params`` of a lease-only write plus its commit mode (see ``sql/runs.sql``)."""
         params["lease_commit"] = None if self.settings.durable_lease_commits else "off"
         return params
@@ -77,7 +77,7 @@ class RunsStore(Store):
         :class:`IdentityConflictError` when the run id is stored with other identity fields.
         ``origin``: the caller's run and step, recorded with the claim and its attempt."""
         lease_seconds = check_lease_seconds(lease_seconds)
-        params = self._lease_write(
+        params = self.lease_write(
             {
                 **identity_params(identity),
                 "worker_id": check_worker_id(worker_id),
@@ -132,7 +132,7 @@ class RunsStore(Store):
         lease_seconds = check_lease_seconds(lease_seconds)
         rows = self._db.rows(
             "claim",
-            self._lease_write(
+            self.lease_write(
                 {
                     "run_id": run_id,
                     "worker_id": check_worker_id(worker_id),
@@ -161,7 +161,7 @@ class RunsStore(Store):
         as the lease does (``durable_lease_commits``): one lost in a server crash takes the
         lease write with it, and the call it admitted, if made, is charged when recorded."""
         return {
-            **self._lease_write(params),
+            **self.lease_write(params),
             "hold_tokens": None if hold is None else hold.max_tokens,
             "requested": None if hold is None else hold.requested_model,
         }
@@ -217,7 +217,7 @@ class RunsStore(Store):
     def release(self, lease: Lease) -> FenceOutcome:
         """Give the lease back untouched (the attempt ends ``superseded``), for a step that stops
         early; ``applied``, ``already_done`` (this release landed before), or LeaseLostError."""
-        return self._fenced("release", self._lease_write(fence_params(lease)))
+        return self._fenced("release", self.lease_write(fence_params(lease)))
 
     def _fenced(self, name: str, params: dict[str, Any]) -> FenceOutcome:
         """Run fenced statement ``name``; its outcome, or :class:`LeaseLostError`."""
