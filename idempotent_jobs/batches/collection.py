@@ -1,5 +1,5 @@
 """Collecting an ended batch item by item through the attempt engine
-(:func:`~idempotent_jobs.core.steps.accept_paid_answer`), as an online answer is taken: one bad
+(:func:`~idempotent_jobs.core.commits.accept_paid_answer`), as an online answer is taken: one bad
 item ends its own attempt only; items with no result are given back. Bounded per step."""
 
 from collections.abc import Mapping
@@ -7,6 +7,7 @@ from typing import Any
 
 from idempotent_jobs.batches.job import BatchSteps
 from idempotent_jobs.core.batch_book import BatchItem, BatchLease
+from idempotent_jobs.core.commits import accept_paid_answer
 from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.errors import (
     LeaseLostError,
@@ -16,7 +17,7 @@ from idempotent_jobs.core.errors import (
 )
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.records import CallOrigin, Lease
-from idempotent_jobs.core.steps import accept_paid_answer, end_attempt
+from idempotent_jobs.core.steps import end_attempt
 from idempotent_jobs.models.batches import BatchProvider, ItemResult, ProviderBatch
 
 #: Renew the batch's lease every this many items while collecting.

@@ -15,6 +15,7 @@ from typing import Any
 
 from idempotent_jobs.core import telemetry
 from idempotent_jobs.core.budgets import BudgetSpec
+from idempotent_jobs.core.commits import commit
 from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.leases import Busy, Reused, claim_or_reuse
@@ -27,7 +28,6 @@ from idempotent_jobs.core.steps import (
     advance_hold,
     call_model,
     collect_once,
-    commit,
 )
 
 JSONDict = dict[str, Any]

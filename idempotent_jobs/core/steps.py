@@ -16,7 +16,7 @@ state, because it goes through the same :func:`end_attempt`:
   still recorded, as ``lease_lost``.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -34,7 +34,6 @@ from idempotent_jobs.core.errors import (
     LedgerError,
     OutputRejectedError,
     PaidCallError,
-    StaleCandidateError,
     UsageRejectedError,
     mark_unsent,
 )
@@ -42,12 +41,10 @@ from idempotent_jobs.core.heartbeat import LeaseHeartbeat
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.policy import NO_POLICY, CallPolicy
 from idempotent_jobs.core.records import (
-    USAGE_PARTS,
     AdvanceHold,
     Basis,
     CallOrigin,
     CallOutcome,
-    Completion,
     FailedOutcome,
     FenceOutcome,
     JobConfig,
@@ -70,9 +67,9 @@ class ModelAnswer:
 
 @dataclass(frozen=True, kw_only=True)
 class BoundAnswer:
-    """A checked answer on its way to :func:`commit`: the output, what the call cost, the
-    revision and checkpoint it was computed on, the configuration, and where the call was made.
-    It is accepted only while the run is still on ``basis``."""
+    """A checked answer on its way to :func:`~idempotent_jobs.core.commits.commit`: the output,
+    what the call cost, the revision and checkpoint it was computed on, the configuration, and
+    where the call was made. It is accepted only while the run is still on ``basis``."""
 
     output: JSONDict
     usage: ModelUsage | None
@@ -121,7 +118,7 @@ def end_attempt(
     telemetry.annotate_current(outcome=outcome, **{"error.type": type(exc).__name__})
     telemetry.count_run("failed")
     if call is not None and usage is not None:
-        telemetry.count_tokens_not_accepted(_tokens(usage), usage.priced_model, call)
+        telemetry.count_tokens_not_accepted(usage_tokens(usage), usage.priced_model, call)
     try:
         return ledger.fail(
             lease,
@@ -135,7 +132,7 @@ def end_attempt(
         return None
 
 
-def _tokens(usage: ModelUsage | None) -> int:
+def usage_tokens(usage: ModelUsage | None) -> int:
     return 0 if usage is None else (usage.input_tokens or 0) + (usage.output_tokens or 0)
 
 
@@ -147,15 +144,15 @@ def call_outcome(called: bool, answered: bool) -> CallOutcome | None:
     return "rejected" if answered else "failed"
 
 
-def _lease_attributes(lease: Lease) -> dict[str, int]:
+def lease_attributes(lease: Lease) -> dict[str, int]:
     return {"idempotent_jobs.lease_epoch": lease.epoch, "idempotent_jobs.revision": lease.revision}
 
 
-def _chat_span(lease: Lease, config: JobConfig) -> AbstractContextManager[Any]:
+def chat_span(lease: Lease, config: JobConfig) -> AbstractContextManager[Any]:
     """The client span of one model call (OpenTelemetry's GenAI ``chat <model>``)."""
     model_name = config.parts.get("model", "")
     attributes: dict[str, str | int] = {
-        **_lease_attributes(lease),
+        **lease_attributes(lease),
         "gen_ai.operation.name": "chat",
         "gen_ai.request.model": model_name,
     }
@@ -186,7 +183,7 @@ def collect_once(
     if lease.stored_raw_input is not None:
         telemetry.annotate_current(input_reused=True)
         return lease
-    with telemetry.span("idempotent_jobs.collect", _lease_attributes(lease)):
+    with telemetry.span("idempotent_jobs.collect", lease_attributes(lease)):
         try:
             return ledger.checkpoint(lease, collect(), hold=hold)
         except BaseException as exc:
@@ -194,7 +191,7 @@ def collect_once(
             raise
 
 
-def _unpack(answer: object) -> tuple[object, ModelUsage | None]:
+def unpack_answer(answer: object) -> tuple[object, ModelUsage | None]:
     if isinstance(answer, ModelAnswer):
         return answer.output, answer.usage
     return answer, None
@@ -264,7 +261,7 @@ def call_model(
     usage: ModelUsage | None = None
     book = CallBook()
     with (
-        _chat_span(lease, config) as span,
+        chat_span(lease, config) as span,
         LeaseHeartbeat(ledger, lease, heartbeat_seconds) as heartbeat,
     ):
         budgeted = False
@@ -294,10 +291,10 @@ def call_model(
                 lease_check=heartbeat.raise_if_lost,
             )
             with keeping(book):
-                output, reported = _unpack(model(raw_input))
+                output, reported = unpack_answer(model(raw_input))
             answered = True
-            usage = _believed(span, reported)
-            payload = _checked(ledger, output, validate)
+            usage = believed_usage(span, reported)
+            payload = checked_payload(ledger, output, validate)
         except BaseException as exc:
             if isinstance(exc, PaidCallError):  # the last request's cost, as the step knew it
                 usage, answered = recordable_usage(exc.usage), exc.answered
@@ -321,7 +318,9 @@ def call_model(
         ledger.record_lost_call(lease, usage, lease.revision, origin=origin)
         telemetry.count_run("lease_lost")
         if usage is not None:
-            telemetry.count_tokens_not_accepted(_tokens(usage), usage.priced_model, "lease_lost")
+            telemetry.count_tokens_not_accepted(
+                usage_tokens(usage), usage.priced_model, "lease_lost"
+            )
     heartbeat.raise_if_lost()
     answer = BoundAnswer(
         output=payload.value,
@@ -353,7 +352,7 @@ def call_model(
     return answer
 
 
-def _checked(
+def checked_payload(
     ledger: RunLedger, output: object, validate: Callable[[JSONDict], object] | None
 ) -> JsonPayload:
     """The output as the ledger will store it, once ``validate`` accepts it; raises otherwise
@@ -363,7 +362,7 @@ def _checked(
     return payload
 
 
-def _believed(span: Any, reported: ModelUsage | None) -> ModelUsage | None:
+def believed_usage(span: Any, reported: ModelUsage | None) -> ModelUsage | None:
     """The usage an answer reported, once believable (:class:`UsageRejectedError` otherwise),
     on the call's span and in the metrics."""
     usage = check_usage(reported)
@@ -371,123 +370,8 @@ def _believed(span: Any, reported: ModelUsage | None) -> ModelUsage | None:
     return usage
 
 
-def accept_paid_answer(
-    ledger: RunLedger,
-    lease: Lease,
-    produce: Callable[[], object],
-    *,
-    basis: Basis,
-    config: JobConfig,
-    origin: CallOrigin,
-    validate: Callable[[JSONDict], object] | None = None,
-    notifications: Callable[[JSONDict], Mapping[str, JSONDict]] | None = None,
-) -> Completion:
-    """The attempt of a call already made and paid for elsewhere (an item of a provider batch):
-    ``produce()`` gives its answer as a model step would (a :class:`ModelAnswer`), or raises the
-    provider's error for it (a :class:`PaidCallError` carries its usage). From there it goes the
-    way :func:`call_model` and :func:`commit` take every answer: the usage check, the output the
-    ledger can store, ``validate``, the payload, the fenced commit on ``basis``, telemetry and
-    cost. A failure ends the attempt through :func:`end_attempt` (the call ``failed`` or
-    ``rejected``, recorded once; the lease and the hold given back) and propagates; a lost lease
-    or a stale basis raise as :func:`commit` raises them."""
-    answered = False
-    usage: ModelUsage | None = None
-    with _chat_span(lease, config) as span:
-        try:
-            output, reported = _unpack(produce())
-            answered = True
-            usage = _believed(span, reported)
-            payload = _checked(ledger, output, validate)
-        except BaseException as exc:
-            if isinstance(exc, PaidCallError):
-                usage, answered = recordable_usage(exc.usage), exc.answered
-            end_attempt(ledger, lease, exc, usage, call=call_outcome(True, answered), origin=origin)
-            raise
-    answer = BoundAnswer(
-        output=payload.value,
-        usage=usage,
-        basis=basis,
-        config=config,
-        origin=origin,
-        payload=payload,
-    )
-    return commit(ledger, lease, answer, notifications)
-
-
 def _release_budget(ledger: RunLedger, lease: Lease) -> None:
     try:
         ledger.release_budget(lease)
     except Exception:  # an outage: the hold lapses with its period; the first error is raised
         pass
-
-
-def recorded_answer(ledger: RunLedger, lease: Lease, config: JobConfig) -> BoundAnswer | None:
-    """The answer an earlier attempt paid for and recorded (:func:`call_model` with
-    ``record_answer``) but never committed, when it is still valid: on the lease's revision and
-    checkpoint, under the same configuration. It keeps its origin, so its commit updates the
-    recorded call instead of adding one. ``None`` when there is none."""
-    row = ledger.recorded_answer(lease)
-    if row is None or dict(row["config_parts"] or {}) != dict(config.parts):
-        return None
-    usage = ModelUsage(
-        row["model_name"],
-        row["input_tokens"],
-        row["output_tokens"],
-        requested_model=row["requested_model"],
-        **{name: row[name] for name in USAGE_PARTS},
-    )
-    origin = CallOrigin(
-        caller_step=row["caller_step"],
-        caller_run_id=row["caller_run_id"],
-        retry_number=row["retry_number"],
-    )
-    telemetry.annotate_current(answer_reused=True)
-    return BoundAnswer(
-        output=row["answer"], usage=usage, basis=lease.basis, config=config, origin=origin
-    )
-
-
-def commit(
-    ledger: RunLedger,
-    lease: Lease,
-    answer: BoundAnswer,
-    notifications: Callable[[JSONDict], Mapping[str, JSONDict]] | None = None,
-) -> Completion:
-    """Accept ``answer`` and queue its notifications in one transaction (see
-    :meth:`RunLedger.complete`). A lost lease or a stale basis raise as they are (the ledger
-    recorded what it could); any other failure (a payload builder, a payload the ledger
-    refuses) ends the attempt with the call ``rejected``."""
-    with telemetry.span("idempotent_jobs.commit", _lease_attributes(lease)) as span:
-        try:
-            messages = notifications(answer.output) if notifications is not None else None
-            completion = ledger.complete(
-                lease,
-                answer.output,
-                messages,
-                answer.usage,
-                basis=answer.basis,
-                config=answer.config,
-                origin=answer.origin,
-                payload=answer.payload,
-            )
-        except (LeaseLostError, StaleCandidateError) as exc:
-            lost = isinstance(exc, LeaseLostError)
-            _not_accepted(span, answer.usage, "lease_lost" if lost else "superseded")
-            raise
-        except BaseException as exc:
-            end_attempt(ledger, lease, exc, answer.usage, call="rejected", origin=answer.origin)
-            raise
-        if completion.accepted:
-            telemetry.annotate(span, outcome="accepted")
-            telemetry.count_run("executed")
-        else:  # another answer of this run was accepted first: this one is not
-            _not_accepted(span, answer.usage, "reused")
-        return completion
-
-
-def _not_accepted(span: Any, usage: ModelUsage | None, outcome: str) -> None:
-    telemetry.annotate(span, outcome=outcome)
-    telemetry.count_run(outcome)
-    if usage is not None:
-        call = "stale" if outcome in ("superseded", "reused") else outcome
-        telemetry.count_tokens_not_accepted(_tokens(usage), usage.priced_model, call)

@@ -16,6 +16,7 @@ import dagster as dg
 
 from idempotent_jobs.core import telemetry
 from idempotent_jobs.core.batch_book import batch_holding
+from idempotent_jobs.core.commits import commit, recorded_answer
 from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.errors import (
     BudgetExceededError,
@@ -44,9 +45,7 @@ from idempotent_jobs.core.steps import (
     advance_hold,
     call_model,
     collect_once,
-    commit,
     end_attempt,
-    recorded_answer,
 )
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 from idempotent_jobs.dagster.resources import Collector, ModelStep, NotificationChannel, StepContext

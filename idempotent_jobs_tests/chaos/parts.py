@@ -333,9 +333,10 @@ def answer_like_transform(
     before handing it on, and dies there (``answered="kill"``) or is paused past its lease
     (``answered="stop"``, at ``answer_marker``); a later attempt on the same basis commits the
     recorded answer instead of paying again. Returns (accepted, output)."""
+    from idempotent_jobs.core.commits import commit, recorded_answer
     from idempotent_jobs.core.protocol import default_worker_id
     from idempotent_jobs.core.records import CallOrigin, JobConfig
-    from idempotent_jobs.core.steps import call_model, commit, recorded_answer
+    from idempotent_jobs.core.steps import call_model
 
     worker = default_worker_id()
     origin = CallOrigin(

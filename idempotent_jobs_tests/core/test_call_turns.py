@@ -21,8 +21,9 @@ from idempotent_jobs import (
     current_calls,
     run_idempotent,
 )
+from idempotent_jobs.core.commits import commit
 from idempotent_jobs.core.records import JobConfig
-from idempotent_jobs.core.steps import call_model, commit
+from idempotent_jobs.core.steps import call_model
 from idempotent_jobs_tests.helpers import Collector, claimed, expire_lease, identity
 from idempotent_jobs_tests.ledgers import BothFaces
 

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from idempotent_jobs.core.commits import commit
 from idempotent_jobs.core.error_text import MAX_ERROR_CHARS, describe_error, safe_text
 from idempotent_jobs.core.errors import LeaseLostError, StaleCandidateError
 from idempotent_jobs.core.records import (
@@ -18,7 +19,7 @@ from idempotent_jobs.core.records import (
     ModelUsage,
     OutboxRecord,
 )
-from idempotent_jobs.core.steps import BoundAnswer, commit, end_attempt
+from idempotent_jobs.core.steps import BoundAnswer, end_attempt
 from idempotent_jobs_tests.helpers import claimed, email, identity
 from idempotent_jobs_tests.ledgers import BothFaces
 
