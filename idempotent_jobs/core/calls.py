@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-from idempotent_jobs.core import telemetry
+from idempotent_jobs.core import metrics
 from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.errors import LeaseLostError
 from idempotent_jobs.core.ledger import RunLedger
@@ -141,7 +141,7 @@ class CallBook:
             grant = ledger.acquire_rate(lease, rate, tokens)
         waited = time.monotonic() - started
         self.rate_wait_seconds += waited
-        telemetry.record_lease_wait(waited, "rate_limited")
+        metrics.record_lease_wait(waited, "rate_limited")
 
     def paid(
         self, usage: ModelUsage | None, call: CallOutcome, error: BaseException | str
@@ -152,7 +152,7 @@ class CallBook:
         claim took the run over meanwhile)."""
         text = error if isinstance(error, str) else describe_error(error)
         if usage is not None:
-            telemetry.count_tokens_not_accepted(
+            metrics.count_tokens_not_accepted(
                 (usage.input_tokens or 0) + (usage.output_tokens or 0), usage.priced_model, call
             )
         if self.ledger is None or self.lease is None:

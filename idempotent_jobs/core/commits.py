@@ -7,7 +7,7 @@ batch (:func:`accept_paid_answer`). A failure ends the attempt through
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from idempotent_jobs.core import telemetry
+from idempotent_jobs.core import metrics, telemetry
 from idempotent_jobs.core.errors import (
     LeaseLostError,
     PaidCallError,
@@ -96,7 +96,7 @@ def commit(
             raise
         if completion.accepted:
             telemetry.annotate(span, outcome="accepted")
-            telemetry.count_run("executed")
+            metrics.count_run("executed")
         else:  # another answer of this run was accepted first: this one is not
             _not_accepted(span, answer.usage, "reused")
         return completion
@@ -104,10 +104,10 @@ def commit(
 
 def _not_accepted(span: Any, usage: ModelUsage | None, outcome: str) -> None:
     telemetry.annotate(span, outcome=outcome)
-    telemetry.count_run(outcome)
+    metrics.count_run(outcome)
     if usage is not None:
         call = "stale" if outcome in ("superseded", "reused") else outcome
-        telemetry.count_tokens_not_accepted(usage_tokens(usage), usage.priced_model, call)
+        metrics.count_tokens_not_accepted(usage_tokens(usage), usage.priced_model, call)
 
 
 def accept_paid_answer(

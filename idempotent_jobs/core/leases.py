@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from idempotent_jobs.core import telemetry
+from idempotent_jobs.core import metrics, telemetry
 from idempotent_jobs.core.batch_book import batch_holding
 from idempotent_jobs.core.errors import LeaseLostError, RunNotFoundError
 from idempotent_jobs.core.identity import RunIdentity
@@ -41,7 +41,7 @@ def acquire(
         lease = ledger.claim(run_id, worker_id, lease_seconds, origin=origin)
         if lease is not None:
             if waited:
-                telemetry.record_lease_wait(time.monotonic() - began, "claimed")
+                metrics.record_lease_wait(time.monotonic() - began, "claimed")
             return lease
         record = ledger.get(run_id)
         if record is None:
@@ -51,7 +51,7 @@ def acquire(
         if record.status == "completed" or remaining <= 0 or batch_holding(record.lease_owner):
             if waited:
                 outcome = "reused" if record.status == "completed" else "busy"
-                telemetry.record_lease_wait(time.monotonic() - began, outcome)
+                metrics.record_lease_wait(time.monotonic() - began, outcome)
             return record
         waited = True
         # Waiting on another process's lease: poll the database, backing off.
@@ -112,7 +112,7 @@ def claim_or_reuse(
     )
     if isinstance(got, Reused):  # one short span, marked reused: no step span under it
         telemetry.annotate_current(reused=True, outcome="reused")
-        telemetry.count_run("reused")
+        metrics.count_run("reused")
         return got
     if not telemetry.tracing():
         return got

@@ -1,7 +1,7 @@
 """What the ledger hands back: plain frozen records, one per table row or claim."""
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
@@ -351,51 +351,3 @@ class RevisionRecord:
     recollect: bool
     requested_by: str | None
     requested_at: datetime
-
-
-@dataclass(frozen=True, kw_only=True)
-class PruneBatch:
-    """One retention batch of one job: where the walk got to (the last run's identity
-    ``(subject_id, scheduled_at, version)``; ``None``: the job is done) and what the batch found
-    to prune of each part, in rows and stored bytes."""
-
-    last_key: tuple[str, datetime, str] | None
-    raw_rows: int = 0
-    raw_bytes: int = 0
-    output_rows: int = 0
-    output_bytes: int = 0
-    attempt_rows: int = 0
-    attempt_bytes: int = 0
-    payload_rows: int = 0
-    payload_bytes: int = 0
-
-    @classmethod
-    def of_row(cls, row: tuple[Any, ...]) -> "PruneBatch":
-        """The batch a ``prune_batch`` row describes: the last run's identity, the counts, and
-        a trailing column the record does not keep."""
-        subject, scheduled_at, version, *counts, _ = row
-        last = None if subject is None else (subject, scheduled_at, version)
-        names = [f.name for f in fields(cls) if f.name != "last_key"]
-        return cls(last_key=last, **dict(zip(names, counts, strict=True)))
-
-
-@dataclass(frozen=True, kw_only=True)
-class StoredPart:
-    """Rows and stored bytes of one part of the ledger for one job (``estimated``: scaled up
-    from a sample of the table's pages)."""
-
-    job_name: str
-    part: str
-    rows: int
-    bytes: int
-    estimated: bool
-
-
-@dataclass(frozen=True, kw_only=True)
-class StoredTable:
-    """One ledger table as the catalogue knows it: estimated rows (``None`` until the table is
-    first analysed), bytes on disk."""
-
-    table_name: str
-    estimated_rows: int | None
-    total_bytes: int

@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from idempotent_jobs.core import telemetry
+from idempotent_jobs.core import metrics, telemetry
 from idempotent_jobs.core.calls import CallBook, keeping
 from idempotent_jobs.core.checks import JsonPayload
 from idempotent_jobs.core.drills import take_drill
@@ -116,9 +116,9 @@ def end_attempt(
         else "failed"
     )
     telemetry.annotate_current(outcome=outcome, **{"error.type": type(exc).__name__})
-    telemetry.count_run("failed")
+    metrics.count_run("failed")
     if call is not None and usage is not None:
-        telemetry.count_tokens_not_accepted(usage_tokens(usage), usage.priced_model, call)
+        metrics.count_tokens_not_accepted(usage_tokens(usage), usage.priced_model, call)
     try:
         return ledger.fail(
             lease,
@@ -207,8 +207,8 @@ def _record_usage(span: Any, usage: ModelUsage | None) -> None:
     """The call's usage on its span (GenAI attributes) and in the metrics."""
     if usage is None:
         return
-    telemetry.annotate(span, **telemetry.usage_attributes(usage))
-    telemetry.record_usage(usage)
+    telemetry.annotate(span, **metrics.usage_attributes(usage))
+    metrics.record_usage(usage)
 
 
 def call_model(
@@ -316,11 +316,9 @@ def call_model(
             raise
     if heartbeat.lost:  # the call was paid for: record it though the run moved on
         ledger.record_lost_call(lease, usage, lease.revision, origin=origin)
-        telemetry.count_run("lease_lost")
+        metrics.count_run("lease_lost")
         if usage is not None:
-            telemetry.count_tokens_not_accepted(
-                usage_tokens(usage), usage.priced_model, "lease_lost"
-            )
+            metrics.count_tokens_not_accepted(usage_tokens(usage), usage.priced_model, "lease_lost")
     heartbeat.raise_if_lost()
     answer = BoundAnswer(
         output=payload.value,
@@ -344,7 +342,7 @@ def call_model(
             )
             answer = replace(answer, cost=cost)
         except LeaseLostError:
-            telemetry.count_run("lease_lost")
+            metrics.count_run("lease_lost")
             raise
         except BaseException as exc:  # not recorded: the answer must not travel on unpaid
             end_attempt(ledger, lease, exc, usage, call="rejected", origin=origin)

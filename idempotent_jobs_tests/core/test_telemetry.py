@@ -11,7 +11,7 @@ import pytest
 from opentelemetry.trace import StatusCode
 
 from idempotent_jobs import JobConfig, ModelAnswer, ModelUsage, RunLedger, run_idempotent
-from idempotent_jobs.core import telemetry
+from idempotent_jobs.core import metrics, telemetry
 from idempotent_jobs_tests.helpers import Collector, email, identity
 from idempotent_jobs_tests.ledgers import BothFaces
 from testkit.otel import installed, tree
@@ -117,7 +117,7 @@ def test_tokens_of_a_rejected_answer_are_counted_as_not_accepted(ledger: BothFac
 
 def test_without_an_sdk_nothing_is_made(ledger: BothFaces) -> None:
     assert not telemetry.tracing() and not telemetry.metering()
-    assert telemetry.instruments() is None
+    assert metrics.instruments() is None
     with telemetry.span("anything") as span:
         assert span is None
     outcome = run_idempotent(ledger, identity(), collect=Collector(), transform=_answer)

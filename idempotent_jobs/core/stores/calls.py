@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from psycopg.rows import dict_row
 
-from idempotent_jobs.core import telemetry
+from idempotent_jobs.core import metrics
 from idempotent_jobs.core.checks import (
     JsonPayload,
     fence_params,
@@ -250,7 +250,7 @@ class CallsStore(Store):
         in doubt (the ledger's own rule, migration 0020)."""
         if usage is None or usage.unknown:
             if added:
-                telemetry.count_call_in_doubt(usage.priced_model if usage else None)
+                metrics.count_call_in_doubt(usage.priced_model if usage else None)
             return
         if money is None:
             return
@@ -258,7 +258,7 @@ class CallsStore(Store):
             currency = self._prices.currency()
         except Exception:  # an outage: the metric is left out, the call is recorded
             return
-        telemetry.record_cost(money, currency, usage.priced_model)
+        metrics.record_cost(money, currency, usage.priced_model)
 
     def model_calls(self, run_id: str) -> list[ModelCallRecord]:
         """Every recorded model call of the run, oldest first (see :class:`CallCosts`)."""

@@ -4,7 +4,7 @@
 from collections.abc import Callable, Collection
 from typing import Any
 
-from idempotent_jobs.core import telemetry
+from idempotent_jobs.core import metrics, telemetry
 from idempotent_jobs.core.checks import check_job_names, check_limit
 from idempotent_jobs.core.error_text import describe_error, safe_text
 from idempotent_jobs.core.records import DeliveryReport, OutboxRecord
@@ -38,9 +38,9 @@ class OutboxStore(Store):
             report = self._deliver(send, run_id, limit, job_names)
             telemetry.annotate(span, delivered=len(report.delivered), failed=len(report.failed))
         for row in report.delivered:
-            telemetry.count_notification(row.channel, "delivered")
+            metrics.count_notification(row.channel, "delivered")
         for row, _ in report.failed:
-            telemetry.count_notification(row.channel, "failed")
+            metrics.count_notification(row.channel, "failed")
         return report
 
     def _deliver(
