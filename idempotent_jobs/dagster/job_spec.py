@@ -59,6 +59,10 @@ def _identity_text(field_name: str, value: object) -> str:
     return text
 
 
+#: How many partitions' identities a spec keeps (a code server may live for months).
+_IDENTITIES_KEPT = 100_000
+
+
 @dataclass(frozen=True)
 class IdempotentJobSpec:
     """What makes one scheduled AI job: its identity, its partitions and its steps.
@@ -154,8 +158,9 @@ class IdempotentJobSpec:
             rate_limits=self.rate_limits,
         )
 
-    @property
+    @cached_property
     def partitions_def(self) -> dg.MultiPartitionsDefinition:
+        """The job's partitions (window x subject), made once."""
         return window_by_subject(self.window, self.subjects)
 
     @property
@@ -164,9 +169,22 @@ class IdempotentJobSpec:
         return self.wait_seconds if self.wait_seconds is not None else 2 * self.lease_seconds
 
     def identity_for(self, partition_key: str) -> RunIdentity:
-        return identity_for_partition(
-            self.partitions_def, partition_key, self.identity_job_name, self.version
-        )
+        """The run identity of a partition: computed once per partition and process (each op
+        of a run, its telemetry and its failure hook ask for it; a backfill's ops ask for
+        thousands), then read from this spec's own table."""
+        known = self._identities.get(partition_key)
+        if known is None:
+            known = identity_for_partition(
+                self.partitions_def, partition_key, self.identity_job_name, self.version
+            )
+            if len(self._identities) >= _IDENTITIES_KEPT:
+                self._identities.clear()  # a bounded table: a long-lived code server forgets
+            self._identities[partition_key] = known
+        return known
+
+    @cached_property
+    def _identities(self) -> dict[str, RunIdentity]:
+        return {}
 
     def notifications(self, identity: RunIdentity, output: JSONDict) -> Mapping[str, JSONDict]:
         payload = self.payload(identity, output)

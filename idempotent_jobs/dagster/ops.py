@@ -14,8 +14,6 @@ from typing import Any
 
 import dagster as dg
 
-from idempotent_jobs.core import telemetry
-from idempotent_jobs.core.batch_book import batch_holding
 from idempotent_jobs.core.commits import commit, recorded_answer
 from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.errors import (
@@ -37,8 +35,6 @@ from idempotent_jobs.core.records import (
     Completion,
     JobConfig,
     Lease,
-    ModelUsage,
-    RunRecord,
 )
 from idempotent_jobs.core.steps import (
     BoundAnswer,
@@ -49,6 +45,13 @@ from idempotent_jobs.core.steps import (
 )
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 from idempotent_jobs.dagster.resources import Collector, ModelStep, NotificationChannel, StepContext
+from idempotent_jobs.dagster.step_reports import (
+    budget_metadata,
+    busy_error,
+    report,
+    reuse_notes,
+    traced,
+)
 from idempotent_jobs.dagster.telemetry import step_span
 from idempotent_jobs.dagster.ticket import StepResult, Ticket
 from idempotent_jobs.models.errors import ProviderError
@@ -67,71 +70,6 @@ def _worker_id(context: dg.OpExecutionContext) -> str:
     """Unique per op execution, readable in the ledger: Dagster run, op, retry, random."""
     return (
         f"dagster:{context.run_id}:{context.op.name}:{context.retry_number}:{uuid.uuid4().hex[:6]}"
-    )
-
-
-def reuse_notes(
-    config: JobConfig, stored_parts: dict[str, str] | None, *, output_pruned: bool = False
-) -> tuple[str, ...]:
-    """What qualifies a reused result: ``config changed: prompt`` when it was computed under
-    another prompt, model or validator than the job has now; ``output pruned`` when retention
-    has dropped the stored output (the run stays done: nothing is recomputed)."""
-    notes = []
-    changed = config.changed_since(stored_parts)
-    if changed:
-        notes.append(f"config changed: {', '.join(changed)}")
-    if output_pruned:
-        notes.append("output pruned")
-    return tuple(notes)
-
-
-def _report(
-    context: dg.OpExecutionContext,
-    ticket: Ticket,
-    usage: ModelUsage | None = None,
-    costs: CallCosts | None = None,
-) -> Ticket:
-    """Output metadata (from what the step already knows, and ``costs`` where the step read
-    them), so the run page answers "did this Dagster run do the work, and what did the logical
-    run cost?". A step that reused a completed run also says so in the run's log (one event-log
-    write; the steps that did the work only report metadata, as every log line costs a write to
-    Dagster's event log). Returns ``ticket`` for chaining."""
-    metadata: dict[str, Any] = {
-        "ledger_run_id": ticket.run_id,
-        "result": ticket.label,
-        "lease_epoch": ticket.epoch,
-        "attempts": ticket.attempts,
-    }
-    if usage is not None:
-        metadata["model"] = usage.priced_model or ""
-        if usage.model_name and usage.model_name != usage.priced_model:
-            metadata["response_model"] = usage.model_name
-        metadata["input_tokens"] = usage.input_tokens or 0
-        metadata["output_tokens"] = usage.output_tokens or 0
-        for kind in ("cache_read_tokens", "cache_write_tokens", "reasoning_tokens"):
-            if getattr(usage, kind) is not None:
-                metadata[kind] = getattr(usage, kind)
-    if costs is not None:
-        metadata["model_calls"] = costs.calls
-        metadata["tokens_accepted"] = costs.accepted_tokens
-        metadata["tokens_wasted"] = costs.wasted_tokens
-        metadata["cost"] = costs.summary()
-    context.add_output_metadata(metadata)
-    if ticket.result in (StepResult.REUSED, StepResult.INPUT_REUSED, StepResult.ANSWER_REUSED):
-        context.log.info(f"ledger run {ticket.run_id}: {ticket.label}")
-    return ticket
-
-
-def _busy(record: RunRecord) -> LeaseBusyError:
-    batch_id = batch_holding(record.lease_owner)
-    if batch_id is not None:
-        return LeaseBusyError(
-            f"run {record.run_id} is in batch {batch_id} of the batch lane, which computes it "
-            f"(held until {record.lease_expires_at}); nothing is paid for it here, and its "
-            "result is reused once the batch is collected"
-        )
-    return LeaseBusyError(
-        f"run {record.run_id} is held by {record.lease_owner} until {record.lease_expires_at}"
     )
 
 
@@ -167,7 +105,7 @@ def lease_for(
         hold=hold,
     )
     if isinstance(got, Busy):
-        raise _busy(got.record)
+        raise busy_error(got.record)
     if isinstance(got, Reused):
         done = got.record
         pruned = done.output is None and done.output_pruned_at is not None
@@ -185,11 +123,11 @@ def collect_step(context: dg.OpExecutionContext, spec: IdempotentJobSpec) -> Tic
     config = spec.config_of(_model(context, spec))
     lease = lease_for(context, spec, ledger, identity, None, config)
     if isinstance(lease, Ticket):
-        return _report(context, lease)
+        return report(context, lease)
     reused_input = lease.stored_raw_input is not None
     lease = collect_once(ledger, lease, lambda: collector.collect(identity))
     result = StepResult.INPUT_REUSED if reused_input else StepResult.COLLECTED
-    return _report(context, Ticket.under(lease, context.run_id, result))
+    return report(context, Ticket.under(lease, context.run_id, result))
 
 
 def transform_step(
@@ -197,7 +135,7 @@ def transform_step(
 ) -> Ticket:
     """Call the model on the checkpointed input (read from the ledger) under a live lease."""
     if collected.completed:
-        return _report(context, collected)
+        return report(context, collected)
     ledger: RunLedger = context.resources.ledger
     model = _model(context, spec)
     config = spec.config_of(model)
@@ -211,12 +149,12 @@ def transform_step(
     )
     lease = lease_for(context, spec, ledger, collected.run_id, handed, config, hold)
     if isinstance(lease, Ticket):
-        return _report(context, lease)
+        return report(context, lease)
     if lease.attempts > 1 or context.retry_number > 0:  # an earlier attempt may have paid
         recorded = recorded_answer(ledger, lease, config)
         if recorded is not None:
             ticket = Ticket.under(lease, context.run_id, StepResult.ANSWER_REUSED, recorded)
-            return _report(context, ticket, recorded.usage)
+            return report(context, ticket, recorded.usage)
     step = StepContext(
         _identity(context, spec), spec.prompt, lease.run_id, context.run_id, context.op.name
     )
@@ -270,33 +208,12 @@ def transform_step(
         context.add_output_metadata(
             {"rate_limit_wait_seconds": dg.MetadataValue.float(round(answer.rate_wait_seconds, 3))}
         )
-    return _report(context, ticket, answer.usage)
+    return report(context, ticket, answer.usage)
 
 
 #: Errors before any request that a retry may not meet again (the ledger out of reach, a lease
 #: taken meanwhile): the step's retry policy still applies to them.
 _MAY_PASS = (LedgerConnectionError, LeaseLostError, LeaseBusyError, OSError, TimeoutError)
-
-
-def budget_metadata(run_id: str, exc: BudgetExceededError) -> dict[str, Any]:
-    """The metadata of a step a budget refused: which budget, what it holds, what was wanted."""
-
-    def figure(value: object) -> Any:
-        number = float(str(value))
-        return dg.MetadataValue.int(int(number)) if exc.unit == "tokens" else number
-
-    return {
-        "ledger_run_id": run_id,
-        "result": "refused by budget",
-        "budget": exc.budget_id,
-        "budget_scope": exc.scope,
-        "budget_unit": exc.unit,
-        "budget_spent": figure(exc.spent),
-        "budget_reserved": figure(exc.reserved),
-        "budget_wanted": figure(exc.wanted),
-        "budget_amount": figure(exc.budget),
-        "budget_period_start": exc.day_start.date().isoformat(),
-    }
 
 
 def _commit_or_fail(
@@ -324,7 +241,7 @@ def persist_step(
 ) -> Ticket:
     """Commit the answer, its usage and the outbox rows in one transaction."""
     if transformed.completed:
-        return _report(context, transformed)
+        return report(context, transformed)
     answer: BoundAnswer | None = transformed.answer
     if answer is None:  # a ticket no transform produced: nothing to commit, say so
         missing = LedgerError(f"run {transformed.run_id}: the ticket carries no model answer")
@@ -348,14 +265,14 @@ def persist_step(
         # checkpoint it was computed on.
         lease = lease_for(context, spec, ledger, run_id, None, answer.config)
         if isinstance(lease, Ticket):
-            return _report(context, lease, costs=CallCosts.of(ledger.model_calls(run_id)))
+            return report(context, lease, costs=CallCosts.of(ledger.model_calls(run_id)))
         completion = _commit_or_fail(ledger, spec, identity, lease, answer)
         ticket = Ticket.under(lease, context.run_id, ticket.result)
     costs = CallCosts.of(ledger.model_calls(run_id))
     if completion.accepted:
-        return _report(context, ticket.done(StepResult.NEW), answer.usage, costs)
+        return report(context, ticket.done(StepResult.NEW), answer.usage, costs)
     notes = reuse_notes(answer.config, completion.config_parts)
-    return _report(context, ticket.done(StepResult.REUSED, notes), None, costs)
+    return report(context, ticket.done(StepResult.REUSED, notes), None, costs)
 
 
 def deliver_step(context: dg.OpExecutionContext, persisted: Ticket) -> None:
@@ -380,17 +297,6 @@ def deliver_step(context: dg.OpExecutionContext, persisted: Ticket) -> None:
         raise dg.Failure(f"delivery failed, will retry: {reasons}", allow_retries=True)
 
 
-def _traced(span: Any, ticket: Ticket) -> Ticket:
-    """``ticket``, its result and epoch set on the step's span."""
-    telemetry.annotate(
-        span,
-        outcome=ticket.label,
-        lease_epoch=ticket.epoch,
-        reused=ticket.result == StepResult.REUSED or None,
-    )
-    return ticket
-
-
 def build_ops(
     spec: IdempotentJobSpec, io_manager_key: str = "io_manager"
 ) -> tuple[dg.OpDefinition, dg.OpDefinition, dg.OpDefinition, dg.OpDefinition]:
@@ -411,7 +317,7 @@ def build_ops(
     def collect(context: dg.OpExecutionContext) -> Ticket:
         """Register the run, take its lease and checkpoint the collected input (once)."""
         with step_span(context, spec) as span:
-            return _traced(span, collect_step(context, spec))
+            return traced(span, collect_step(context, spec))
 
     @dg.op(
         name=f"{spec.name}_transform",
@@ -423,7 +329,7 @@ def build_ops(
     def transform(context: dg.OpExecutionContext, collected: Ticket) -> Ticket:
         """Call the model on the checkpointed input (read from the ledger) under a live lease."""
         with step_span(context, spec) as span:
-            return _traced(span, transform_step(context, spec, collected))
+            return traced(span, transform_step(context, spec, collected))
 
     @dg.op(name=f"{spec.name}_persist", out=ticket, tags={"kind": "ledger"})
     def persist(
@@ -431,7 +337,7 @@ def build_ops(
     ) -> Ticket:
         """Commit the answer, its usage and the outbox rows in one transaction."""
         with step_span(context, spec) as span:
-            return _traced(span, persist_step(context, spec, transformed, ledger))
+            return traced(span, persist_step(context, spec, transformed, ledger))
 
     @dg.op(
         name=f"{spec.name}_deliver",
