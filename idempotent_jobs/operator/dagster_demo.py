@@ -7,7 +7,8 @@ from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.dagster.partitions import partition_key
 from idempotent_jobs.dagster.resources import JsonLinesChannel
 from idempotent_jobs.dagster.results import output_metadata
-from idempotent_jobs.operator.code_location import Target, load_location
+from idempotent_jobs.operator.code_location import load_location
+from idempotent_jobs.operator.location_targets import Target
 
 #: The sample code location, loaded as any user's is: the operator never imports it.
 SAMPLE_LOCATION = "idempotent_jobs.location.definitions"

@@ -12,9 +12,9 @@ import yaml
 from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.database import DATABASE_URL_ENV
 from idempotent_jobs.core.project_paths import project_home
-from idempotent_jobs.operator.code_location import Target, find_targets
 from idempotent_jobs.operator.dagster_home import prepare_dagster_home
 from idempotent_jobs.operator.embedded import ensure_database_url, stop_embedded_postgres
+from idempotent_jobs.operator.location_targets import Target, find_targets
 
 
 def _dagster_dev_target(

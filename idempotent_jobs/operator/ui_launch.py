@@ -22,7 +22,7 @@ from dagster._core.workspace.load_target import (
 
 from idempotent_jobs.core.errors import LedgerError
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
-from idempotent_jobs.operator.code_location import Target
+from idempotent_jobs.operator.location_targets import Target
 
 #: Run statuses a run ends in.
 FINISHED = frozenset(

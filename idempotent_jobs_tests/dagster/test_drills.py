@@ -116,7 +116,7 @@ def test_arming_a_drill_for_a_job_the_location_does_not_have_is_refused(
     from idempotent_jobs.core import project_paths as project_module
     from idempotent_jobs.core.database import DATABASE_URL_ENV
     from idempotent_jobs.operator.cli import main
-    from idempotent_jobs.operator.code_location import CODE_LOCATION_ENV
+    from idempotent_jobs.operator.location_targets import CODE_LOCATION_ENV
 
     monkeypatch.setenv(DATABASE_URL_ENV, database)
     monkeypatch.delenv(CODE_LOCATION_ENV, raising=False)

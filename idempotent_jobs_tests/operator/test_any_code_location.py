@@ -13,7 +13,8 @@ import dagster as dg
 import pytest
 
 from idempotent_jobs.operator.cli import main
-from idempotent_jobs.operator.code_location import CODE_LOCATION_ENV, load_workspace
+from idempotent_jobs.operator.code_location import load_workspace
+from idempotent_jobs.operator.location_targets import CODE_LOCATION_ENV
 from idempotent_jobs_tests.chaos.parts import Receiver
 from idempotent_jobs_tests.dagster.test_your_own_job import EXAMPLE, Helpdesk
 from idempotent_jobs_tests.ledgers import BothFaces

@@ -14,7 +14,8 @@ from dagster._core.definitions.dependency import NodeHandle
 
 from idempotent_jobs import RateLimit
 from idempotent_jobs.operator.cli import main
-from idempotent_jobs.operator.code_location import CodeLocationError, find_targets, load_workspace
+from idempotent_jobs.operator.code_location import load_workspace
+from idempotent_jobs.operator.location_targets import CodeLocationError, find_targets
 from idempotent_jobs_tests.ledgers import BothFaces
 
 DEFINITIONS = """\

@@ -15,7 +15,7 @@ from idempotent_jobs.core import project_paths as project_module
 from idempotent_jobs.core.database import DATABASE_URL_ENV
 from idempotent_jobs.core.project_paths import HOME_ENV
 from idempotent_jobs.operator.cli import main
-from idempotent_jobs.operator.code_location import CODE_LOCATION_ENV
+from idempotent_jobs.operator.location_targets import CODE_LOCATION_ENV
 from idempotent_jobs_tests.dagster.test_your_own_job import EXAMPLE
 from idempotent_jobs_tests.ledgers import BothFaces
 from idempotent_jobs_tests.operator.test_outbox_ownership import DEFINITIONS, TEAMS

@@ -16,7 +16,7 @@ import pytest
 
 from idempotent_jobs import RunIdentity
 from idempotent_jobs.operator.cli import main
-from idempotent_jobs.operator.code_location import CODE_LOCATION_ENV
+from idempotent_jobs.operator.location_targets import CODE_LOCATION_ENV
 from idempotent_jobs_tests.chaos.parts import Receiver
 from idempotent_jobs_tests.ledgers import BothFaces
 

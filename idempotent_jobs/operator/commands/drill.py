@@ -24,7 +24,7 @@ def drill(args: argparse.Namespace) -> int:
     if job_option:
         from idempotent_jobs.core.errors import InvalidInputError
         from idempotent_jobs.core.identity import normalize_text
-        from idempotent_jobs.operator.code_location import CodeLocationError
+        from idempotent_jobs.operator.location_targets import CodeLocationError
 
         job, said = normalize_text(job_option), f"identity job {normalize_text(job_option)}"
         try:

@@ -25,7 +25,7 @@ def retention_policies(
     name (unknown: exit 2). Without a code location, the overrides alone, for the ``--job``
     identity names given or every job in the ledger."""
     from idempotent_jobs.core.retention import RetentionPolicy
-    from idempotent_jobs.operator.code_location import CodeLocationError
+    from idempotent_jobs.operator.location_targets import CodeLocationError
 
     try:
         workspace = code_location(args)
