@@ -15,11 +15,9 @@ secret is never written into the definitions.
 
 import importlib
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any, Literal
 
 import dagster as dg
-import yaml
 from dagster._utils.schedules import is_valid_cron_string
 from pydantic import Field, field_validator
 
@@ -29,6 +27,15 @@ from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.core.rate_limits import RateLimit
 from idempotent_jobs.core.retention import PARTS, RetentionPolicy
 from idempotent_jobs.dagster.batch_lane import build_batch_lane
+from idempotent_jobs.dagster.component_fields import (
+    BudgetDecl,
+    BudgetItemDecl,
+    RateLimitDecl,
+    ResourceDecl,
+    RetryDecl,
+    WindowDecl,
+)
+from idempotent_jobs.dagster.component_scaffold import IdempotentJobScaffolder
 from idempotent_jobs.dagster.job_factory import build_idempotent_job
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec, default_payload, default_validate
 from idempotent_jobs.dagster.ledger_io import ledger_io_manager
@@ -52,85 +59,6 @@ _WINDOWS: Mapping[str, Callable[..., dg.TimeWindowPartitionsDefinition]] = {
     "week": dg.WeeklyPartitionsDefinition,
     "month": dg.MonthlyPartitionsDefinition,
 }
-
-
-class ResourceDecl(dg.Model):
-    """One resource: its class (an import path; a bare name is one of this package's, such as
-    ``WebhookChannel``) and its settings (``{env: NAME}``: read from the environment)."""
-
-    type: str = Field(description="import path of the resource class, e.g. .steps.MyCollector")
-    config: dict[str, Any] = Field(default_factory=dict, description="the resource's settings")
-
-
-class WindowDecl(dg.Model):
-    """The time dimension of the partitions: one partition per ``every`` from ``start``."""
-
-    start: str = Field(description="the first window, e.g. 2026-11-01 (hours: 2026-11-01-00:00)")
-    every: Literal["hour", "day", "week", "month"] = "day"
-    timezone: str = Field(default="UTC", description="the windows' time zone (run ids are UTC)")
-
-
-class BudgetDecl(dg.Model):
-    """Tokens per UTC day the job's model calls may spend, decided in the ledger."""
-
-    tokens_per_day: int | None = None
-    tokens_per_subject_per_day: int | None = None
-
-
-class BudgetItemDecl(dg.Model):
-    """One budget in the ledger: tokens or money (the ledger's currency) per UTC day or month,
-    for the job, for each of its subjects, or for a group of jobs."""
-
-    amount: str = Field(description="the cap: a whole number of tokens, or an amount of money")
-    unit: Literal["tokens", "money"] = "tokens"
-    period: Literal["day", "month"] = "day"
-    scope: Literal["job", "subject", "group"] = "job"
-    group: str | None = Field(default=None, description="the group's name (scope: group)")
-
-
-class RetryDecl(dg.Model):
-    """How the model step is retried after a failure that may pass (a 429, a 5xx, a timeout);
-    one that cannot (a 4xx, a redirect, a refusal before any request, a budget) never is."""
-
-    max_retries: int = Field(default=3, description="retries of the model step, 0 to 20")
-    delay_seconds: float = Field(default=2.0, description="the first retry's delay, 0 to 3600")
-    backoff: Literal["exponential", "linear"] = Field(
-        default="exponential", description="how the delay grows between retries"
-    )
-    jitter: bool = Field(default=True, description="spread retries by up to the delay")
-
-    @field_validator("max_retries")
-    @classmethod
-    def _retries(cls, value: int) -> int:
-        if not 0 <= value <= 20:
-            raise ValueError(f"is {value}, not a whole number from 0 to 20")
-        return value
-
-    @field_validator("delay_seconds")
-    @classmethod
-    def _delay(cls, value: float) -> float:
-        if not 0 <= value <= 3600:  # NaN and infinities too
-            raise ValueError(f"is {value}, not a number of seconds from 0 to 3600")
-        return value
-
-    def policy(self) -> dg.RetryPolicy:
-        return dg.RetryPolicy(
-            max_retries=self.max_retries,
-            delay=self.delay_seconds,
-            backoff=dg.Backoff.EXPONENTIAL if self.backoff == "exponential" else dg.Backoff.LINEAR,
-            jitter=dg.Jitter.PLUS_MINUS if self.jitter else None,
-        )
-
-
-class RateLimitDecl(dg.Model):
-    """A provider's rate limit the job's model calls keep, with every worker on the ledger."""
-
-    provider: str = Field(description="openai or anthropic")
-    model: str = Field(description="the model asked for")
-    requests_per_minute: int | None = None
-    tokens_per_minute: int | None = None
-    key_name: str = ""
-    window_seconds: int = 60
 
 
 class IdempotentJob(dg.Component, dg.Model, dg.Resolvable):
@@ -428,77 +356,6 @@ def _setting(value: Any) -> Any:
 
 
 # -- scaffolding ----------------------------------------------------------------------------
-
-STEPS_TEMPLATE = '''\
-"""The code of the {name} job: the collector, the model step, the validator and the payload
-builder its defs.yaml names. Replace the bodies with your own."""
-
-from typing import Any
-
-from idempotent_jobs import ModelAnswer, ModelUsage, RunIdentity
-from idempotent_jobs.dagster import Collector, ModelStep, StepContext
-
-
-class Source(Collector):
-    """Gathers one partition's input (called once per logical run: it is checkpointed)."""
-
-    def collect(self, identity: RunIdentity) -> dict[str, Any]:
-        return {{"subject": identity.subject_id, "day": str(identity.scheduled_at.date())}}
-
-
-class Model(ModelStep):
-    """The model call: call your provider here, or use OpenAICompatibleModel or AnthropicModel
-    in defs.yaml (model, api_key, prompt, output_schema)."""
-
-    @property
-    def model_name(self) -> str:
-        return "template-model"
-
-    def generate(self, raw_input: dict[str, Any], context: StepContext) -> ModelAnswer:
-        summary = f"{{context.instructions}} {{raw_input['subject']}} {{raw_input['day']}}"
-        return ModelAnswer({{"summary": summary}}, ModelUsage(self.model_name, 10, 5))
-
-
-def valid(output: dict[str, Any]) -> bool:
-    """False (or an exception) refuses the answer; the attempt is retried."""
-    return bool(output.get("summary"))
-
-
-def payload(identity: RunIdentity, output: dict[str, Any]) -> dict[str, Any]:
-    """What each channel receives for an accepted answer."""
-    return {{"subject": identity.subject_id, "window_start": identity.scheduled_at.isoformat(),
-            **output}}
-'''
-
-
-class IdempotentJobScaffolder(dg.Scaffolder):
-    """Writes ``defs.yaml`` (every field, with the defaults spelled out) and ``steps.py``."""
-
-    def scaffold(self, request: dg.ScaffoldRequest[Any]) -> None:
-        folder = Path(request.target_path)
-        folder.mkdir(parents=True, exist_ok=True)
-        name = folder.name
-        attributes = {
-            "name": name,
-            "identity_job_name": name.replace("_", "-"),
-            "version": "v1",
-            "window": {"start": "2026-11-01", "every": "day"},
-            "subjects": ["first-subject", "second-subject"],
-            "prompt": f"Summarise {name} for",
-            "collector": {"type": ".steps.Source"},
-            "model_step": {"type": ".steps.Model"},
-            "validator": ".steps.valid",
-            "payload": ".steps.payload",
-            "channels": {f"{name}_file": {"type": "JsonLinesChannel"}},
-            "ledger": {"database_url": {"env": DATABASE_URL_ENV}},
-        }
-        document = {"type": request.type_name, "attributes": attributes}
-        (folder / "defs.yaml").write_text(
-            yaml.safe_dump(document, sort_keys=False), encoding="utf-8"
-        )
-        steps = folder / "steps.py"
-        if not steps.exists():
-            steps.write_text(STEPS_TEMPLATE.format(name=name), encoding="utf-8")
 
 
 dg.scaffold_with(IdempotentJobScaffolder)(IdempotentJob)
