@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo dev test check lint chromium tools bench bench-capacity bench-peers clean
+.PHONY: install demo dev test check proof lint chromium tools bench bench-capacity bench-peers clean
 
 # uv (from PyPI, into the venv) installs what pip would, from the same pins, in seconds.
 $(STAMP): pyproject.toml
@@ -30,6 +30,15 @@ test: install lint chromium tools
 # The fast lane: lint and every test that needs no extra processes, browser or broker.
 check: install lint
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# The whole harnesses, outside pytest, each with its seed and trial count said: chaos trials of
+# every kind, again through PgBouncer, and the cluster harness (six hosts in network namespaces).
+# CI runs it after `make test`; scale it with CHAOS_TRIALS=200 CLUSTER_TRIALS=20.
+CHAOS_TRIALS ?= 24
+CLUSTER_TRIALS ?= 5
+proof: install tools
+	$(BIN)/python -m idempotent_jobs_tests.proof --chaos-trials $(CHAOS_TRIALS) \
+		--cluster-trials $(CLUSTER_TRIALS)
 
 # The network tests' tools from Debian's packages, when missing: PgBouncer, faketime, iproute2 and
 # gcc (the tests install them too; this says so up front).

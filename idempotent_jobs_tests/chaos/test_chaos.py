@@ -1,37 +1,14 @@
-"""Chaos trials in the suite (a few of each kind); thousands on demand:
+"""The chaos runner's invariant checker catches what it must. The trials themselves run outside
+pytest: ``make proof`` (every kind, and through PgBouncer), thousands on demand with
 ``python -m idempotent_jobs_tests.chaos --trials 1000``."""
 
-from collections import Counter
 from pathlib import Path
 
 import psycopg
-import pytest
 
-from idempotent_jobs_tests.chaos import runner as chaos
 from idempotent_jobs_tests.chaos.parts import Receiver, check_invariants, trial_identity
 from idempotent_jobs_tests.helpers import claimed
 from idempotent_jobs_tests.ledgers import BothFaces
-
-pytestmark = [pytest.mark.slow, pytest.mark.chaos]
-
-
-def test_chaos_trials_of_every_kind_keep_the_promise() -> None:
-    trials = 2 * len(chaos.KINDS)
-    verdicts = chaos.run(trials=trials, kinds=list(chaos.KINDS), seed=11, lease_seconds=0.6)
-    assert Counter(v.kind.split(":")[0] for v in verdicts) == {k: 2 for k in chaos.KINDS}
-    assert [v.problems for v in verdicts if v.problems] == []
-    assert chaos.summary(verdicts).splitlines()[-1] == f"{trials} passed, 0 failed"
-
-
-def test_chaos_trials_through_pgbouncer_in_transaction_mode_keep_the_promise() -> None:
-    """Every worker (and the fault proxy) reaches the ledger through PgBouncer 1.18 in
-    transaction pooling mode: kills, pauses past the lease, dropped commits, restarts."""
-    kinds = ["kill", "stop", "drop", "restart", "revise", "hostile", "answered"]
-    verdicts = chaos.run(
-        trials=len(kinds), kinds=kinds, seed=23, lease_seconds=0.6, use_pgbouncer=True
-    )
-    assert [v.problems for v in verdicts if v.problems] == []
-    assert [v.kind.split(":")[0] for v in verdicts] == kinds
 
 
 def test_the_invariant_checker_catches_violations(
