@@ -22,14 +22,16 @@ demo: install
 dev: install
 	$(BIN)/idempotent-jobs dev
 
-# Two processes (pytest-xdist), a test file per process at a time: 8 to 12 minutes on two cores
-# (`.venv/bin/python -m pytest` alone runs it on one process: about 18).
+# The whole suite (unit, ledger, dagster, system) on two processes (pytest-xdist), a test file per
+# process at a time; the harnesses run whole are `make proof`'s.
 test: install lint chromium tools
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
-# The fast lane: lint and every test that needs no extra processes, browser or broker.
+# The fast lane, on two processes: lint, then the unit tests (no database) and the ledger tests
+# (a real PostgreSQL, no Dagster), but those marked slow. `make test` adds idempotent_jobs_tests/
+# dagster (Dagster in process) and system (real processes, daemons, a browser, network hosts).
 check: install lint
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n 2 -m "not slow" idempotent_jobs_tests/unit idempotent_jobs_tests/ledger
 
 # The whole harnesses, outside pytest, each with its seed and trial count said: chaos trials of
 # every kind, again through PgBouncer, and the cluster harness (six hosts in network namespaces).

@@ -9,9 +9,9 @@ import pytest
 
 from idempotent_jobs import LedgerAdmin
 from idempotent_jobs.batches import advance, open_intent
-from idempotent_jobs_tests.batches.test_lane import _answer, _ids, _provider, _steps
+from idempotent_jobs_tests.ledger.test_lane import _answer, _ids, _provider, _steps
+from idempotent_jobs_tests.ledger.test_operator_cli import cli_env, run  # noqa: F401
 from idempotent_jobs_tests.ledgers import BothFaces
-from idempotent_jobs_tests.operator.test_operator_cli import cli_env, run  # noqa: F401
 from testkit.fake_providers import FakeProviders
 
 

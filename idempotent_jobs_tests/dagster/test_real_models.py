@@ -342,7 +342,7 @@ def test_the_model_steps_record_their_prompt_builder_and_schema_as_configuration
     from idempotent_jobs.core.records import JobConfig
     from idempotent_jobs.dagster import AnthropicModel, OpenAICompatibleModel, StepContext
 
-    here = "idempotent_jobs_tests.models.test_real_models"
+    here = "idempotent_jobs_tests.dagster.test_real_models"
     ident = RunIdentity("contracts", "acme", datetime(2026, 11, 2, tzinfo=UTC), "v1")
     context = StepContext(ident, "List the clauses.", ident.run_id)
     for step in (

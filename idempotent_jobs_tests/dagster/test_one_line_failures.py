@@ -18,7 +18,7 @@ from idempotent_jobs.operator.cli import main
 from idempotent_jobs.operator.location_targets import CODE_LOCATION_ENV
 from idempotent_jobs_tests.dagster.test_your_own_job import EXAMPLE
 from idempotent_jobs_tests.ledgers import BothFaces
-from idempotent_jobs_tests.operator.test_outbox_ownership import DEFINITIONS, TEAMS
+from idempotent_jobs_tests.system.test_outbox_ownership import DEFINITIONS, TEAMS
 
 GOOD = DEFINITIONS.format(**TEAMS["a"])
 TWO_JOBS_ONE_NAME = """\

@@ -220,7 +220,7 @@ def test_the_installed_cli_runs_from_any_folder_given_the_url_and_the_location(
 ) -> None:
     """A pod, a cron job, a CI step: no pyproject.toml or workspace here or above, only the
     database URL and a code location, named each way the CLI takes one."""
-    from idempotent_jobs_tests.operator.test_outbox_ownership import DEFINITIONS, TEAMS, plant
+    from idempotent_jobs_tests.system.test_outbox_ownership import DEFINITIONS, TEAMS, plant
 
     anywhere = tmp_path / "pod"
     (anywhere / "code").mkdir(parents=True)

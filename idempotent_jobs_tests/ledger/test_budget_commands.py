@@ -16,8 +16,8 @@ from idempotent_jobs import (
     RunIdentity,
     run_idempotent,
 )
+from idempotent_jobs_tests.ledger.test_operator_cli import cli_env, run  # noqa: F401
 from idempotent_jobs_tests.ledgers import BothFaces
-from idempotent_jobs_tests.operator.test_operator_cli import cli_env, run  # noqa: F401
 
 
 def _call(ledger: BothFaces, job: str, subject: str, tokens: int = 1000) -> None:

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from idempotent_jobs_tests.chaos.parts import Receiver
-from idempotent_jobs_tests.dagster.test_quickstart import blocks
 from idempotent_jobs_tests.helpers import JsonApi
 from idempotent_jobs_tests.installed_wheel import CHECKOUT
 from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.system.test_quickstart import blocks
 
 pytestmark = [pytest.mark.dagster_instance]
 

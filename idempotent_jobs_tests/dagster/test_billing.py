@@ -39,8 +39,8 @@ from idempotent_jobs.models import AnthropicMessages, OpenAIChat, answer
 from idempotent_jobs.models.answers import RetryPolicy
 from idempotent_jobs.models.errors import ProviderError
 from idempotent_jobs.models.prompts import Prompt, require
+from idempotent_jobs_tests.ledger.test_operator_cli import cli_env, run  # noqa: F401
 from idempotent_jobs_tests.ledgers import BothFaces
-from idempotent_jobs_tests.operator.test_operator_cli import cli_env, run  # noqa: F401
 from testkit.dagster_harness import DagsterTestEnv
 from testkit.fake_providers import Answer, Drop, FakeProviders, Slow, Status
 

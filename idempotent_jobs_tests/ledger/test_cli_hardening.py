@@ -10,8 +10,8 @@ import pytest
 from idempotent_jobs import Budget, LedgerAdmin
 from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
 from idempotent_jobs_tests.helpers import claimed
+from idempotent_jobs_tests.ledger.test_operator_cli import cli_env, run  # noqa: F401 - fixture
 from idempotent_jobs_tests.ledgers import BothFaces
-from idempotent_jobs_tests.operator.test_operator_cli import cli_env, run  # noqa: F401 - fixture
 
 PASSWORDS = [
     "correct horse battery staple",
@@ -94,6 +94,7 @@ def test_numbers_past_their_range_are_refused_saying_the_limit(
     assert code == 2 and "must be at most" in out, out
 
 
+@pytest.mark.slow  # recomputes through a Dagster run
 def test_revise_now_whose_recompute_fails_says_the_revision_stands_in_one_line(
     cli_env: Path,  # noqa: F811
     ledger: BothFaces,

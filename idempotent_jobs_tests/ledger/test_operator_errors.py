@@ -18,8 +18,8 @@ from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
 from idempotent_jobs.operator.dagster_home import dagster_storage_url
 from idempotent_jobs.operator.render import escape_controls
 from idempotent_jobs_tests.helpers import claimed, identity
+from idempotent_jobs_tests.ledger.test_operator_cli import cli_env, run  # noqa: F401 - the fixture
 from idempotent_jobs_tests.ledgers import BothFaces
-from idempotent_jobs_tests.operator.test_operator_cli import cli_env, run  # noqa: F401 - the fixture
 
 HOSTILE = "\x1b[2J\x1b]0;owned\x07\rover\nnext\x9b31m\u202eevil"
 TERMINAL_ACTIONS = ["\x1b", "\x07", "\r", "\x9b", "\u202e"]

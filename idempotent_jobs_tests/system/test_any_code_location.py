@@ -167,7 +167,7 @@ def test_dev_serves_a_project_with_only_a_dagster_block(tmp_path: Path) -> None:
     import signal
     import urllib.request
 
-    from idempotent_jobs_tests.dagster.test_browser import running_dev
+    from idempotent_jobs_tests.system.test_browser import running_dev
 
     project = tmp_path / "triage-project"
     (project / "src").mkdir(parents=True)

@@ -40,7 +40,7 @@ from idempotent_jobs_tests.installed_wheel import CHECKOUT, install_wheel
 
 pytestmark = [pytest.mark.dagster_instance, pytest.mark.timeout(900)]
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1] / "upgrade"  # the release fixtures
 SECTION = re.compile(r"^## (\d+\.\d+\.\d+) \((\d{4}-\d\d-\d\d)\)\n(.*?)(?=^## |\Z)", re.M | re.S)
 RELEASE_COMMIT = re.compile(r"^Release commit: `([0-9a-f]{40})`", re.M)
 MIGRATIONS = Path("idempotent_jobs") / "core" / "migrations"

@@ -11,7 +11,7 @@ import pytest
 from idempotent_jobs import ModelUsage
 from idempotent_jobs.operator.code_location import load_workspace
 from idempotent_jobs_tests.ledgers import BothFaces
-from idempotent_jobs_tests.operator.test_any_code_location import cli, project  # noqa: F401
+from idempotent_jobs_tests.system.test_any_code_location import cli, project  # noqa: F401
 
 pytestmark = [pytest.mark.slow]
 

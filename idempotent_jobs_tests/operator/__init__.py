@@ -1,1 +1,0 @@
-"""Tests of idempotent_jobs.operator."""
