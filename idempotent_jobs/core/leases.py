@@ -141,7 +141,8 @@ def _claim_or_reuse(
 ) -> Lease | Reused | Busy:
     if handed is not None:
         try:
-            return ledger.renew(handed, hold=hold)
+            step = origin.caller_step if origin is not None else None
+            return ledger.renew(handed, hold=hold, step=step)
         except LeaseLostError:
             pass
     if isinstance(run, RunIdentity):

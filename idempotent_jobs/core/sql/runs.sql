@@ -156,10 +156,12 @@ FROM claimed
 -- lease duration, only while still the owner, and hand back the checkpoint. Not a change of the
 -- run's state, so updated_at stays. With `hold_tokens`, the next request's worst case is
 -- reserved under the job's budgets in the same statement (`hold`: the function's outcome), so
--- a budget adds no round trip to the handover before a model call.
+-- a budget adds no round trip to the handover before a model call. A handover names its step
+-- (`caller_step`): the attempt then says which step it ended in, not only the one that claimed.
 WITH renewed AS (
   UPDATE {schema}.runs
-  SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+  SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+    lease_caller_step = COALESCE(%(caller_step)s, lease_caller_step)
   WHERE run_id = %(run_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
     AND status = 'running'
   RETURNING lease_expires_at, raw_input, attempts, revision, input_fingerprint, job_name,

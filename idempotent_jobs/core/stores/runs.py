@@ -13,6 +13,7 @@ from idempotent_jobs.core.checks import (
     check_identity,
     check_lease_seconds,
     check_limit,
+    check_name,
     check_worker_id,
     fence_params,
     identity_params,
@@ -166,17 +167,25 @@ class RunsStore(Store):
             "requested": None if hold is None else hold.requested_model,
         }
 
-    def renew(self, lease: Lease, *, hold: AdvanceHold | None = None) -> Lease:
+    def renew(
+        self, lease: Lease, *, hold: AdvanceHold | None = None, step: str | None = None
+    ) -> Lease:
         """Extend the lease by its duration from now (database clock); raise if it was lost.
 
         Also how a later step (another process, even) takes over a lease handed on to it: the
         owner and epoch are the capability, and the returned lease carries the checkpoint.
         ``hold``: reserve the coming model call's worst case in the same statement
         (``held_tokens`` of the returned lease says whether it was admitted; one that was not
-        is left for the call to reserve, and refuse, itself).
+        is left for the call to reserve, and refuse, itself). ``step``: the step taking the
+        lease over (a handover), which the attempt then names.
         """
         params = self._hold_params(
-            {**fence_params(lease), "lease_seconds": lease.lease_seconds}, hold
+            {
+                **fence_params(lease),
+                "lease_seconds": lease.lease_seconds,
+                "caller_step": None if step is None else check_name("step", step),
+            },
+            hold,
         )
         rows = self._db.rows("renew", params)
         if not rows:
