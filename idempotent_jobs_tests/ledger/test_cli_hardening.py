@@ -134,24 +134,38 @@ def test_the_db_commands_never_show_a_configured_password(
     assert argv[1:] == ["-c", "select 1"]
 
 
+@pytest.mark.parametrize(
+    ("scope", "spent_by", "refused"),
+    [("job", "", True), ("subject", "workspace-acme", True), ("subject", "other-subject", False)],
+)
 def test_revise_now_with_a_spent_budget_is_refused_before_the_revision_is_recorded(
     cli_env: Path,  # noqa: F811
     ledger: BothFaces,
     capsys: pytest.CaptureFixture[str],
+    scope: str,
+    spent_by: str,
+    refused: bool,
 ) -> None:
-    """The recompute would be refused by the job's budget: nothing is written, and the run
-    stays completed at its revision."""
+    """The recompute would be refused by the job's budget (or its subject's): nothing is
+    written, and the run stays completed at its revision. Another subject's spend does not
+    stop it."""
     ident = COMPETITOR_SUMMARY.identity_for("workspace-acme|2026-08-07")
     ledger.complete(claimed(ledger, ident), {"summary": "first"}, {"report_file": {"n": 1}})
     with LedgerAdmin.beside(ledger) as admin:
-        admin.set_budget(Budget(amount=1), job_name=ident.job_name)
-    with ledger.connection() as conn:  # the period's budget is spent
-        conn.execute("UPDATE idempotent_jobs.budget_counters SET spent = 1")
+        admin.set_budget(Budget(amount=1, scope=scope), job_name=ident.job_name)  # type: ignore[arg-type]
+    with ledger.connection() as conn:  # the period's budget is spent, by `spent_by`
+        conn.execute("DELETE FROM idempotent_jobs.budget_counters")
         conn.execute(
             "INSERT INTO idempotent_jobs.budget_counters (budget_id, period_start, subject_id,"
-            " spent) SELECT budget_id, (now() AT TIME ZONE 'UTC')::date, '', 1"
-            " FROM idempotent_jobs.spend_budgets ON CONFLICT DO NOTHING"
+            " spent) SELECT budget_id, idempotent_jobs.period_start(period, now()), %s, 1"
+            " FROM idempotent_jobs.spend_budgets",
+            (spent_by,),
         )
+    if not refused:
+        with LedgerAdmin.beside(ledger) as admin:
+            [standing] = admin.budgets(ident.job_name, subject_id=ident.subject_id)
+            assert standing.spent == 0  # the run's own subject has room
+        return
     code, out = run(capsys, "revise", ident.run_id, "--reason", "prompt fixed", "--now")
     assert code == 2 and "--now" in out and "no room left" in out, out
     record = ledger.get(ident.run_id)

@@ -24,9 +24,11 @@ class CountingLedger(BothFaces):
         self.enough = threading.Event()
         self.lost_seen = threading.Event()
 
-    def renew(self, lease: Lease, *, hold: AdvanceHold | None = None) -> Lease:
+    def renew(
+        self, lease: Lease, *, hold: AdvanceHold | None = None, step: str | None = None
+    ) -> Lease:
         try:
-            renewed = super().renew(lease, hold=hold)
+            renewed = super().renew(lease, hold=hold, step=step)
         except LeaseLostError:
             self.lost += 1
             self.lost_seen.set()

@@ -31,8 +31,9 @@ SELECT {schema}.release_holds(%(run_id)s, %(epoch)s, %(worker_id)s)
 
 -- name: budget_standings
 -- Every budget in the ledger, with where its current period stands.
--- Those covering one job, when `job_name` is given; the current period's counter (for a subject budget, the subject that spent most), and whether it
--- has no room left: what every worker enforces.
+-- Those covering one job, when `job_name` is given; the current period's counter (for a subject
+-- budget, that of `subject_id` when given, else the subject that spent most), and whether it has
+-- no room left: what every worker enforces.
 SELECT b.*, {schema}.period_start(b.period, now())::timestamp AT TIME ZONE 'UTC'
     AS period_start,
   COALESCE(k.spent, 0) AS spent, COALESCE(k.reserved, 0) AS reserved,
@@ -43,6 +44,7 @@ SELECT b.*, {schema}.period_start(b.period, now())::timestamp AT TIME ZONE 'UTC'
 FROM {schema}.spend_budgets AS b
 LEFT JOIN LATERAL (SELECT * FROM {schema}.budget_counters AS k
   WHERE k.budget_id = b.budget_id AND k.period_start = {schema}.period_start(b.period, now())
+    AND (%(subject_id)s::text IS NULL OR b.scope <> 'subject' OR k.subject_id = %(subject_id)s)
   ORDER BY k.spent + k.reserved + k.in_doubt DESC LIMIT 1) AS k ON true
 WHERE %(job_name)s::text IS NULL OR %(job_name)s::text = ANY(b.jobs)
 ORDER BY b.budget_id

@@ -111,12 +111,17 @@ class BudgetsStore(Store):
         """Give back what the attempt's unsent request holds of its budgets."""
         self._db.rows("release_budget", fence_params(lease))
 
-    def budgets(self, job_name: str | None = None) -> list[BudgetStanding]:
+    def budgets(
+        self, job_name: str | None = None, *, subject_id: str | None = None
+    ) -> list[BudgetStanding]:
         """Every budget the ledger holds (those covering ``job_name``), with where its
-        current period stands: what every worker enforces."""
-        return self._db.fetch(
-            "budget_standings", {"job_name": job_name}, record_row(BudgetStanding)
-        )
+        current period stands: what every worker enforces. A subject budget stands at its
+        subject that spent most, or at ``subject_id``'s counter when given."""
+        params = {
+            "job_name": job_name,
+            "subject_id": None if subject_id is None else normalize_text(subject_id),
+        }
+        return self._db.fetch("budget_standings", params, record_row(BudgetStanding))
 
     def set_budget(
         self, budget: Budget, *, job_name: str | None = None, jobs: Sequence[str] = ()

@@ -42,7 +42,7 @@ def revise(args: argparse.Namespace) -> int:
             if args.now:  # everything the recompute needs, checked before the revise writes
                 partition = partition_for_run(workspace, record)
                 workspace.check_resources(spec)
-                _check_budget_room(admin, record.job_name)
+                _check_budget_room(admin, record.job_name, record.subject_id)
         record = admin.revise(
             run_id,
             args.reason,
@@ -93,13 +93,11 @@ def add_parser(commands: Any, shared: Shared) -> None:
     parser.set_defaults(handler=revise)
 
 
-def _check_budget_room(admin: Any, job_name: str) -> None:
-    """Refuse ``--now`` before anything is written when a budget of the job (or of its group)
-    has no room left this period: its recompute would be refused, leaving the run reopened,
-    not done."""
-    for standing in admin.budgets(job_name):
-        if standing.scope == "subject":  # its standing is the subject that spent most
-            continue
+def _check_budget_room(admin: Any, job_name: str, subject_id: str) -> None:
+    """Refuse ``--now`` before anything is written when a budget of the job (of its group, or
+    of the run's subject) has no room left this period: its recompute would be refused, leaving
+    the run reopened, not done."""
+    for standing in admin.budgets(job_name, subject_id=subject_id):
         used = standing.spent + standing.reserved + standing.in_doubt
         if used >= standing.amount:
             raise InvalidInputError(
