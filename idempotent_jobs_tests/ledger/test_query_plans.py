@@ -58,7 +58,7 @@ OPERATOR_QUERIES: dict[str, dict[str, Any]] = {
     "spend_by_job": {"day": None},
     "price_matches": {"days": 1},
     "call_costs": {"run_id": DEEP_RUN},
-    "budget_standings": {"job_name": "job"},
+    "budget_standings": {"job_name": "job", "subject_id": "s"},
 }
 # Tables of a few rows each (budgets, prices, the currency): scanned whole, as they should.
 SMALL_TABLES = {
