@@ -116,12 +116,13 @@ def launch_partition_from_ui(page: Page, url: str, partition: str, outcome: str 
     box = page.get_by_placeholder("Partition")
     box.wait_for(timeout=60_000)
     # The newsletter dialog may show while the partition is typed, and its dismissal closes
-    # the suggestion list: type it again then.
+    # the suggestion list: type it again then. The list waits for the partition keys, which a
+    # loaded CI machine (the rest of the suite on the other core) has taken over 20 s to serve.
     for attempt in range(3):
         box.click()
         box.fill(partition)
         try:
-            page.get_by_text(partition, exact=True).first.wait_for(timeout=20_000)
+            page.get_by_text(partition, exact=True).first.wait_for(timeout=40_000)
             break
         except PlaywrightTimeoutError:
             if attempt == 2:
