@@ -4,7 +4,7 @@ import json
 import threading
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
 
 import psycopg
@@ -115,3 +115,17 @@ class JsonApi:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+if TYPE_CHECKING:
+    from idempotent_jobs.models.batches import BatchProvider
+    from testkit.fake_providers import FakeProviders
+
+
+def batch_provider(api: str, fake: "FakeProviders") -> "BatchProvider":
+    """The batch API of ``api`` (``openai`` or ``anthropic``) on the fake provider ``fake``."""
+    from idempotent_jobs.models.batches import AnthropicBatches, OpenAIBatches
+
+    if api == "openai":
+        return OpenAIBatches(model="gpt-4o-mini", api_key="k", base_url=fake.openai_url)
+    return AnthropicBatches(model="claude-x", api_key="k", base_url=fake.anthropic_url)

@@ -9,7 +9,8 @@ import pytest
 
 from idempotent_jobs import LedgerAdmin
 from idempotent_jobs.batches import advance, open_intent
-from idempotent_jobs_tests.ledger.test_lane import _answer, _ids, _provider, _steps
+from idempotent_jobs_tests.helpers import batch_provider
+from idempotent_jobs_tests.ledger.test_lane import _answer, _ids, _steps
 from idempotent_jobs_tests.ledger.test_operator_cli import cli_env, run  # noqa: F401
 from idempotent_jobs_tests.ledgers import BothFaces
 from testkit.fake_providers import FakeProviders
@@ -29,7 +30,7 @@ def test_an_operator_lists_shows_and_cancels_batches(
 ) -> None:
     with LedgerAdmin.beside(ledger) as admin:
         admin.set_price("gpt-4o-mini", "0.15", "0.60", tier="batch")
-    provider = _provider("openai", fake)
+    provider = batch_provider("openai", fake)
     done = open_intent(ledger, _steps(), provider, _ids("a", "b", "err"), worker_id="w1")
     assert done is not None
     while not advance(ledger, _steps(), provider, done.batch_id, worker_id="w1").collected:

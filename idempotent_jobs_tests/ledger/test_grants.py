@@ -306,6 +306,17 @@ def test_split_roles_leave_workers_admitting_and_settling_and_operators_setting(
         )
         grant = worker.acquire_rate(lease, RateRequest("p", "m"), 0)  # a place, by the buckets
         assert grant is not None and grant.granted
+        # The admission of a request (lease, hold, place in one statement) under split roles.
+        admitted = worker.admit_request(
+            lease,
+            renew=True,
+            hold=True,
+            max_tokens=10,
+            requested_model="m",
+            place=RateRequest("p", "m"),
+        )
+        assert admitted is not None and admitted.granted
+        worker.release_budget(lease)  # never sent: its hold is given back
         assert worker.admin.prune_spend("money-job", apply=True) == 0
         abilities = worker.admin.role_abilities()
         assert abilities.split and abilities.may == ["runs model calls"]

@@ -24,7 +24,8 @@ from idempotent_jobs import (
 )
 from idempotent_jobs.batches import BatchSteps, advance, open_intent
 from idempotent_jobs.models import OutputSchema, Prompt, ProviderUnavailableError
-from idempotent_jobs.models.batches import AnthropicBatches, BatchProvider, OpenAIBatches
+from idempotent_jobs.models.batches import BatchProvider
+from idempotent_jobs_tests.helpers import batch_provider
 from idempotent_jobs_tests.ledgers import BothFaces
 from testkit.fake_providers import Answer, FakeProviders, Request, Status
 
@@ -53,12 +54,6 @@ def _answer(request: Request) -> Answer | Status:
 def fake() -> Iterator[FakeProviders]:
     with FakeProviders(default=_answer) as server:
         yield server
-
-
-def _provider(api: str, fake: FakeProviders) -> BatchProvider:
-    if api == "openai":
-        return OpenAIBatches(model="gpt-4o-mini", api_key="k", base_url=fake.openai_url)
-    return AnthropicBatches(model="claude-x", api_key="k", base_url=fake.anthropic_url)
 
 
 def _prompt(raw: dict[str, Any], identity: RunIdentity) -> Prompt:
@@ -114,7 +109,7 @@ def test_a_backfill_through_a_batch_is_submitted_once_and_each_run_accepted_once
     api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     fake.batches.polls_to_complete = 2
-    provider = _provider(api, fake)
+    provider = batch_provider(api, fake)
     batch = open_intent(ledger, _steps(), provider, _ids("a", "b", "c"), worker_id="w1")
     assert batch is not None
     first = advance(ledger, _steps(), provider, batch.batch_id, worker_id="w1")
@@ -155,7 +150,7 @@ def test_a_create_whose_answer_was_lost_is_found_and_adopted_not_submitted_again
     api: str, fake: FakeProviders, ledger: BothFaces
 ) -> None:
     fake.batches.lose_next_creates = 1  # the provider makes the batch, the answer is a 500
-    provider = _provider(api, fake)
+    provider = batch_provider(api, fake)
     batch = open_intent(ledger, _steps(), provider, _ids("a", "b"), worker_id="w1")
     assert batch is not None
     with pytest.raises(ProviderUnavailableError):
@@ -173,7 +168,7 @@ def test_a_create_whose_answer_was_lost_is_found_and_adopted_not_submitted_again
 def test_a_crash_after_the_create_before_its_id_is_recorded_adopts_the_batch(
     fake: FakeProviders, ledger: BothFaces, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    provider = _provider("openai", fake)
+    provider = batch_provider("openai", fake)
     batch = open_intent(ledger, _steps(), provider, _ids("a", "b"), worker_id="w1")
     assert batch is not None
 
@@ -202,7 +197,7 @@ def test_a_second_batch_for_one_intent_is_cancelled_and_reported(
     """Two creates reached the provider (both answers lost): one is adopted, the other
     cancelled before its results are used, and recorded as a duplicate."""
     fake.batches.lose_next_creates = 2
-    provider = _provider("openai", fake)
+    provider = batch_provider("openai", fake)
     batch = open_intent(ledger, _steps(), provider, _ids("a"), worker_id="w1")
     assert batch is not None
     # A worker whose search found nothing (the first lost create not listed yet) creates again.
@@ -233,7 +228,7 @@ def test_two_intents_of_one_size_whose_creates_were_lost_each_adopt_their_own(
     both batches, adopts the oldest and leaves the other to the intent it may belong to (not
     cancelled as its duplicate), whose own search adopts it. Two batches for two intents."""
     fake.batches.lose_next_creates = 2
-    provider = _provider("anthropic", fake)
+    provider = batch_provider("anthropic", fake)
     first = open_intent(ledger, _steps(), provider, _ids("a", "b"), worker_id="w1")
     second = open_intent(ledger, _steps(), provider, _ids("c", "d"), worker_id="w1")
     assert first is not None and second is not None
@@ -260,7 +255,7 @@ def test_cancelling_an_intent_whose_create_answer_was_lost_cancels_what_it_made(
     finds that batch and cancels it there, rather than ending the intent and leaving a batch
     running (and paid for) that the ledger never recorded."""
     fake.batches.lose_next_creates = 1
-    provider = _provider(api, fake)
+    provider = batch_provider(api, fake)
     batch = open_intent(ledger, _steps(), provider, _ids("a", "b"), worker_id="w1")
     assert batch is not None
     with pytest.raises(ProviderUnavailableError):
@@ -279,7 +274,7 @@ def test_cancelling_an_intent_whose_create_answer_was_lost_cancels_what_it_made(
 def test_per_item_errors_and_answers_outside_the_schema_fail_their_runs_only(
     api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
 ) -> None:
-    provider = _provider(api, fake)
+    provider = batch_provider(api, fake)
     batch = open_intent(ledger, _steps(), provider, _ids("ok", "err", "bad"), worker_id="w1")
     assert batch is not None
     done = _drive(ledger, provider, batch.batch_id)
@@ -312,7 +307,7 @@ def test_an_expired_batch_accepts_what_it_answered_and_releases_the_rest(
     fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     fake.batches.expire_after_items = 2
-    provider = _provider("openai", fake)
+    provider = batch_provider("openai", fake)
     batch = open_intent(ledger, _steps(), provider, _ids("a", "b", "c", "d"), worker_id="w1")
     assert batch is not None
     done = _drive(ledger, provider, batch.batch_id)
@@ -346,7 +341,7 @@ def test_an_expired_batch_accepts_what_it_answered_and_releases_the_rest(
 def test_a_run_taken_meanwhile_keeps_its_result_the_batch_answer_is_paid_not_accepted(
     fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
 ) -> None:
-    provider = _provider("openai", fake)
+    provider = batch_provider("openai", fake)
     batch = open_intent(ledger, _steps(), provider, _ids("a", "b"), worker_id="w1")
     assert batch is not None
     advance(ledger, _steps(), provider, batch.batch_id, worker_id="w1")  # submitted
@@ -378,7 +373,7 @@ def test_a_batch_that_does_not_fit_its_budget_is_refused_before_it_is_submitted(
 ) -> None:
     with LedgerAdmin.beside(ledger) as admin:
         admin.set_budget(Budget(amount=300), job_name=JOB)
-    provider = _provider("anthropic", fake)
+    provider = batch_provider("anthropic", fake)
     with pytest.raises(BudgetExceededError):
         open_intent(ledger, _steps(), provider, _ids("a", "b", "c"), worker_id="w1")
     assert fake.batches.created["anthropic"] == []
@@ -412,7 +407,7 @@ def test_a_batch_holds_its_worst_case_and_settles_each_item_to_what_it_cost(
         admin.set_price("claude-x", "1.5", "7.5", tier="batch")
         admin.set_budget(Budget(amount="1", unit="money", period="month"), job_name=JOB)
     fake.batches.expire_after_items = 2
-    provider = _provider("anthropic", fake)
+    provider = batch_provider("anthropic", fake)
     batch = open_intent(ledger, _steps(), provider, _ids("a", "b", "c"), worker_id="w1")
     assert batch is not None
     held = db.execute("SELECT count(*), sum(amount) FROM idempotent_jobs.budget_holds").fetchone()
@@ -441,7 +436,7 @@ def test_an_opener_that_dies_before_adding_its_items_leaves_nothing_held(
     def crash(*args: Any) -> list[str]:
         raise Killed()
 
-    provider = _provider("openai", fake)
+    provider = batch_provider("openai", fake)
     with monkeypatch.context() as patch:
         patch.setattr(ledger, "add_batch_items", crash)
         with pytest.raises(Killed):

@@ -18,6 +18,7 @@ from idempotent_jobs.core.errors import LeaseLostError
 from idempotent_jobs.core.health import batch_findings
 from idempotent_jobs.models import OutputSchema, Prompt
 from idempotent_jobs.models.batches import AnthropicBatches, BatchProvider, OpenAIBatches
+from idempotent_jobs_tests.helpers import batch_provider
 from idempotent_jobs_tests.ledgers import BothFaces
 from testkit.fake_providers import Answer, FakeProviders
 
@@ -32,12 +33,6 @@ SCHEMA = OutputSchema.of(
 def fake() -> Iterator[FakeProviders]:
     with FakeProviders(default=lambda request: Answer('{"label": "ok"}', 50, 5)) as server:
         yield server
-
-
-def _provider(api: str, fake: FakeProviders) -> BatchProvider:
-    if api == "openai":
-        return OpenAIBatches(model="gpt-4o-mini", api_key="k", base_url=fake.openai_url)
-    return AnthropicBatches(model="claude-x", api_key="k", base_url=fake.anthropic_url)
 
 
 def _steps(collect: Any = None) -> BatchSteps:
@@ -80,7 +75,7 @@ def _until_collected(
 def test_a_cancel_the_provider_refuses_for_an_ended_batch_collects_what_it_answered(
     api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
 ) -> None:
-    provider = _provider(api, fake)
+    provider = batch_provider(api, fake)
     batch = open_intent(ledger, _steps(), provider, _ids("a", "b"), worker_id="w1")
     assert batch is not None
     advance(ledger, _steps(), provider, batch.batch_id, worker_id="w1")  # submitted
@@ -96,7 +91,7 @@ def test_a_cancel_the_provider_refuses_while_it_runs_ends_it_here_and_gives_its_
     fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
 ) -> None:
     fake.batches.polls_to_complete = 50  # it runs on at the provider
-    provider = _provider("openai", fake)
+    provider = batch_provider("openai", fake)
     batch = open_intent(ledger, _steps(), provider, _ids("a", "b"), worker_id="w1")
     assert batch is not None
     advance(ledger, _steps(), provider, batch.batch_id, worker_id="w1")
@@ -122,7 +117,7 @@ def test_a_range_with_nothing_to_compute_records_no_batch(
         run_idempotent(
             ledger, identity, collect=lambda i: {"subject": "x"}, transform=lambda r: {"x": 1}
         )
-    provider = _provider("openai", fake)
+    provider = batch_provider("openai", fake)
     assert open_intent(ledger, _steps(), provider, _ids("a", "b"), worker_id="w1") is None
     assert db.execute("SELECT count(*) FROM idempotent_jobs.batches").fetchone() == (0,)
     assert fake.batches.calls == []
@@ -143,7 +138,7 @@ def test_a_launch_killed_while_it_held_budgets_then_cancelled_gives_everything_b
     def crash(*args: Any) -> list[str]:
         raise Killed()
 
-    provider = _provider("anthropic", fake)
+    provider = batch_provider("anthropic", fake)
     with monkeypatch.context() as patch:
         patch.setattr(ledger, "add_batch_items", crash)
         with pytest.raises(Killed):
@@ -168,7 +163,7 @@ def test_a_launch_whose_claims_outlast_the_batch_lease_keeps_it_and_computes_eve
 ) -> None:
     """A slow collector (0.4 s a run, 2.4 s in all) under a 1.2 s lease: the launch renews the
     batch's lease (and its claims') as it goes, so the sensor cannot take the intent over."""
-    provider = _provider("openai", fake)
+    provider = batch_provider("openai", fake)
     taken_over: list[str] = []
 
     def slow(identity: RunIdentity) -> dict[str, Any]:
@@ -196,7 +191,7 @@ def test_a_launch_whose_claims_outlast_the_batch_lease_keeps_it_and_computes_eve
 def test_a_launch_that_loses_its_batch_gives_its_claims_back_and_says_so(
     fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
 ) -> None:
-    provider = _provider("openai", fake)
+    provider = batch_provider("openai", fake)
 
     def taken(identity: RunIdentity) -> dict[str, Any]:
         if identity.subject_id == "b":  # another worker takes the batch over meanwhile
@@ -211,7 +206,7 @@ def test_a_launch_that_loses_its_batch_gives_its_claims_back_and_says_so(
 def test_a_batch_whose_steps_keep_failing_is_a_doctor_problem(
     fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
 ) -> None:
-    provider = _provider("openai", fake)
+    provider = batch_provider("openai", fake)
     batch = open_intent(ledger, _steps(), provider, _ids("a"), worker_id="w1")
     assert batch is not None
     advance(ledger, _steps(), provider, batch.batch_id, worker_id="w1")
@@ -230,7 +225,7 @@ def test_a_batch_whose_steps_keep_failing_is_a_doctor_problem(
 def test_a_range_over_the_providers_byte_limit_is_split(
     fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
 ) -> None:
-    provider = _provider("openai", fake)
+    provider = batch_provider("openai", fake)
     line = provider.batch_line("x" * 64, Prompt.of(system="Label.", user="subject a"), SCHEMA)
     size = len(json.dumps(line).encode()) + 1
     assert isinstance(provider, OpenAIBatches)
@@ -262,7 +257,7 @@ def test_another_teams_batch_of_the_same_size_is_never_cancelled_nor_adopted(
 ) -> None:
     """Anthropic's batches carry no metadata: after our create's answer is lost, a batch of
     the same size made by someone else is told apart by its results' custom_ids once it ends."""
-    provider = _provider("anthropic", fake)
+    provider = batch_provider("anthropic", fake)
     batch = open_intent(ledger, _steps(), provider, _ids("a", "b", "c"), worker_id="w1")
     assert batch is not None
     foreign: list[str] = []

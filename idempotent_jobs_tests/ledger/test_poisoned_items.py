@@ -14,7 +14,7 @@ import pytest
 from idempotent_jobs import Budget, JobConfig, LedgerAdmin, RunIdentity
 from idempotent_jobs.batches import BatchSteps, advance, open_intent
 from idempotent_jobs.models import OutputSchema, Prompt
-from idempotent_jobs.models.batches import AnthropicBatches, BatchProvider, OpenAIBatches
+from idempotent_jobs_tests.helpers import batch_provider
 from idempotent_jobs_tests.ledgers import BothFaces
 from testkit.fake_batches import BadLine, OddBody
 from testkit.fake_providers import Answer, FakeProviders, Request, Status
@@ -49,12 +49,6 @@ def fake() -> Iterator[FakeProviders]:
         yield server
 
 
-def _provider(api: str, fake: FakeProviders) -> BatchProvider:
-    if api == "openai":
-        return OpenAIBatches(model="gpt-4o-mini", api_key="k", base_url=fake.openai_url)
-    return AnthropicBatches(model="claude-x", api_key="k", base_url=fake.anthropic_url)
-
-
 def _notifications(identity: RunIdentity, output: dict[str, Any]) -> dict[str, Any]:
     if identity.subject_id == "boom":
         raise KeyError("recipient")  # the job's payload builder fails for this one item
@@ -81,7 +75,7 @@ def test_one_bad_item_ends_its_own_attempt_and_the_batch_goes_on(
 ) -> None:
     with LedgerAdmin.beside(ledger) as admin:
         admin.set_budget(Budget(amount=10**9), job_name=JOB)
-    provider = _provider(api, fake)
+    provider = batch_provider(api, fake)
     batch = open_intent(ledger, STEPS, provider, _ids(), worker_id="w1")
     assert batch is not None
     progress = None
