@@ -22,6 +22,7 @@ from idempotent_jobs.core.stores.prices import PricesStore
 from idempotent_jobs.core.stores.retention import RetentionStore
 from idempotent_jobs.core.stores.revisions import RevisionsStore
 from idempotent_jobs.core.stores.runs import RunsStore
+from idempotent_jobs.core.stores.shadows import ShadowsStore
 from idempotent_jobs.core.stores.step_outputs import StepOutputsStore
 from idempotent_jobs.core.upgrade import MigrationReport
 
@@ -130,6 +131,14 @@ class LedgerAdmin(LedgerFace):
     storage = of_store("retention", RetentionStore.storage)
     prune_batch = of_store("retention", RetentionStore.prune_batch)
     prune_spend = of_store("retention", RetentionStore.prune_spend)
+
+    # -- shadows -----------------------------------------------------------------------------------
+    baseline_version = of_store("shadows", ShadowsStore.baseline_version)
+    create_shadow = of_store("shadows", ShadowsStore.create_shadow)
+    shadows = of_store("shadows", ShadowsStore.shadows)
+    shadow = of_store("shadows", ShadowsStore.shadow)
+    shadow_items = of_store("shadows", ShadowsStore.shadow_items)
+    shadow_gate = of_store("shadows", ShadowsStore.shadow_gate)
 
     # -- step outputs ------------------------------------------------------------------------------
     prune_step_outputs = of_store("step_outputs", StepOutputsStore.prune_step_outputs)

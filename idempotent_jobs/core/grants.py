@@ -55,6 +55,9 @@ WORKER_PRIVILEGES: dict[str, tuple[str, ...]] = {
     "batches": ("SELECT", "INSERT", "UPDATE"),
     "batch_items": ("SELECT", "INSERT", "UPDATE"),
     "batch_submissions": ("SELECT", "INSERT", "UPDATE"),
+    # Shadow runs: the process advancing a shadow writes it and its items; operators start it.
+    "shadows": ("SELECT", "INSERT", "UPDATE"),
+    "shadow_items": ("SELECT", "INSERT", "UPDATE"),
     "attempts": ("SELECT",),
     "schema_migrations": ("SELECT",),
 }

@@ -16,6 +16,7 @@ from idempotent_jobs.core.stores.limits import LimitsStore
 from idempotent_jobs.core.stores.outbox import OutboxStore
 from idempotent_jobs.core.stores.prices import PricesStore
 from idempotent_jobs.core.stores.runs import RunsStore
+from idempotent_jobs.core.stores.shadows import ShadowsStore
 from idempotent_jobs.core.stores.step_outputs import StepOutputsStore
 
 
@@ -90,6 +91,21 @@ class RunLedger(LedgerFace):
 
     # -- outbox ------------------------------------------------------------------------------------
     deliver_outbox = of_store("outbox", OutboxStore.deliver_outbox)
+
+    # -- shadows -----------------------------------------------------------------------------------
+    shadow = of_store("shadows", ShadowsStore.shadow)
+    shadow_items = of_store("shadows", ShadowsStore.shadow_items)
+    shadow_gate = of_store("shadows", ShadowsStore.shadow_gate)
+    claim_shadow = of_store("shadows", ShadowsStore.claim_shadow)
+    renew_shadow = of_store("shadows", ShadowsStore.renew_shadow)
+    release_shadow = of_store("shadows", ShadowsStore.release_shadow)
+    shadow_to = of_store("shadows", ShadowsStore.shadow_to)
+    shadow_start_submit = of_store("shadows", ShadowsStore.shadow_start_submit)
+    admit_shadow_item = of_store("shadows", ShadowsStore.admit_shadow_item)
+    record_shadow_call = of_store("shadows", ShadowsStore.record_shadow_call)
+    end_shadow_item = of_store("shadows", ShadowsStore.end_shadow_item)
+    judge_shadow_item = of_store("shadows", ShadowsStore.judge_shadow_item)
+    mark_item_promoted = of_store("shadows", ShadowsStore.mark_item_promoted)
 
     # -- step outputs ------------------------------------------------------------------------------
     store_step_output = of_store("step_outputs", StepOutputsStore.store_step_output)

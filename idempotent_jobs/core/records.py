@@ -351,3 +351,21 @@ class RevisionRecord:
     recollect: bool
     requested_by: str | None
     requested_at: datetime
+
+
+@dataclass(frozen=True)
+class ShadowLease:
+    """Proof that this process advances the shadow: every write names the owner and epoch."""
+
+    shadow_id: str
+    worker_id: str
+    epoch: int
+    lease_seconds: float
+
+    def params(self) -> dict[str, Any]:
+        return {"shadow_id": self.shadow_id, "worker_id": self.worker_id, "epoch": self.epoch}
+
+    @property
+    def call_worker(self) -> str:
+        """The worker id the shadow's calls and holds are recorded under."""
+        return f"shadow:{self.shadow_id}"

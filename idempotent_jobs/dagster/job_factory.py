@@ -61,6 +61,10 @@ def build_idempotent_job(
         deliver.alias("deliver")(persist.alias("persist")(transform.alias("transform")(collected)))
 
     vars(collect)[SPEC_ATTRIBUTE] = spec  # this build's own op: see SPEC_ATTRIBUTE
+    if spec.gated:
+        from idempotent_jobs.dagster.shadow_lane import gated_schedule
+
+        return idempotent_job, gated_schedule(spec, idempotent_job)
     schedule = dg.build_schedule_from_partitioned_job(idempotent_job, name=f"{spec.name}_schedule")
     assert isinstance(schedule, dg.ScheduleDefinition)
     return idempotent_job, schedule

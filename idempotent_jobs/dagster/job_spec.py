@@ -20,6 +20,7 @@ from idempotent_jobs.core.records import JobConfig
 from idempotent_jobs.core.retention import RetentionPolicy
 from idempotent_jobs.dagster.partitions import identity_for_partition, window_by_subject
 from idempotent_jobs.dagster.resources.steps import ModelStep
+from idempotent_jobs.shadows.job import ShadowRule
 
 JSONDict = dict[str, Any]
 
@@ -89,6 +90,12 @@ class IdempotentJobSpec:
     an answer the validator refused. A failure another try cannot change (a provider 4xx
     other than 408/409/429, a redirect, an answer outside the schema after its repair turns, a
     refusal before any request, a budget) fails the step at once, whatever the policy.
+    ``compare`` scores a shadow's answer against the accepted one (``compare(accepted, new)``:
+    a bool, a score from 0 to 1, ``"agree"``/``"differ"``; default: field by field), and
+    ``shadow_rule`` (:class:`ShadowRule`) is what a shadow of a new version must show before it
+    is promoted without ``--force``. ``gated``: this version's schedule delivers nothing (its
+    ticks are skipped, with the reason in the UI) until a shadow of it meets ``shadow_rule`` or
+    is promoted (``idempotent-jobs shadow``).
     """
 
     name: str
@@ -115,6 +122,9 @@ class IdempotentJobSpec:
     follow_ledger_budget: bool = False
     max_tokens_per_call: int | None = None
     rate_limits: Sequence[RateLimit] = ()
+    compare: Callable[[JSONDict, JSONDict], object] | None = None
+    shadow_rule: ShadowRule = ShadowRule()
+    gated: bool = False
 
     def __post_init__(self) -> None:
         """The identity fields are checked when the job is built, by the rules a run applies

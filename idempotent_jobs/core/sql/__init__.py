@@ -2,7 +2,8 @@
 
 A store is one subsystem of the ledger (``runs``, ``attempts``, ``calls``, ``budgets``,
 ``prices``, ``limits``, ``outbox``, ``batches``, ``drills``, ``step_outputs``, ``revisions``,
-``retention``: :data:`STORES`) and its file, ``<store>.sql``, holds every statement of it, once.
+``retention``, ``shadows``: :data:`STORES`) and its file, ``<store>.sql``, holds every
+statement of it, once.
 A ``-- faces: worker``, ``-- faces: admin`` or ``-- faces: worker admin`` line says which face
 may run the statements after it: the worker face
 (:class:`~idempotent_jobs.core.ledger.RunLedger`) or the operator face
@@ -39,6 +40,7 @@ STORES = (
     "drills",
     "step_outputs",
     "retention",
+    "shadows",
 )
 
 _NAME = re.compile(r"--\s*name:\s*([a-z_]+)\s*")

@@ -11,7 +11,7 @@ knows a store exists: callers use the faces.
         |                                     |
         +---- Stores over the face's own executor (its pool, its face's statements) ----+
               runs  attempts  calls  budgets  prices  limits  outbox  batches
-              drills  step_outputs  revisions  retention
+              drills  step_outputs  revisions  retention  shadows
 """
 
 from dataclasses import dataclass
@@ -29,6 +29,7 @@ from idempotent_jobs.core.stores.prices import PricesStore
 from idempotent_jobs.core.stores.retention import RetentionStore
 from idempotent_jobs.core.stores.revisions import RevisionsStore
 from idempotent_jobs.core.stores.runs import RunsStore
+from idempotent_jobs.core.stores.shadows import ShadowsStore
 from idempotent_jobs.core.stores.step_outputs import StepOutputsStore
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ class Stores:
     step_outputs: StepOutputsStore
     revisions: RevisionsStore
     retention: RetentionStore
+    shadows: ShadowsStore
 
     @classmethod
     def over(cls, db: "Executor", settings: LedgerSettings) -> "Stores":
@@ -69,6 +71,7 @@ class Stores:
             step_outputs=StepOutputsStore(db, settings),
             revisions=RevisionsStore(db, settings, runs=runs),
             retention=RetentionStore(db, settings),
+            shadows=ShadowsStore(db, settings),
         )
 
 
