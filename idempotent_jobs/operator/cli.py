@@ -30,6 +30,7 @@ from idempotent_jobs.operator.commands import (
     revise,
     runs,
     setup,
+    shadow,
 )
 from idempotent_jobs.operator.commands.common import Shared, positive
 from idempotent_jobs.operator.render import escape_controls
@@ -49,6 +50,7 @@ COMMANDS = (
     doubts,
     limits,
     batches,
+    shadow,
 )
 
 

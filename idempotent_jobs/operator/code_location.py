@@ -114,6 +114,40 @@ class Workspace:
             f"the jobs are: {self.known_jobs()}",
         )
 
+    def spec_at_version(self, name: str, version: str) -> IdempotentJobSpec:
+        """The spec of job ``name`` (its Dagster or identity job name) at ``version``: a job of
+        that name and version, else one sharing the named job's identity job name at that
+        version (a new version defined beside the one that delivers); raise listing the
+        versions the locations define."""
+        for spec in self.specs:
+            if spec.version == version and name in (spec.name, spec.identity_job_name):
+                return spec
+        identity = self.find_job(name).spec.identity_job_name
+        for spec in self.specs:
+            if (spec.identity_job_name, spec.version) == (identity, version):
+                return spec
+        defined = sorted({s.version for s in self.specs if s.identity_job_name == identity})
+        raise InvalidInputError(
+            "--version",
+            f"no job of {self.describe()} has identity {identity}/{version}; its versions "
+            f"there: {', '.join(defined)} (define the new version's spec, e.g. as a second job "
+            "with the same identity_job_name, to shadow it)",
+        )
+
+    @contextmanager
+    def model_step(self, spec: IdempotentJobSpec) -> Iterator[ModelStep]:
+        """``spec``'s model step, built (``EnvVar`` settings resolved here) for the time of the
+        block; a missing resource or variable is one :class:`CodeLocationError`."""
+        location = self.location_of(spec)
+        resource = location.resources.get(spec.model)
+        if not isinstance(resource, ModelStep):
+            raise CodeLocationError(
+                f"{location.target.describe()}: job {spec.name}'s model step {spec.model!r} is "
+                "not a ModelStep resource of its Definitions"
+            )
+        with _built({spec.model: resource}, location) as built:
+            yield getattr(built, spec.model)
+
     def owners(self, only: IdempotentJobSpec | None = None) -> dict[str, CodeLocation]:
         """The code location that owns each identity job (``only``'s alone when given). Two
         locations defining one identity job cannot both own its side effects: that is refused,

@@ -14,7 +14,7 @@
 -- and nothing is paid twice: `submit_started_at` is committed before the create call, and a
 -- shadow with one and no provider id is looked up at the provider first.
 CREATE TABLE {schema}.shadows (
-    shadow_id          text PRIMARY KEY CHECK (shadow_id ~ '^sh-[0-9a-f]{12}$'),
+    shadow_id          text PRIMARY KEY CHECK (shadow_id ~ '^sh-[0-9a-f]+$' AND length(shadow_id) = 15),
     job_name           text NOT NULL,
     baseline_version   text NOT NULL,
     version            text NOT NULL,

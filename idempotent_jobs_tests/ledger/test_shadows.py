@@ -1,0 +1,250 @@
+"""Shadow runs against local fake batch APIs of both providers: a new version's answers computed
+on stored runs' inputs, each paid once as the job's call, compared answer by answer, never
+accepted nor delivered until a promotion revises the changed runs (one notification each,
+under its revision's key); a create whose answer was lost is found, not made twice; budgets
+hold; a drop gives back what was held."""
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+
+from idempotent_jobs import Budget, JobConfig, RunIdentity, run_idempotent
+from idempotent_jobs.core.errors import InvalidInputError, LeaseLostError
+from idempotent_jobs.models import OutputSchema, Prompt, ProviderUnavailableError
+from idempotent_jobs.shadows import (
+    ShadowRule,
+    ShadowSteps,
+    advance,
+    drop,
+    gate_reason,
+    judge,
+    promote,
+    start,
+)
+from idempotent_jobs_tests.helpers import batch_provider
+from idempotent_jobs_tests.ledgers import BothFaces
+from testkit.fake_providers import Answer, FakeProviders, Request, Status
+
+JOB = "shadow-job"
+SCHEMA = OutputSchema.of(
+    {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]},
+    name="Label",
+)
+SUBJECTS = [f"s{n}" for n in range(8)] + ["bad", "err"]
+
+
+def _v2_answer(request: Request) -> Answer | Status:
+    """v2 keeps the label of even subjects, changes odd ones; `bad` answers off-schema, `err`
+    gets a per-item 400."""
+    text = json.dumps(request.body)
+    if "subject err" in text:
+        return Status(400, "invalid request", "invalid_request_error")
+    if "subject bad" in text:
+        return Answer('{"nolabel": 1}', input_tokens=40, output_tokens=4)
+    n = int(text.split("subject s")[1][0])
+    label = f"L{n}" if n % 2 == 0 else f"NEW{n}"
+    return Answer(json.dumps({"label": label}), input_tokens=40, output_tokens=4)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeProviders]:
+    with FakeProviders(default=_v2_answer) as server:
+        yield server
+
+
+def _steps(**changes: Any) -> ShadowSteps:
+    return ShadowSteps(
+        job_name=JOB,
+        version="v2",
+        prompt=lambda raw, identity: Prompt.of(system="Label v2.", user=f"subject {raw['s']}"),
+        schema=SCHEMA,
+        notifications=lambda identity, output: {"webhook": {"label": output["label"]}},
+        config=JobConfig.of(prompt="Label v2.", model="gpt-4o-mini", validator=""),
+        **{"rule": ShadowRule(min_agreement=0.4, max_invalid=1), **changes},
+    )
+
+
+def _completed_at_v1(ledger: BothFaces) -> list[str]:
+    """A completed v1 run per subject (label ``L<n>``), delivered once each."""
+    ids = []
+    for subject in SUBJECTS:
+        identity = RunIdentity(JOB, subject, datetime(2026, 11, 1, tzinfo=UTC), "v1")
+        label = f"L{subject[1:]}" if subject.startswith("s") else "old"
+        done = run_idempotent(
+            ledger,
+            identity,
+            collect=lambda i: {"s": i.subject_id},
+            transform=lambda raw, label=label: {"label": label},
+            notifications=lambda output: {"webhook": {"label": output["label"]}},
+            worker_id="v1",
+        )
+        assert done.status == "completed"
+        ids.append(identity.run_id)
+    return ids
+
+
+def _until_compared(ledger: BothFaces, provider: Any, shadow_id: str, steps: int = 10) -> Any:
+    for _ in range(steps):
+        found = advance(ledger, _steps(), provider, shadow_id, worker_id="w1")
+        if found.compared:
+            return found
+    raise AssertionError(f"shadow {shadow_id} not compared after {steps} steps")
+
+
+def _shadow_calls(db: psycopg.Connection, shadow_id: str) -> list[tuple[Any, ...]]:
+    return db.execute(
+        "SELECT r.subject_id, c.outcome, c.tier, c.worker_id FROM idempotent_jobs.model_calls c"
+        " JOIN idempotent_jobs.runs r USING (run_id) WHERE c.shadow_id = %s"
+        " ORDER BY r.subject_id",
+        (shadow_id,),
+    ).fetchall()
+
+
+def _outbox(db: psycopg.Connection) -> list[tuple[Any, ...]]:
+    return db.execute(
+        "SELECT r.subject_id, o.revision, o.payload->>'label' FROM"
+        " idempotent_jobs.notification_outbox o JOIN idempotent_jobs.runs r USING (run_id)"
+        " ORDER BY r.subject_id, o.revision"
+    ).fetchall()
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_a_shadow_is_paid_once_compared_and_promoted_through_revisions(
+    api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    fake.batches.polls_to_complete = 1
+    provider = batch_provider(api, fake)
+    _completed_at_v1(ledger)
+    before = _outbox(db)
+    shadow_id, count = start(ledger, _steps(), provider=provider.name, model=provider.model)
+    assert count == len(SUBJECTS)
+    found = _until_compared(ledger, provider, shadow_id)
+    assert len(fake.batches.created[api]) == 1
+    summary = found.summary
+    assert summary is not None
+    assert (summary["agree"], summary["differ"], summary["invalid"], summary["failed"]) == (
+        4,
+        4,
+        1,
+        1,
+    )
+    assert summary["compared"] == 9 and summary["agreement"] == pytest.approx(4 / 9, rel=1e-4)
+    # Each answered item is the job's paid call, once, at the batch tier; the 400 costs nothing.
+    calls = _shadow_calls(db, shadow_id)
+    assert len(calls) == len(SUBJECTS)
+    assert {(o, t, w) for _, o, t, w in calls} == {("shadow", "batch", f"shadow:{shadow_id}")}
+    # Nothing of the shadow was accepted or sent: every run keeps its v1 answer.
+    assert _outbox(db) == before
+    labels = db.execute(
+        "SELECT DISTINCT output->>'label' FROM idempotent_jobs.runs WHERE revision = 0"
+    ).fetchall()
+    assert not any(str(label).startswith("NEW") for (label,) in labels)
+    # Promote with revisions: the four changed runs get the shadow's answer, one notification
+    # each under revision 1; no model call is made and none added.
+    total = db.execute("SELECT count(*) FROM idempotent_jobs.model_calls").fetchone()
+    done = promote(
+        ledger, ledger, _steps(), shadow_id, worker_id="op", revise=True, channels=["webhook"]
+    )
+    assert (done["revised"], done["stale"], done["unchanged"]) == (4, 0, 6)
+    assert db.execute("SELECT count(*) FROM idempotent_jobs.model_calls").fetchone() == total
+    assert _outbox(db) == sorted(before + [(f"s{n}", 1, f"NEW{n}") for n in (1, 3, 5, 7)])
+    accepted = db.execute(
+        "SELECT count(*) FROM idempotent_jobs.model_calls WHERE shadow_id = %s"
+        " AND outcome = 'accepted'",
+        (shadow_id,),
+    ).fetchone()
+    assert accepted == (4,)
+    # Promoting again does nothing more.
+    with pytest.raises(LeaseLostError):
+        promote(ledger, ledger, _steps(), shadow_id, worker_id="op", revise=True)
+    assert gate_reason(ledger.shadow_gate(JOB, "v2"), ShadowRule(), "v2") is None
+
+
+def test_a_create_whose_answer_was_lost_is_found_not_made_again(
+    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    provider = batch_provider("openai", fake)
+    _completed_at_v1(ledger)
+    shadow_id, _ = start(ledger, _steps(), sample=3)
+    fake.batches.lose_next_creates = 1
+    with pytest.raises(ProviderUnavailableError):
+        advance(ledger, _steps(), provider, shadow_id, worker_id="w1")
+    found = _until_compared(ledger, provider, shadow_id)
+    assert len(fake.batches.created["openai"]) == 1
+    assert found.calls == 3 and found.summary is not None and found.summary["runs"] == 3
+
+
+def test_budgets_hold_and_count_a_shadows_calls(
+    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    provider = batch_provider("openai", fake)
+    ledger.set_price(provider.model, Decimal(10), Decimal(10))
+    _completed_at_v1(ledger)
+    ledger.set_budget(Budget(amount=10_000_000, period="month"), job_name=JOB)
+    # The shadow's own budget has room for two requests' worst case, not three.
+    steps = _steps()
+    prompt = steps.prompt(
+        {"s": "s0"}, RunIdentity(JOB, "s0", datetime(2026, 11, 1, tzinfo=UTC), "v1")
+    )
+    most_in, most_out = provider.worst_case(prompt, SCHEMA)
+    worst = (Decimal(most_in) + Decimal(most_out or 0)) * 10 / 1_000_000
+    shadow_id, _ = start(ledger, steps, sample=5, budget=worst * Decimal("2.5"))
+    found = _until_compared(ledger, provider, shadow_id)
+    assert found.calls == 2
+    assert found.money is not None and found.money <= worst * Decimal("2.5")
+    unsent = db.execute(
+        "SELECT count(*) FROM idempotent_jobs.shadow_items WHERE shadow_id = %s"
+        " AND call_id IS NULL AND error LIKE 'not sent%%'",
+        (shadow_id,),
+    ).fetchone()
+    assert unsent == (3,)
+    # The job's budget counted the shadow's tokens, and nothing stays held.
+    [standing] = ledger.budgets(JOB)
+    v1_tokens = 0  # run_idempotent's answers reported no usage
+    assert standing.spent >= 2 * 44 + v1_tokens and standing.reserved == 0
+
+
+def test_a_shadow_is_not_promoted_below_its_rule_and_a_drop_gives_back_its_holds(
+    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    provider = batch_provider("openai", fake)
+    ledger.set_price(provider.model, Decimal(1), Decimal(1))
+    _completed_at_v1(ledger)
+    ledger.set_budget(Budget(amount="100", unit="money", period="month"), job_name=JOB)
+    strict = _steps(rule=ShadowRule(min_agreement=0.95))
+    shadow_id, _ = start(ledger, strict)
+    found = _until_compared(ledger, provider, shadow_id)
+    with pytest.raises(InvalidInputError, match="does not meet the job's rule"):
+        promote(ledger, ledger, strict, shadow_id, worker_id="op", revise=True)
+    reason = gate_reason(ledger.shadow_gate(JOB, "v2"), strict.rule, "v2")
+    assert reason is not None and "agree" in reason
+    # A second shadow, submitted and dropped before it ends: its holds are given back.
+    fake.batches.polls_to_complete = 100
+    second, _ = start(ledger, strict, sample=4)
+    advance(ledger, strict, provider, second, worker_id="w1")
+    [standing] = ledger.budgets(JOB)
+    assert standing.reserved > 0
+    dropped = drop(ledger, provider, second, worker_id="op")
+    assert dropped.state == "dropped"
+    [standing] = ledger.budgets(JOB)
+    assert standing.reserved == 0
+    assert found.state == "compared"
+
+
+def test_the_verdicts_of_a_scorer() -> None:
+    assert judge(None, {"a": 1, "b": " x"}, {"a": 1, "b": "x "}).verdict == "agree"
+    differ = judge(None, {"a": 1, "b": 2}, {"a": 1, "b": 3})
+    assert differ.verdict == "differ" and differ.score == 0.5
+    assert differ.detail == {"fields": {"b": {"accepted": 2, "new": 3}}}
+    assert judge(lambda old, new: 0.9, {}, {}, agree_score=0.8).verdict == "agree"
+    assert judge(lambda old, new: False, {}, {}).verdict == "differ"
+    assert judge(lambda old, new: {"verdict": "agree", "score": 0.7}, {}, {}).score == 0.7
+    with pytest.raises(InvalidInputError, match="compare"):
+        judge(lambda old, new: 7, {}, {})
+    with pytest.raises(InvalidInputError, match="compare"):
+        judge(lambda old, new: [1], {}, {})
