@@ -14,15 +14,15 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 from dagster.components import load_defs
 from dagster.components.definitions import LazyDefinitions
 
-from idempotent_jobs.core.errors import InvalidInputError, LedgerError
+from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.core.identity import normalize_text
-from idempotent_jobs.core.records import JobConfig, OutboxRecord
+from idempotent_jobs.core.records import JobConfig
 from idempotent_jobs.dagster.job_factory import spec_of_job
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 from idempotent_jobs.dagster.resource_errors import (
@@ -37,6 +37,9 @@ from idempotent_jobs.operator.location_targets import (
     Target,
     find_targets,
 )
+
+if TYPE_CHECKING:
+    from idempotent_jobs.operator.outbox_router import OutboxRouter
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,10 +118,8 @@ class Workspace:
         )
 
     def spec_at_version(self, name: str, version: str) -> IdempotentJobSpec:
-        """The spec of job ``name`` (its Dagster or identity job name) at ``version``: a job of
-        that name and version, else one sharing the named job's identity job name at that
-        version (a new version defined beside the one that delivers); raise listing the
-        versions the locations define."""
+        """The spec of job ``name`` (Dagster or identity job name) at ``version``, or one
+        sharing its identity job name at that version (a new version beside the old)."""
         for spec in self.specs:
             if spec.version == version and name in (spec.name, spec.identity_job_name):
                 return spec
@@ -136,8 +137,7 @@ class Workspace:
 
     @contextmanager
     def model_step(self, spec: IdempotentJobSpec) -> Iterator[ModelStep]:
-        """``spec``'s model step, built (``EnvVar`` settings resolved here) for the time of the
-        block; a missing resource or variable is one :class:`CodeLocationError`."""
+        """``spec``'s model step, built for the block (:class:`CodeLocationError` if it cannot)."""
         location = self.location_of(spec)
         resource = location.resources.get(spec.model)
         if not isinstance(resource, ModelStep):
@@ -184,6 +184,8 @@ class Workspace:
                 }
                 resources = stack.enter_context(_built(wanted, location))
                 built[id(location)] = {key: getattr(resources, key) for key in wanted}
+            from idempotent_jobs.operator.outbox_router import OutboxRouter
+
             yield OutboxRouter(owners=owners, channels=built)
 
     def check_resources(self, spec: IdempotentJobSpec) -> None:
@@ -221,38 +223,6 @@ class Workspace:
         return configs
 
 
-@dataclass(frozen=True, kw_only=True)
-class OutboxRouter:
-    """Sends each outbox row through a channel of the code location that owns the row's job:
-    the job's spec names the channel, its location provides it. Rows of other jobs are never
-    sent (:attr:`job_names` is what the deliverer asks the ledger for)."""
-
-    owners: dict[str, CodeLocation]
-    channels: dict[int, dict[str, NotificationChannel]]
-
-    @property
-    def job_names(self) -> list[str]:
-        return sorted(self.owners)
-
-    def send(self, row: OutboxRecord) -> None:
-        location = self.owners.get(row.job_name or "")
-        if location is None:  # the ledger was asked for owned jobs only: a row moved under us
-            raise LedgerError(f"job {row.job_name!r} is not owned by the loaded code location")
-        specs = [s for s in location.specs if normalize_text(s.identity_job_name) == row.job_name]
-        if not any(row.channel in spec.channels for spec in specs):
-            raise LedgerError(
-                f"job {row.job_name!r} names no channel {row.channel!r} "
-                f"(its channels: {', '.join(sorted({c for s in specs for c in s.channels}))})"
-            )
-        channel = self.channels[id(location)].get(row.channel)
-        if channel is None:
-            raise LedgerError(
-                f"no notification channel resource named {row.channel!r} in "
-                f"{location.target.describe()}"
-            )
-        channel.send(row)
-
-
 @contextmanager
 def _built(resources: dict[str, Any], location: CodeLocation) -> Iterator[Any]:
     """``dg.build_resources(resources)``; a setting that cannot be resolved (an unset
@@ -269,9 +239,6 @@ def _built(resources: dict[str, Any], location: CodeLocation) -> Iterator[Any]:
         yield built
     finally:
         context.__exit__(None, None, None)
-
-
-# -- finding the target ---------------------------------------------------------------------
 
 
 # -- loading --------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.usage import recordable_usage
 from idempotent_jobs.models.batches import BatchProvider, ProviderBatch
 from idempotent_jobs.models.errors import ProviderError
-from idempotent_jobs.shadows.compare import judge
+from idempotent_jobs.shadows.compare import compare
 from idempotent_jobs.shadows.job import ShadowProgress, ShadowSteps
 from idempotent_jobs.shadows.online import compute_online
 
@@ -325,75 +325,6 @@ def record_answer(
         ledger.record_shadow_call(
             lease, run_id, usage, state="answered", valid=False, error=describe_error(exc)
         )
-
-
-def compare(ledger: RunLedger, steps: ShadowSteps, lease: Any, row: dict[str, Any]) -> None:
-    """Judge every item not judged yet, then mark the shadow compared with its summary."""
-    items = ledger.shadow_items(lease.shadow_id)
-    for n, item in enumerate(items, 1):
-        if n % RENEW_EVERY_ITEMS == 0:
-            ledger.renew_shadow(lease)
-        if item["verdict"] is not None:
-            continue
-        verdict, score, detail = _verdict(steps, item)
-        ledger.judge_shadow_item(lease, item["run_id"], verdict, score, detail)
-    summary = summarise(ledger.shadow_items(lease.shadow_id))
-    ledger.shadow_to(lease, "compared", ["collected"], summary=summary)
-
-
-def _verdict(
-    steps: ShadowSteps, item: dict[str, Any]
-) -> tuple[str, float | None, dict[str, Any] | None]:
-    if item["state"] in ("missing", "failed"):
-        return str(item["state"]), None, None
-    if not item["valid"] or item["answer"] is None:
-        return "invalid", None, {"error": item["error"]}
-    try:
-        found = judge(
-            steps.compare,
-            dict(item["accepted"] or {}),
-            dict(item["answer"]),
-            steps.rule.agree_score,
-        )
-    except Exception as exc:  # noqa: BLE001 - a scorer that raises: that item differs
-        return "differ", None, {"scorer_error": describe_error(exc)[:500]}
-    return found.verdict, found.score, found.detail
-
-
-def summarise(items: list[dict[str, Any]]) -> dict[str, Any]:
-    """How many agree, differ, are invalid, failed or missing; the agreement among answered
-    runs; and the cost per run, old (each run's accepted answer's calls) and new (the
-    shadow's calls), in money and tokens."""
-    counts = {v: 0 for v in ("agree", "differ", "invalid", "failed", "missing")}
-    for item in items:
-        counts[str(item["verdict"] or "missing")] += 1
-    compared = counts["agree"] + counts["differ"] + counts["invalid"]
-    new_money = [item["money"] for item in items if item["money"] is not None]
-    old_money = [item["run_money"] for item in items if item["run_money"] is not None]
-    new_tokens = [
-        (item["input_tokens"] or 0) + (item["output_tokens"] or 0)
-        for item in items
-        if item["call_id"] is not None
-    ]
-    old_tokens = [int(item["run_tokens"]) for item in items if item["run_tokens"] is not None]
-    return {
-        **counts,
-        "runs": len(items),
-        "compared": compared,
-        "agreement": round(counts["agree"] / compared, 6) if compared else 0.0,
-        "money_per_run_old": _mean(old_money),
-        "money_per_run_new": _mean(new_money),
-        "tokens_per_run_old": _mean(old_tokens),
-        "tokens_per_run_new": _mean(new_tokens),
-        "money_new": str(sum(new_money, Decimal(0))),
-    }
-
-
-def _mean(values: list[Any]) -> str | None:
-    if not values:
-        return None
-    total = sum((Decimal(str(v)) for v in values), Decimal(0))
-    return str(round(total / len(values), 8))
 
 
 def drop(

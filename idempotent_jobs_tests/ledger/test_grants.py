@@ -253,6 +253,11 @@ def test_the_reader_role_runs_every_read_of_the_operator_face(
         reader.spend_totals(reader.database_now() - timedelta(days=31), reader.database_now())
         reader.calls_in_doubt()
         reader.database_now()
+        reader.baseline_version("competitor-summary", "v2")
+        reader.shadows()
+        reader.shadow("sh-000000000000")
+        reader.shadow_items("sh-000000000000")
+        reader.shadow_gate("competitor-summary", "v2")
         ledger_findings(reader, outbox_older_than_seconds=60, max_attempts=3)
     assert reads - ran == set(), "an admin read this test does not run"
 

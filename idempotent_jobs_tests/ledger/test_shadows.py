@@ -75,11 +75,15 @@ def _completed_at_v1(ledger: BothFaces) -> list[str]:
     for subject in SUBJECTS:
         identity = RunIdentity(JOB, subject, datetime(2026, 11, 1, tzinfo=UTC), "v1")
         label = f"L{subject[1:]}" if subject.startswith("s") else "old"
+
+        def transform(raw: dict[str, Any], label: str = label) -> dict[str, Any]:
+            return {"label": label}
+
         done = run_idempotent(
             ledger,
             identity,
             collect=lambda i: {"s": i.subject_id},
-            transform=lambda raw, label=label: {"label": label},
+            transform=transform,
             notifications=lambda output: {"webhook": {"label": output["label"]}},
             worker_id="v1",
         )

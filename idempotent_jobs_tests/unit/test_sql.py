@@ -67,6 +67,20 @@ UNFENCED_WRITES = {
     "its lease); it touches no run",
     "claim_batch": "takes the batch's lease when it is free (bumping its epoch), and extends only "
     "the leases the batch holds on its pending runs (owner batch:<id>, at their epochs)",
+    "create_shadow": "an operator starts a shadow and chooses its runs; it touches no run",
+    "claim_shadow": "takes the shadow's lease when it is free (bumping its epoch); no run",
+}
+#: A shadow's writes, each fenced by the shadow's own lease; none writes a run (a promotion
+#: writes runs only through revise and the fenced commit).
+SHADOW_FENCED = {
+    "renew_shadow",
+    "release_shadow",
+    "shadow_to",
+    "shadow_start_submit",
+    "record_shadow_call",
+    "end_shadow_item",
+    "judge_shadow_item",
+    "mark_item_promoted",
 }
 #: The batch lane's writes, each fenced by the batch's own lease (its owner and epoch).
 BATCH_FENCED = {
@@ -103,7 +117,13 @@ def _one_line(text: str) -> str:
 def test_every_write_after_a_claim_carries_the_owner_and_epoch_fence() -> None:
     writes = {name for name, s in STATEMENTS.items() if _WRITE.search(s.text)}
     assert set(UNFENCED_WRITES) <= writes
-    fenced = writes - set(UNFENCED_WRITES) - BATCH_FENCED
+    fenced = writes - set(UNFENCED_WRITES) - BATCH_FENCED - SHADOW_FENCED
+    for name in sorted(SHADOW_FENCED):  # fenced by the shadow's lease
+        text = _one_line(STATEMENTS[name].text)
+        assert re.search(
+            r"(\w+\.)?lease_owner = %\(worker_id\)s AND (\w+\.)?lease_epoch = %\(epoch\)s", text
+        ), name
+        assert "UPDATE {schema}.runs" not in text, name
     for name in sorted(BATCH_FENCED):  # fenced by the batch's lease
         text = _one_line(STATEMENTS[name].text)
         assert re.search(
@@ -174,6 +194,9 @@ def test_no_other_module_runs_a_statement() -> None:
 def test_a_name_both_faces_hold_is_the_same_read() -> None:
     shared = set(face_statements("worker")) & set(face_statements("admin"))
     assert shared == {
+        "get_shadow",
+        "shadow_items",
+        "shadow_gate",
         "get_run",
         "list_model_calls",
         "ledger_currency",
