@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         WebhookChannel,
     )
     from idempotent_jobs.dagster.retention_job import build_retention_job
+    from idempotent_jobs.shadows.job import ShadowRule
 
 _HOMES = {
     "BatchRange": "batch_lane",
@@ -40,6 +41,7 @@ _HOMES = {
     "build_retention_job": "retention_job",
     "ledger_io_manager": "ledger_io",
     "RunLedgerResource": "resource",
+    "ShadowRule": "shadow_lane",
     **dict.fromkeys(
         (
             "AnthropicModel",
@@ -67,6 +69,7 @@ __all__ = [
     "NotificationChannel",
     "OpenAICompatibleModel",
     "RunLedgerResource",
+    "ShadowRule",
     "StepContext",
     "StructuredModel",
     "WebhookChannel",

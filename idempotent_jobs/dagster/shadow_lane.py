@@ -13,7 +13,9 @@ from idempotent_jobs.dagster.partitions import partition_key
 from idempotent_jobs.dagster.resources.real_models import StructuredModel
 from idempotent_jobs.dagster.resources.steps import ModelStep, StepContext
 from idempotent_jobs.models.prompts import Prompt
-from idempotent_jobs.shadows import ShadowSteps, gate_reason
+from idempotent_jobs.shadows import ShadowRule, ShadowSteps, gate_reason
+
+__all__ = ["ShadowRule", "gated_schedule", "shadow_steps"]
 
 
 def shadow_steps(spec: IdempotentJobSpec, model: ModelStep) -> ShadowSteps:
