@@ -34,13 +34,15 @@ check: install lint
 	$(BIN)/python -m pytest -q -n 2 -m "not slow" idempotent_jobs_tests/unit idempotent_jobs_tests/ledger
 
 # The whole harnesses, outside pytest, each with its seed and trial count said: chaos trials of
-# every kind, again through PgBouncer, and the cluster harness (six hosts in network namespaces).
-# CI runs it after `make test`; scale it with CHAOS_TRIALS=200 CLUSTER_TRIALS=20.
-CHAOS_TRIALS ?= 24
+# every kind, again through PgBouncer, the shadow kind alone, and the cluster harness (six hosts in
+# network namespaces). CI runs it after `make test`; scale it with CHAOS_TRIALS=200
+# SHADOW_TRIALS=500 CLUSTER_TRIALS=20.
+CHAOS_TRIALS ?= 26
+SHADOW_TRIALS ?= 100
 CLUSTER_TRIALS ?= 5
 proof: install tools
 	$(BIN)/python -m idempotent_jobs_tests.proof --chaos-trials $(CHAOS_TRIALS) \
-		--cluster-trials $(CLUSTER_TRIALS)
+		--shadow-trials $(SHADOW_TRIALS) --cluster-trials $(CLUSTER_TRIALS)
 
 # The network tests' tools from Debian's packages, when missing: PgBouncer, faketime, iproute2 and
 # gcc (the tests install them too; this says so up front).

@@ -3,7 +3,9 @@
 1. chaos trials of every kind (:mod:`idempotent_jobs_tests.chaos`): kills, pauses past the lease,
    dropped commits, restarts, revisions, hostile answers, batches, money;
 2. chaos trials with every worker behind PgBouncer in transaction mode;
-3. the cluster harness (:mod:`idempotent_jobs_tests.cluster`): six hosts in network namespaces,
+3. the ``shadow`` kind alone, 100 trials by default (a shadow killed during its start, submit,
+   collection, comparison and promotion);
+4. the cluster harness (:mod:`idempotent_jobs_tests.cluster`): six hosts in network namespaces,
    one trial of each kind by default; no namespace may be left behind.
 
 Each runs as its own process (as an operator would run it), its summary printed as it ends; the
@@ -55,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chaos-trials", type=int, default=2 * len(CHAOS_KINDS))
     parser.add_argument("--chaos-seed", type=int, default=11)
     parser.add_argument("--pooled-seed", type=int, default=23)
+    parser.add_argument("--shadow-trials", type=int, default=100)
+    parser.add_argument("--shadow-seed", type=int, default=46)
     parser.add_argument("--cluster-trials", type=int, default=len(CLUSTER_KINDS))
     parser.add_argument("--cluster-seed", type=int, default=1)
     args = parser.parse_args(argv)
@@ -74,6 +78,14 @@ def main(argv: list[str] | None = None) -> int:
             f"--seed={args.pooled_seed}",
             "--pgbouncer",
             timeout=60 + 20 * len(POOLED_KINDS),
+        ),
+        "chaos, shadows": harness(
+            "chaos, shadow runs",
+            "idempotent_jobs_tests.chaos",
+            f"--trials={args.shadow_trials}",
+            "--kinds=shadow",
+            f"--seed={args.shadow_seed}",
+            timeout=120 + 20 * args.shadow_trials,
         ),
     }
     before = namespaces()

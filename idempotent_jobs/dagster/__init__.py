@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         WebhookChannel,
     )
     from idempotent_jobs.dagster.retention_job import build_retention_job
+    from idempotent_jobs.dagster.shadow_lane import build_shadow_sensor
     from idempotent_jobs.shadows.job import ShadowRule
 
 _HOMES = {
@@ -42,6 +43,7 @@ _HOMES = {
     "ledger_io_manager": "ledger_io",
     "RunLedgerResource": "resource",
     "ShadowRule": "shadow_lane",
+    "build_shadow_sensor": "shadow_lane",
     **dict.fromkeys(
         (
             "AnthropicModel",
@@ -76,6 +78,7 @@ __all__ = [
     "build_batch_lane",
     "build_idempotent_job",
     "build_reconciliation_job",
+    "build_shadow_sensor",
     "build_retention_job",
     "ledger_io_manager",
 ]

@@ -1,21 +1,25 @@
 """Shadow runs in Dagster: a spec's new version seen as a shadow needs it
-(:func:`shadow_steps`), and the gated schedule of a version that must prove itself in a shadow
-before it delivers (:func:`gated_schedule`)."""
+(:func:`shadow_steps`), the gated schedule of a version that must prove itself in a shadow
+before it delivers (:func:`gated_schedule`), and the sensor that carries the version's shadows
+to their comparison and says where each stands in its tick (:func:`build_shadow_sensor`)."""
 
 from datetime import UTC, datetime
 from typing import Any
 
 import dagster as dg
 
+from idempotent_jobs.core.error_text import describe_error
+from idempotent_jobs.core.errors import LeaseLostError, LedgerConnectionError
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 from idempotent_jobs.dagster.partitions import partition_key
 from idempotent_jobs.dagster.resources.real_models import StructuredModel
 from idempotent_jobs.dagster.resources.steps import ModelStep, StepContext
 from idempotent_jobs.models.prompts import Prompt
-from idempotent_jobs.shadows import ShadowRule, ShadowSteps, gate_reason
+from idempotent_jobs.shadows import ShadowRule, ShadowSteps, advance, gate_reason
+from idempotent_jobs.shadows.report import summary_text
 
-__all__ = ["ShadowRule", "gated_schedule", "shadow_steps"]
+__all__ = ["ShadowRule", "build_shadow_sensor", "gated_schedule", "shadow_steps"]
 
 
 def shadow_steps(spec: IdempotentJobSpec, model: ModelStep) -> ShadowSteps:
@@ -80,3 +84,56 @@ def gated_schedule(spec: IdempotentJobSpec, job: dg.JobDefinition) -> dg.Schedul
         ]
 
     return gated
+
+
+def build_shadow_sensor(
+    spec: IdempotentJobSpec,
+    *,
+    minimum_interval_seconds: int = 30,
+    sensor_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
+) -> dg.SensorDefinition:
+    """``<name>_shadows``: at each tick, one step of every open shadow of ``spec``'s version
+    (started from the command line: ``idempotent-jobs shadow start``), then each shadow's
+    summary in the tick (agreement, verdicts, cost per run old and new) and whether the
+    version's gate is open. It requests no run: a promotion is an operator's decision."""
+
+    @dg.sensor(
+        name=f"{spec.name}_shadows",
+        minimum_interval_seconds=minimum_interval_seconds,
+        required_resource_keys={"ledger", spec.model},
+        description=f"advances the shadows of {spec.identity_job_name} {spec.version} and "
+        "shows their comparison",
+        default_status=sensor_status,
+    )
+    def shadows_sensor(context: dg.SensorEvaluationContext) -> dg.SkipReason:
+        ledger = context.resources.ledger
+        model = getattr(context.resources, spec.model)
+        steps = shadow_steps(spec, model)
+        provider = model.batch_provider() if isinstance(model, StructuredModel) else None
+        lines = []
+        for found in ledger.shadow_gate(spec.identity_job_name, spec.version):
+            shadow_id = str(found["shadow_id"])
+            if found["state"] in ("started", "submitted", "collected"):
+                try:
+                    advance(ledger, steps, provider, shadow_id, worker_id=context.sensor_name)
+                except LeaseLostError:
+                    lines.append(f"shadow {shadow_id}: advanced by another process now")
+                except LedgerConnectionError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - this shadow's step; the tick goes on
+                    lines.append(f"shadow {shadow_id}: its step failed: {describe_error(exc)}")
+            row = ledger.shadow(shadow_id)
+            if row is not None:
+                lines.append(" | ".join(summary_text(row)))
+        why = gate_reason(
+            ledger.shadow_gate(spec.identity_job_name, spec.version),
+            spec.shadow_rule,
+            spec.version,
+        )
+        if spec.gated:
+            lines.append(why or f"version {spec.version} may deliver: its gate is open")
+        text = "\n".join(lines) or f"no shadow of {spec.identity_job_name} {spec.version}"
+        context.log.info(text)
+        return dg.SkipReason(text)
+
+    return shadows_sensor

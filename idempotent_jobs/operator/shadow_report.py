@@ -7,49 +7,12 @@ import json
 from typing import Any
 
 from idempotent_jobs.operator.render import escape_controls, table
-
-_VERDICTS = ("agree", "differ", "invalid", "failed", "missing")
-
-
-def _money(value: Any, currency: str | None) -> str:
-    return "-" if value is None else f"{value} {currency or ''}".strip()
+from idempotent_jobs.shadows.report import summary_text
 
 
 def summary_lines(row: dict[str, Any]) -> list[str]:
-    """The shadow's summary: versions, state, counts by verdict, agreement, cost per run."""
-    summary = row.get("summary") or {}
-    currency = row.get("currency")
-    lines = [
-        f"shadow {row['shadow_id']}: job {row['job_name']}, version {row['version']} on "
-        f"{row.get('items', 0)} run(s) at {row['baseline_version']}, {row['lane']} lane, "
-        f"{row['state']}",
-    ]
-    if summary:
-        counts = ", ".join(f"{summary.get(v, 0)} {v}" for v in _VERDICTS)
-        lines.append(
-            f"compared {summary.get('compared', 0)}: {counts}; agreement "
-            f"{float(summary.get('agreement') or 0):.1%}"
-        )
-        lines.append(
-            f"cost per run: old {_money(summary.get('money_per_run_old'), currency)} "
-            f"({summary.get('tokens_per_run_old') or '-'} tokens), new "
-            f"{_money(summary.get('money_per_run_new'), currency)} "
-            f"({summary.get('tokens_per_run_new') or '-'} tokens)"
-        )
-    else:
-        states = ", ".join(f"{n} {s}" for s, n in sorted((row.get("item_states") or {}).items()))
-        lines.append(f"items: {states or 'none'}")
-    unpriced = int(row.get("unpriced") or 0)
-    lines.append(
-        f"paid: {row.get('calls', 0)} call(s), {_money(row.get('money'), currency)}"
-        + (f" + {unpriced} unpriced" if unpriced else "")
-        + (f" (budget {row['budget']})" if row.get("budget") is not None else "")
-    )
-    if row.get("error"):
-        lines.append(f"error: {row['error']}")
-    if row.get("promoted_at"):
-        lines.append(f"promoted {row['promoted_at']:%Y-%m-%d %H:%M:%S} UTC")
-    return [escape_controls(line) for line in lines]
+    """The shadow's summary (:func:`summary_text`), safe for a terminal."""
+    return [escape_controls(line) for line in summary_text(row)]
 
 
 def _brief(value: Any, width: int = 60) -> str:
@@ -77,8 +40,9 @@ def shown(row: dict[str, Any], items: list[dict[str, Any]], limit: int) -> str:
             )
             for i in odd
         ]
-        lines.append(table(["run", "verdict", "score", "accepted", "new"], rows))
-    return "\n".join(escape_controls(line) for line in lines)
+        escaped = [tuple(escape_controls(str(cell)) for cell in row) for row in rows]
+        lines.append(table(["run", "verdict", "score", "accepted", "new"], escaped))
+    return "\n".join(lines)
 
 
 def render_report(row: dict[str, Any], items: list[dict[str, Any]], *, html: bool) -> str:

@@ -98,10 +98,11 @@ def advance(
     shadow_id: str,
     *,
     worker_id: str,
+    lease_seconds: float = SHADOW_LEASE_SECONDS,
 ) -> ShadowProgress:
-    """Move the shadow one step on under its lease and say where it stands:
-    :class:`LeaseLostError` while another process advances it."""
-    lease, row = ledger.claim_shadow(shadow_id, worker_id, SHADOW_LEASE_SECONDS)
+    """Move the shadow one step on under its lease (``lease_seconds``, renewed as it goes)
+    and say where it stands: :class:`LeaseLostError` while another process advances it."""
+    lease, row = ledger.claim_shadow(shadow_id, worker_id, lease_seconds)
     try:
         state = str(row["state"])
         if state == "started" and row["lane"] == "online":
@@ -328,11 +329,16 @@ def record_answer(
 
 
 def drop(
-    ledger: RunLedger, provider: BatchProvider | None, shadow_id: str, *, worker_id: str
+    ledger: RunLedger,
+    provider: BatchProvider | None,
+    shadow_id: str,
+    *,
+    worker_id: str,
+    lease_seconds: float = SHADOW_LEASE_SECONDS,
 ) -> ShadowProgress:
     """End the shadow: a batch still running at the provider is cancelled (nothing it answers
     later is taken), what its pending items hold is given back; its recorded calls stay."""
-    lease, row = ledger.claim_shadow(shadow_id, worker_id, SHADOW_LEASE_SECONDS)
+    lease, row = ledger.claim_shadow(shadow_id, worker_id, lease_seconds)
     try:
         if row["state"] == "promoting":
             raise InvalidInputError("shadow", f"{shadow_id} is being promoted: promote it again")

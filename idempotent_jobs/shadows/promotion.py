@@ -18,7 +18,7 @@ from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.records import Basis, CallOrigin, ModelUsage, ShadowLease
 from idempotent_jobs.core.steps import BoundAnswer
 from idempotent_jobs.shadows.job import ShadowRule, ShadowSteps
-from idempotent_jobs.shadows.lane import RENEW_EVERY_ITEMS, SHADOW_LEASE_SECONDS, progress
+from idempotent_jobs.shadows.lane import SHADOW_LEASE_SECONDS, progress
 
 #: How long a promotion holds a run it accepts an answer for.
 RUN_LEASE_SECONDS = 120.0
@@ -34,13 +34,14 @@ def promote(
     revise: bool = False,
     channels: Sequence[str] | None = None,
     force: bool = False,
+    lease_seconds: float = SHADOW_LEASE_SECONDS,
 ) -> dict[str, Any]:
     """Promote the compared shadow (see the module); a promotion cut short is taken up again
     by the next call. Refused (:class:`InvalidInputError`) before anything is written when the
     shadow is not compared, or does not meet the job's rule (unless ``force``). Returns what
     it did: runs ``revised`` (accepted now), ``already`` (accepted before a crash), ``stale``
     (moved on since the shadow) and ``unchanged``."""
-    lease, row = ledger.claim_shadow(shadow_id, worker_id, SHADOW_LEASE_SECONDS)
+    lease, row = ledger.claim_shadow(shadow_id, worker_id, lease_seconds)
     try:
         state = str(row["state"])
         if state not in ("compared", "promoting"):
@@ -87,15 +88,14 @@ def _revise_changed(
     channels = list(row["channels"] or [])
     mark = f"shadow:{lease.shadow_id}"
     items = ledger.shadow_items(lease.shadow_id)
-    for n, item in enumerate(items, 1):
-        if n % RENEW_EVERY_ITEMS == 0:
-            ledger.renew_shadow(lease)
+    for item in items:
         if item["verdict"] != "differ" or item["answer"] is None or not item["valid"]:
             done["unchanged"] += 1
             continue
         if item["promoted_revision"] is not None:
             done["already"] += 1
             continue
+        ledger.renew_shadow(lease)  # a promoter whose lease was taken over revises nothing
         revision = int(item["revision"]) + 1
         record = ledger.get(item["run_id"])
         if record is None:
@@ -107,12 +107,17 @@ def _revise_changed(
             and record.status == "completed"
             and (record.input_fingerprint == item["input_fingerprint"])
         ):
-            admin.revise(
-                item["run_id"],
-                f"shadow {lease.shadow_id} promoted version {row['version']}",
-                channels=channels,
-                requested_by=mark,
-            )
+            try:
+                admin.revise(
+                    item["run_id"],
+                    f"shadow {lease.shadow_id} promoted version {row['version']}",
+                    channels=channels,
+                    requested_by=mark,
+                    expected_revision=int(item["revision"]),
+                )
+            except InvalidInputError:  # revised or reopened since it was read: not this answer
+                done["stale"] += 1
+                continue
         elif not ours:
             done["stale"] += 1  # revised, recollected or recomputed since: not this answer
             continue

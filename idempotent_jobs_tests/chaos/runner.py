@@ -65,6 +65,7 @@ from idempotent_jobs_tests.chaos.parts import (
     run_worker,
     trial_identity,
 )
+from idempotent_jobs_tests.chaos.shadow_trials import ShadowTrials
 from idempotent_jobs_tests.ledgers import BothFaces
 from testkit.fake_providers import Answer, Drop, FakeProviders, Request, Scripted, Status
 from testkit.pgbouncer import PgBouncer
@@ -82,6 +83,7 @@ KINDS = (
     "answered",
     "provider",
     "batch",
+    "shadow",
 )
 # The budget trials: two calls' worst cases fit a subject's daily budget, a third's does not.
 BUDGET_TOKENS, CALL_TOKENS = 200, 80
@@ -147,14 +149,29 @@ class Chaos:
         )
         self._batch_trials: BatchTrials | None = None
         self._money_trials: MoneyTrials | None = None
+        self._shadow_trials: ShadowTrials | None = None
         self.ctx = multiprocessing.get_context("forkserver")
-        self.ctx.set_forkserver_preload(["idempotent_jobs", "idempotent_jobs_tests.chaos.parts"])
+        # The SDKs the batch and shadow drivers call, imported once: a driver starts in a
+        # fraction of a second instead of seconds.
+        self.ctx.set_forkserver_preload(
+            [
+                "idempotent_jobs",
+                "idempotent_jobs_tests.chaos.parts",
+                "idempotent_jobs_tests.chaos.shadow_trials",
+                "idempotent_jobs.shadows",
+                "idempotent_jobs.models.batches",
+                "openai",
+                "anthropic",
+            ]
+        )
 
     def close(self) -> None:
         if self._batch_trials is not None:
             self._batch_trials.close()
         if self._money_trials is not None:
             self._money_trials.close()
+        if self._shadow_trials is not None:
+            self._shadow_trials.close()
         self.faulty.close()
         if self.bouncer is not None:
             self.bouncer.stop()
@@ -657,6 +674,13 @@ class Chaos:
             self._batch_trials = BatchTrials(self)
         return self._batch_trials.trial(trial)
 
+    def shadow(self, trial: int) -> Verdict:
+        """A shadow of a new version killed at one point of its life, then taken up again
+        (see :mod:`~idempotent_jobs_tests.chaos.shadow_trials`)."""
+        if self._shadow_trials is None:
+            self._shadow_trials = ShadowTrials(self)
+        return self._shadow_trials.trial(trial)
+
     def restart(self, trial: int) -> Verdict:
         trials = [trial * 1000 + i for i in range(RESTART_BATCH)]
         markers = [str(self.workdir / f"pause-{t}") for t in trials]
@@ -720,6 +744,7 @@ def summary(verdicts: list[Verdict]) -> str:
     revisions = Counter(v.kind.split(":")[1] for v in verdicts if v.kind.startswith("revise:"))
     prunes = Counter(v.kind.split(":")[1] for v in verdicts if v.kind.startswith("prune:"))
     batch = Counter(v.kind.split(":")[1] for v in verdicts if v.kind.startswith("batch:"))
+    shadow = Counter(v.kind.split(":")[1] for v in verdicts if v.kind.startswith("shadow:"))
     money: Counter[str] = Counter()
     for v in verdicts:
         if v.kind.startswith("budget:"):
@@ -745,6 +770,8 @@ def summary(verdicts: list[Verdict]) -> str:
         "hostile answers and modes: " + ", ".join(f"{k}={n}" for k, n in sorted(hostile.items())),
         "batch providers and kill points: "
         + ", ".join(f"{k}={n}" for k, n in sorted(batch.items())),
+        "shadow providers, kill points and promotions: "
+        + ", ".join(f"{k}={n}" for k, n in sorted(shadow.items())),
         "money (calls unbilled, in doubt, runs refused, prices changed mid-call): "
         + ", ".join(f"{k}={n}" for k, n in sorted(money.items())),
         f"duplicates={sum(v.duplicates for v in verdicts)} lost={sum(v.lost for v in verdicts)}",

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ import dagster as dg
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.dagster import (
     IdempotentJobSpec, OpenAICompatibleModel, RunLedgerResource, ShadowRule,
-    build_idempotent_job,
+    build_idempotent_job, build_shadow_sensor,
 )
 from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel
 
@@ -66,10 +67,12 @@ V2 = IdempotentJobSpec(
 )
 JOB_V1, SCHEDULE_V1 = build_idempotent_job(V1)
 JOB_V2, SCHEDULE_V2 = build_idempotent_job(V2)
+SENSOR_V2 = build_shadow_sensor(V2)
 
 defs = dg.Definitions(
     jobs=[JOB_V1, JOB_V2],
     schedules=[SCHEDULE_V1, SCHEDULE_V2],
+    sensors=[SENSOR_V2],
     resources={
         "ledger": RunLedgerResource(database_url=dg.EnvVar("IDEMPOTENT_JOBS_DATABASE_URL")),
         "collector": Tickets(),
@@ -109,7 +112,7 @@ def project(
         monkeypatch.chdir(folder)
         monkeypatch.syspath_prepend(str(folder))
         sys.modules.pop("defs", None)
-        import defs  # the team's module, as the CLI will load it
+        import defs  # type: ignore[import-not-found]  # the team's module, as the CLI loads it
 
         yield folder, fake, defs
         sys.modules.pop("defs", None)
@@ -132,6 +135,19 @@ def _schedule_says(defs: Any, database: str) -> Any:
         repository_def=defs.defs.get_repository_def(),
     ) as context:
         return defs.SCHEDULE_V2.evaluate_tick(context)
+
+
+def _sensor_says(defs: Any, database: str) -> str:
+    from idempotent_jobs.dagster import RunLedgerResource
+
+    resources = {
+        "ledger": RunLedgerResource(database_url=database),
+        "model_v2": defs.defs.resources["model_v2"],
+    }
+    with dg.build_sensor_context(resources=resources, definitions=defs.defs) as context:
+        said = defs.SENSOR_V2.evaluate_tick(context).skip_message
+    assert isinstance(said, str)
+    return said
 
 
 def test_a_shadow_of_200_runs_is_compared_and_promoted_delivering_each_changed_run_once(
@@ -160,9 +176,7 @@ def test_a_shadow_of_200_runs_is_compared_and_promoted_delivering_each_changed_r
             spec.identity_for(key),
             collect=defs.Tickets().collect,
             transform=lambda raw: {"label": "billing"},
-            notifications=lambda output, key=key: spec.notifications(
-                spec.identity_for(key), output
-            ),
+            notifications=partial(spec.notifications, spec.identity_for(key)),
             worker_id="v1",
         )
         assert done.executed
@@ -210,6 +224,12 @@ def test_a_shadow_of_200_runs_is_compared_and_promoted_delivering_each_changed_r
     assert len(_notices(notices)) == 200
     queued = db.execute("SELECT count(*) FROM idempotent_jobs.notification_outbox").fetchone()
     assert queued == (200,)
+
+    # The same summary in the Dagster UI: the shadow sensor's tick; it meets the job's rule
+    # (77.5% agree, 70% wanted), so the gate says v2 may deliver.
+    said = _sensor_says(defs, database)
+    assert f"compared 200: {200 - len(changed)} agree, {len(changed)} differ" in said
+    assert "version v2 may deliver: its gate is open" in said
 
     report = tmp_path / "report.md"
     _cli(folder, "shadow", "show", shadow_id, "--report", str(report))

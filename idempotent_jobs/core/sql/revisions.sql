@@ -7,10 +7,12 @@
 -- The only way a completed run is recomputed: its accepted result moves to run_revisions with the
 -- reason, and the run becomes claimable again under the next revision number. A run whose raw
 -- input retention pruned is reopened only with `recollect` (there is nothing to recompute on).
+-- With `expected`, only while the run is at that revision (a promotion revises what it read).
 WITH current AS (
   SELECT run_id, revision, output, completed_at, lease_epoch FROM {schema}.runs
   WHERE run_id = %(run_id)s AND status = 'completed'
     AND (%(recollect)s OR raw_input_pruned_at IS NULL)
+    AND (%(expected)s::integer IS NULL OR revision = %(expected)s::integer)
   FOR UPDATE
 ), kept AS (
   INSERT INTO {schema}.run_revisions (run_id, revision, reason, channels, previous_output,

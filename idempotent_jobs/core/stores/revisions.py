@@ -38,6 +38,7 @@ class RevisionsStore(Store):
         channels: Sequence[str] = (),
         recollect: bool = False,
         requested_by: str | None = None,
+        expected_revision: int | None = None,
     ) -> RunRecord:
         """Reopen a completed run for recomputation: the only way a result is ever replaced.
 
@@ -45,6 +46,8 @@ class RevisionsStore(Store):
         under the next revision, keeping its raw input unless ``recollect`` (required when
         retention pruned the raw input). The next completion
         queues notifications only for ``channels`` (none: the new result is stored silently).
+        ``expected_revision``: only while the run is at that revision (else refused, as a run
+        that is not completed is).
         """
         if not isinstance(reason, str) or not reason.strip():
             raise InvalidInputError("reason", "must say why the result is recomputed")
@@ -60,6 +63,7 @@ class RevisionsStore(Store):
             "channels": list(dict.fromkeys(channels)),
             "recollect": bool(recollect),
             "requested_by": optional_name("requested_by", requested_by),
+            "expected": expected_revision,
         }
         rows = self._db.fetch("revise", params, record_row(RunRecord))
         if rows:
@@ -73,6 +77,11 @@ class RevisionsStore(Store):
                 f"the raw input of run {run_id} was pruned "
                 f"{record.raw_input_pruned_at.isoformat(timespec='seconds')}: revise it with "
                 "recollect (--recollect) to collect the input again",
+            )
+        if expected_revision is not None and record.revision != expected_revision:
+            raise InvalidInputError(
+                "run_id",
+                f"run {run_id} is at revision {record.revision}, not {expected_revision}",
             )
         raise InvalidInputError(
             "run_id", f"only a completed run can be revised; {run_id} is {record.status}"

@@ -95,14 +95,11 @@ def shadow_start(args: argparse.Namespace) -> int:
         )
         found = _run_on(args, ledger, steps, provider, shadow_id)
         row = admin.shadow(shadow_id)
-    human = (
-        f"shadow {shadow_id} of job {spec.identity_job_name}: version {spec.version} on {count} "
-        f"stored run(s) at {found.baseline_version}, {args.lane} lane: {found.state}"
-    )
-    if not found.compared:
+    human = shown(row, [], 0)
+    if count == 0:
+        human += "\nno completed run with its raw input kept matches: nothing to compare"
+    elif not found.compared:
         human += f"\nadvance it with: idempotent-jobs shadow advance {shadow_id} --wait"
-    else:
-        human += "\n" + shown(row, [], 0)
     emit(args, row, human)
     return 0
 
@@ -117,9 +114,9 @@ def shadow_advance(args: argparse.Namespace) -> int:
         admin,
         ledger,
     ):
-        found = _run_on(args, ledger, steps, provider, row["shadow_id"])
+        _run_on(args, ledger, steps, provider, row["shadow_id"])
         row = admin.shadow(row["shadow_id"])
-    emit(args, row, f"shadow {found.shadow_id}: {found.state}\n" + shown(row, [], 0))
+    emit(args, row, shown(row, [], 0))
     return 0
 
 
@@ -224,7 +221,7 @@ def shadow_promote(args: argparse.Namespace) -> int:
             channels=args.channel or list(spec.channels),
             force=args.force,
         )
-    human = (
+    human = escape_controls(
         f"shadow {row['shadow_id']} promoted: version {row['version']} of job "
         f"{row['job_name']} delivers for new windows"
     )
@@ -235,7 +232,7 @@ def shadow_promote(args: argparse.Namespace) -> int:
             f"{done['unchanged']} unchanged or invalid: not revised); deliver the outbox to "
             "send them"
         )
-    emit(args, {k: v for k, v in done.items() if k != "shadow"}, escape_controls(human))
+    emit(args, {k: v for k, v in done.items() if k != "shadow"}, human)
     return 0
 
 
