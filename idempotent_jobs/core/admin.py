@@ -136,6 +136,7 @@ class LedgerAdmin(LedgerFace):
     baseline_version = of_store("shadows", ShadowsStore.baseline_version)
     create_shadow = of_store("shadows", ShadowsStore.create_shadow)
     shadows = of_store("shadows", ShadowsStore.shadows)
+    quarantine = of_store("shadows", ShadowsStore.quarantine)
     shadow = of_store("shadows", ShadowsStore.shadow)
     shadow_items = of_store("shadows", ShadowsStore.shadow_items)
     shadow_gate = of_store("shadows", ShadowsStore.shadow_gate)

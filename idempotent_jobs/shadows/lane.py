@@ -50,6 +50,7 @@ def start(
     provider: str | None = None,
     model: str | None = None,
     requested_by: str | None = None,
+    quarantined: bool = False,
 ) -> tuple[str, int]:
     """A new shadow of ``steps``' version on the job's completed runs at ``baseline_version``
     (default: the version of its most recently completed run other than the new one); returns
@@ -66,6 +67,7 @@ def start(
         "to": window_to.isoformat() if window_to else None,
         "subjects": subjects or None,
         "sample": sample,
+        "quarantined": quarantined,
     }
     shadow_id, count = admin.create_shadow(
         job_name=steps.job_name,
@@ -82,6 +84,7 @@ def start(
         window_to=window_to,
         subjects=subjects,
         sample=sample,
+        quarantined=quarantined,
     )
     return shadow_id, count
 

@@ -255,6 +255,7 @@ def test_the_reader_role_runs_every_read_of_the_operator_face(
         reader.database_now()
         reader.baseline_version("competitor-summary", "v2")
         reader.shadows()
+        reader.quarantine(job_name="competitor-summary")
         reader.shadow("sh-000000000000")
         reader.shadow_items("sh-000000000000")
         reader.shadow_gate("competitor-summary", "v2")

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from idempotent_jobs import Budget, JobConfig, RunIdentity, run_idempotent
-from idempotent_jobs.core.errors import InvalidInputError, LeaseLostError
+from idempotent_jobs.core.errors import InvalidInputError, LeaseLostError, OutputRejectedError
 from idempotent_jobs.models import OutputSchema, Prompt, ProviderUnavailableError
 from idempotent_jobs.shadows import (
     ShadowRule,
@@ -207,10 +207,16 @@ def test_budgets_hold_and_count_a_shadows_calls(
         (shadow_id,),
     ).fetchone()
     assert unsent == (3,)
-    # The job's budget counted the shadow's tokens, and nothing stays held.
+    # The job's budget counted the shadow's tokens (v1's answers reported none), and nothing
+    # stays held.
     [standing] = ledger.budgets(JOB)
-    v1_tokens = 0  # run_idempotent's answers reported no usage
-    assert standing.spent >= 2 * 44 + v1_tokens and standing.reserved == 0
+    tokens = db.execute(
+        "SELECT sum(input_tokens + output_tokens) FROM idempotent_jobs.model_calls"
+        " WHERE shadow_id = %s",
+        (shadow_id,),
+    ).fetchone()
+    assert tokens is not None and tokens[0] > 0
+    assert standing.spent == tokens[0] and standing.reserved == 0
 
 
 def test_a_shadow_is_not_promoted_below_its_rule_and_a_drop_gives_back_its_holds(
@@ -252,3 +258,35 @@ def test_the_verdicts_of_a_scorer() -> None:
         judge(lambda old, new: 7, {}, {})
     with pytest.raises(InvalidInputError, match="compare"):
         judge(lambda old, new: [1], {}, {})
+
+
+def test_the_quarantine_lists_invalid_answers_online_and_in_shadows_and_reruns_them(
+    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    provider = batch_provider("openai", fake)
+    _completed_at_v1(ledger)
+    # An online answer the validator refused, then the run completed on its retry.
+    late = RunIdentity(JOB, "s1", datetime(2026, 11, 2, tzinfo=UTC), "v1")
+    answers = iter([{"label": ""}, {"label": "L1"}])
+    for _ in range(2):
+        try:
+            run_idempotent(
+                ledger,
+                late,
+                collect=lambda i: {"s": "s1"},
+                transform=lambda raw: next(answers),
+                validate=lambda output: bool(output["label"]),
+                worker_id="v1",
+            )
+        except OutputRejectedError:
+            pass  # the first answer: refused, its call recorded `rejected`
+    shadow_id, _ = start(ledger, _steps())
+    _until_compared(ledger, provider, shadow_id)
+    listed = ledger.quarantine(job_name=JOB)
+    assert {(r["source"], r["subject_id"]) for r in listed} == {("online", "s1"), ("shadow", "bad")}
+    [bad] = ledger.quarantine(shadow_id=shadow_id)
+    assert bad["raw_input"] == {"s": "bad"} and "schema" in (bad["error"] or "")
+    # Re-run in bulk at a version: a shadow of only the quarantined runs.
+    again, count = start(ledger, _steps(), quarantined=True)
+    assert count == 2
+    assert {i["subject_id"] for i in ledger.shadow_items(again)} == {"s1", "bad"}

@@ -33,11 +33,35 @@ WITH s AS (
     AND (%(from)s::timestamptz IS NULL OR r.scheduled_at >= %(from)s::timestamptz)
     AND (%(to)s::timestamptz IS NULL OR r.scheduled_at < %(to)s::timestamptz)
     AND (%(subjects)s::text[] IS NULL OR r.subject_id = ANY(%(subjects)s::text[]))
+    AND (NOT %(quarantined)s OR EXISTS (SELECT FROM {schema}.model_calls AS c
+        WHERE c.run_id = r.run_id AND c.outcome = 'rejected' AND c.shadow_id IS NULL)
+      OR EXISTS (SELECT FROM {schema}.shadow_items AS q
+        WHERE q.run_id = r.run_id AND q.state = 'answered' AND NOT q.valid))
   ORDER BY md5(r.run_id || s.shadow_id)
   LIMIT %(sample)s
   RETURNING run_id
 )
 SELECT count(*) FROM chosen
+
+-- name: quarantine
+-- The answers that failed validation, online (a call rejected) or in a shadow (an invalid item), newest first.
+-- With the run, its input, the failure and the call's money; of one job or one shadow when given.
+SELECT * FROM (
+  SELECT 'shadow' AS source, i.shadow_id, s.version, r.run_id, r.job_name, r.subject_id,
+    r.scheduled_at, r.status, i.error, i.money, r.raw_input, i.answered_at AS at
+  FROM {schema}.shadow_items AS i JOIN {schema}.shadows AS s USING (shadow_id)
+  JOIN {schema}.runs AS r ON r.run_id = i.run_id
+  WHERE i.state = 'answered' AND NOT i.valid
+  UNION ALL
+  SELECT 'online', NULL, r.version, r.run_id, r.job_name, r.subject_id, r.scheduled_at,
+    r.status, c.error, c.money, r.raw_input, c.called_at
+  FROM {schema}.model_calls AS c JOIN {schema}.runs AS r ON r.run_id = c.run_id
+  WHERE c.outcome = 'rejected' AND c.shadow_id IS NULL
+) AS q
+WHERE (%(job_name)s::text IS NULL OR q.job_name = %(job_name)s)
+  AND (%(shadow_id)s::text IS NULL OR q.shadow_id = %(shadow_id)s)
+ORDER BY q.at DESC NULLS LAST, q.run_id
+LIMIT %(limit)s
 
 -- name: list_shadows
 -- The shadows of a job (every job when NULL), newest first.

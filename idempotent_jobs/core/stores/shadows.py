@@ -62,10 +62,12 @@ class ShadowsStore(Store):
         window_to: datetime | None = None,
         subjects: Sequence[str] | None = None,
         sample: int | None = None,
+        quarantined: bool = False,
     ) -> tuple[str, int]:
         """A new shadow of ``job_name`` at ``version`` on its completed runs at
         ``baseline_version`` (windows from ``window_from`` to ``window_to``, excluded, among
-        ``subjects``; ``sample`` of them); returns its id and how many runs it holds."""
+        ``subjects``; with ``quarantined``, only runs with an answer that failed validation;
+        ``sample`` of them); returns its id and how many runs it holds."""
         if lane not in ("batch", "online"):
             raise InvalidInputError("lane", f"must be batch or online, got {lane!r}")
         if sample is not None and (isinstance(sample, bool) or not 0 < sample <= 10**7):
@@ -91,9 +93,18 @@ class ShadowsStore(Store):
             "to": window_to,
             "subjects": list(subjects) if subjects else None,
             "sample": sample,
+            "quarantined": quarantined,
         }
         [(count,)] = self._db.rows("create_shadow", params)
         return shadow_id, int(count)
+
+    def quarantine(
+        self, *, job_name: str | None = None, shadow_id: str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """The answers that failed validation, online or in a shadow, newest first: the run,
+        its input, the failure and what the call cost."""
+        params = {"job_name": job_name, "shadow_id": shadow_id, "limit": limit}
+        return self._db.fetch("quarantine", params, dict_row)
 
     def shadows(self, job_name: str | None = None) -> list[dict[str, Any]]:
         """The shadows of ``job_name`` (every job's when ``None``), newest first."""

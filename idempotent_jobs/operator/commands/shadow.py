@@ -2,6 +2,7 @@
 ``advance``, ``show``, ``list``, ``promote``, ``drop``). See ``docs/shadow.md``."""
 
 import argparse
+import json
 import os
 import socket
 import time
@@ -22,7 +23,6 @@ from idempotent_jobs.operator.commands.common import (
     when,
 )
 from idempotent_jobs.operator.render import escape_controls
-from idempotent_jobs.operator.shadow_report import render_report, shown
 
 
 def _worker_id() -> str:
@@ -69,6 +69,7 @@ def _run_on(
 
 
 def shadow_start(args: argparse.Namespace) -> int:
+    from idempotent_jobs.operator.shadow_report import shown
     from idempotent_jobs.shadows import start
 
     budget = None
@@ -92,6 +93,7 @@ def shadow_start(args: argparse.Namespace) -> int:
             provider=provider.name if provider is not None else None,
             model=provider.model if provider is not None else steps.config.parts.get("model"),
             requested_by=args.requested_by,
+            quarantined=args.quarantined,
         )
         found = _run_on(args, ledger, steps, provider, shadow_id)
         row = admin.shadow(shadow_id)
@@ -105,6 +107,8 @@ def shadow_start(args: argparse.Namespace) -> int:
 
 
 def shadow_advance(args: argparse.Namespace) -> int:
+    from idempotent_jobs.operator.shadow_report import shown
+
     with open_admin(args) as admin:
         row = _shadow_row(admin, args.shadow_id)
     with _engine(args, row["job_name"], row["version"], row["lane"]) as (
@@ -128,6 +132,8 @@ def _shadow_row(admin: Any, shadow_id: str) -> dict[str, Any]:
 
 
 def shadow_show(args: argparse.Namespace) -> int:
+    from idempotent_jobs.operator.shadow_report import render_report, shown
+
     with open_admin(args) as admin:
         row = _shadow_row(admin, args.shadow_id)
         items = admin.shadow_items(args.shadow_id)
@@ -257,6 +263,50 @@ def shadow_drop(args: argparse.Namespace) -> int:
     return 0
 
 
+def runs_quarantine(args: argparse.Namespace) -> int:
+    """``runs quarantine``: answers that failed validation, online or in a shadow."""
+    from idempotent_jobs.operator.commands.runs import identity_job
+    from idempotent_jobs.operator.render import table
+
+    with open_admin(args) as admin:
+        job = identity_job(args, admin)[0]
+        rows = admin.quarantine(job_name=job, shadow_id=args.shadow, limit=args.limit)
+    shown_rows = [
+        (
+            r["run_id"][:12],
+            r["job_name"],
+            f"{r['subject_id']} {r['scheduled_at']:%Y-%m-%d %H:%M}",
+            r["source"] if r["shadow_id"] is None else f"shadow {r['shadow_id']}",
+            r["version"],
+            "-" if r["money"] is None else str(r["money"].normalize()),
+            (r["error"] or "-")[:80],
+            json.dumps(r["raw_input"], ensure_ascii=False, sort_keys=True)[:60],
+        )
+        for r in rows
+    ]
+    headers = ["run", "job", "partition", "where", "version", "money", "failure", "input"]
+    human = table(headers, shown_rows)
+    if rows:
+        human += (
+            "\nre-run them at a version: idempotent-jobs shadow start --job <job> "
+            "--version <v> --quarantined"
+        )
+    emit(args, rows, human)
+    return 0
+
+
+def add_quarantine_parser(runs: Any, shared: Shared) -> None:
+    quarantine = runs.add_parser(
+        "quarantine",
+        parents=[shared.json_flag],
+        help="answers that failed validation, online or in a shadow, with input and cost",
+    )
+    quarantine.add_argument("--job", help="only this job's (Dagster or identity job name)")
+    quarantine.add_argument("--shadow", help="only this shadow's")
+    quarantine.add_argument("--limit", type=positive(int), default=100)
+    quarantine.set_defaults(handler=runs_quarantine)
+
+
 def add_parser(commands: Any, shared: Shared) -> None:
     shadow = commands.add_parser(
         "shadow", help="try a new version on stored runs before it delivers"
@@ -274,6 +324,11 @@ def add_parser(commands: Any, shared: Shared) -> None:
     start.add_argument("--lane", choices=("batch", "online"), default="batch")
     start.add_argument("--budget", help="the most this shadow may spend (ledger currency)")
     start.add_argument("--requested-by", default=None, help="who asks (kept with it)")
+    start.add_argument(
+        "--quarantined",
+        action="store_true",
+        help="only runs with an answer that failed validation (runs quarantine)",
+    )
     for parser in (
         start,
         advance := shadow.add_parser(
