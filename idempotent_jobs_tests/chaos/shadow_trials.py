@@ -140,6 +140,9 @@ def run_shadow_driver(spec: dict[str, Any]) -> None:
             if found.compared:
                 break
         except (ProviderError, LeaseLostError):
+            row = admin.shadow(shadow_id)
+            if row is not None and row["state"] in ("compared", "promoting", "promoted"):
+                break  # compared (or on) already: a promotion takes it from here
             time.sleep(0.05)  # a 5xx, or a dead driver's lease not yet lapsed
     while spec.get("promote") and time.monotonic() < deadline:
         try:

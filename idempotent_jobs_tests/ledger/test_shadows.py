@@ -290,3 +290,50 @@ def test_the_quarantine_lists_invalid_answers_online_and_in_shadows_and_reruns_t
     again, count = start(ledger, _steps(), quarantined=True)
     assert count == 2
     assert {i["subject_id"] for i in ledger.shadow_items(again)} == {"s1", "bad"}
+
+
+def test_the_online_lane_admits_each_request_and_records_every_paid_one_once(
+    ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    from idempotent_jobs.models import answer
+    from idempotent_jobs.models.openai_chat import OpenAIChat
+
+    _completed_at_v1(ledger)
+    first_off_schema: set[str] = set()
+
+    def online_answer(request: Request) -> Answer | Status:
+        """s1 answers off-schema once (a repair turn follows), err a 400, bad off-schema."""
+        text = json.dumps(request.body)
+        if "subject s1" in text and "s1" not in first_off_schema:
+            first_off_schema.add("s1")
+            return Answer('{"nolabel": 1}', input_tokens=40, output_tokens=4)
+        return _v2_answer(request)
+
+    with FakeProviders(default=online_answer) as fake:
+        chat = OpenAIChat(model="gpt-4o-mini", api_key="k", base_url=fake.openai_url)
+        steps = _steps()
+        online = ShadowSteps(
+            **{
+                **steps.__dict__,
+                "online": lambda raw, identity: answer(
+                    chat, steps.prompt(raw, identity), SCHEMA, repair_turns=1
+                ),
+            }
+        )
+        shadow_id, count = start(ledger, online, lane="online")
+        found = advance(ledger, online, None, shadow_id, worker_id="w1")
+        assert found.state == "collected"
+        found = advance(ledger, online, None, shadow_id, worker_id="w1")
+        sent = len(fake.requests)
+    assert found.compared and found.summary is not None
+    assert (found.summary["agree"], found.summary["differ"]) == (4, 4)
+    assert (found.summary["invalid"], found.summary["failed"]) == (1, 1)
+    # Every request that reached the provider is one call of the shadow: s1's repair turn
+    # too, and bad's (off-schema, then off-schema again after its repair turn).
+    calls = db.execute(
+        "SELECT count(*), count(*) FILTER (WHERE retry_number IS NULL), min(tier)"
+        " FROM idempotent_jobs.model_calls WHERE shadow_id = %s",
+        (shadow_id,),
+    ).fetchone()
+    assert calls is not None and calls[0] == sent == count + 2 and calls[1] == 2
+    assert calls[2] != "batch"
