@@ -257,3 +257,66 @@ def test_a_shadow_of_200_runs_is_compared_and_promoted_delivering_each_changed_r
     # The gate opened: the v2 schedule requests the last window's runs.
     opened = _schedule_says(defs, database)
     assert opened.skip_message is None and len(opened.run_requests or []) == 5
+
+
+def test_a_version_no_spec_defines_is_the_jobs_spec_with_another_model(
+    project: tuple[Path, FakeProviders, Any],
+    ledger: BothFaces,
+    db: psycopg.Connection,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    folder, fake, defs = project
+    spec = defs.V1
+    for key in ("emea|2026-11-04", "amer|2026-11-04", "apac|2026-11-05"):
+        run_idempotent(
+            ledger,
+            spec.identity_for(key),
+            collect=defs.Tickets().collect,
+            transform=lambda raw: {"label": "billing"},
+            worker_id="v1",
+        )
+    # v2 is a spec's: it says its own model and prompt.
+    assert (
+        cli(
+            [
+                "-f",
+                str(folder / "defs.py"),
+                "shadow",
+                "start",
+                "--job",
+                "labels",
+                "--version",
+                "v2",
+                "--model",
+                "gpt-4.1-mini",
+            ]
+        )
+        == 2
+    )
+    assert "defines version v2" in capsys.readouterr().err
+    _cli(
+        folder,
+        "shadow",
+        "start",
+        "--job",
+        "labels",
+        "--version",
+        "v3",
+        "--model",
+        "gpt-4.1-mini",
+        "--wait",
+        "--poll-seconds",
+        "0.1",
+        "--json",
+    )
+    started = json.loads(capsys.readouterr().out)
+    assert started["state"] == "compared" and started["config_parts"]["model"] == "gpt-4.1-mini"
+    assert started["summary"]["differ"] == 2  # the 4th is a day divisible by 4: refund
+    models = db.execute(
+        "SELECT DISTINCT requested_model FROM idempotent_jobs.model_calls WHERE shadow_id = %s",
+        (started["shadow_id"],),
+    ).fetchall()
+    assert models == [("gpt-4.1-mini",)]
+    # Its promotion rebuilds the same version (the job's spec, that model) from the ledger.
+    _cli(folder, "shadow", "promote", started["shadow_id"], "--revise", "--force")
+    assert "revised 2 changed run(s)" in capsys.readouterr().out

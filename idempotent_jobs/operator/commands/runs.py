@@ -295,6 +295,6 @@ def add_parser(commands: Any, shared: Shared) -> None:
     spend.add_argument("--job", help="only this identity job")
     spend.set_defaults(handler=runs_spend)
     show.set_defaults(handler=runs_show)
-    from idempotent_jobs.operator.commands.shadow import add_quarantine_parser
+    from idempotent_jobs.operator.commands.quarantine import add_quarantine_parser
 
     add_quarantine_parser(runs, shared)

@@ -2,12 +2,6 @@
 ``advance``, ``show``, ``list``, ``promote``, ``drop``). See ``docs/shadow.md``."""
 
 import argparse
-import json
-import os
-import socket
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
@@ -15,57 +9,13 @@ from typing import Any
 from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.operator.commands.common import (
     Shared,
-    code_location,
     emit,
     open_admin,
-    open_worker,
     positive,
     when,
 )
 from idempotent_jobs.operator.render import escape_controls
-
-
-def _worker_id() -> str:
-    return f"cli:{socket.gethostname()}:{os.getpid()}"
-
-
-@contextmanager
-def _engine(args: argparse.Namespace, job: str, version: str, lane: str) -> Iterator[Any]:
-    """The new version's steps, its batch provider (the batch lane's) and both ledger faces."""
-    from idempotent_jobs.dagster.resources.real_models import StructuredModel
-    from idempotent_jobs.dagster.shadow_lane import shadow_steps
-
-    workspace = code_location(args)
-    spec = workspace.spec_at_version(job, version)
-    with (
-        workspace.model_step(spec) as model,
-        open_admin(args) as admin,
-        open_worker(args) as ledger,
-    ):
-        provider = None
-        if lane == "batch":
-            if not isinstance(model, StructuredModel):
-                raise InvalidInputError(
-                    "--lane",
-                    f"job {spec.name}'s model step {type(model).__name__} has no batch API: "
-                    "use --lane online",
-                )
-            provider = model.batch_provider()
-        yield spec, shadow_steps(spec, model), provider, admin, ledger
-
-
-def _run_on(
-    args: argparse.Namespace, ledger: Any, steps: Any, provider: Any, shadow_id: str
-) -> Any:
-    """Advance the shadow one step, or with ``--wait`` until it is compared."""
-    from idempotent_jobs.shadows import advance
-
-    while True:
-        found = advance(ledger, steps, provider, shadow_id, worker_id=_worker_id())
-        if found.compared or found.state == "dropped" or not args.wait:
-            return found
-        if found.state == "submitted":
-            time.sleep(args.poll_seconds)
+from idempotent_jobs.operator.shadow_engine import Overrides, engine, run_on, worker_id
 
 
 def shadow_start(args: argparse.Namespace) -> int:
@@ -79,7 +29,14 @@ def shadow_start(args: argparse.Namespace) -> int:
         except InvalidOperation:
             raise InvalidInputError("--budget", f"is not an amount: {args.budget!r}") from None
     subjects = [s.strip() for s in args.subjects.split(",") if s.strip()] if args.subjects else None
-    with _engine(args, args.job, args.version, args.lane) as (spec, steps, provider, admin, ledger):
+    overrides = Overrides(model=args.model, prompt=args.prompt)
+    with engine(args, args.job, args.version, args.lane, overrides, explicit=True) as (
+        spec,
+        steps,
+        provider,
+        admin,
+        ledger,
+    ):
         shadow_id, count = start(
             admin,
             steps,
@@ -95,7 +52,7 @@ def shadow_start(args: argparse.Namespace) -> int:
             requested_by=args.requested_by,
             quarantined=args.quarantined,
         )
-        found = _run_on(args, ledger, steps, provider, shadow_id)
+        found = run_on(args, ledger, steps, provider, shadow_id)
         row = admin.shadow(shadow_id)
     human = shown(row, [], 0)
     if count == 0:
@@ -111,14 +68,14 @@ def shadow_advance(args: argparse.Namespace) -> int:
 
     with open_admin(args) as admin:
         row = _shadow_row(admin, args.shadow_id)
-    with _engine(args, row["job_name"], row["version"], row["lane"]) as (
+    with engine(args, row["job_name"], row["version"], row["lane"], Overrides.of_row(row)) as (
         _spec,
         steps,
         provider,
         admin,
         ledger,
     ):
-        _run_on(args, ledger, steps, provider, row["shadow_id"])
+        run_on(args, ledger, steps, provider, row["shadow_id"])
         row = admin.shadow(row["shadow_id"])
     emit(args, row, shown(row, [], 0))
     return 0
@@ -203,7 +160,7 @@ def shadow_promote(args: argparse.Namespace) -> int:
 
     with open_admin(args) as admin:
         row = _shadow_row(admin, args.shadow_id)
-    with _engine(args, row["job_name"], row["version"], "online") as (
+    with engine(args, row["job_name"], row["version"], "online", Overrides.of_row(row)) as (
         spec,
         steps,
         _provider,
@@ -222,7 +179,7 @@ def shadow_promote(args: argparse.Namespace) -> int:
             admin,
             steps,
             row["shadow_id"],
-            worker_id=_worker_id(),
+            worker_id=worker_id(),
             revise=args.revise,
             channels=args.channel or list(spec.channels),
             force=args.force,
@@ -247,64 +204,20 @@ def shadow_drop(args: argparse.Namespace) -> int:
 
     with open_admin(args) as admin:
         row = _shadow_row(admin, args.shadow_id)
-    with _engine(args, row["job_name"], row["version"], row["lane"]) as (
+    with engine(args, row["job_name"], row["version"], row["lane"], Overrides.of_row(row)) as (
         _spec,
         _steps,
         provider,
         _admin,
         ledger,
     ):
-        found = drop(ledger, provider, row["shadow_id"], worker_id=_worker_id())
+        found = drop(ledger, provider, row["shadow_id"], worker_id=worker_id())
     emit(
         args,
         {"shadow_id": found.shadow_id, "state": found.state},
         f"shadow {found.shadow_id}: {found.state}",
     )
     return 0
-
-
-def runs_quarantine(args: argparse.Namespace) -> int:
-    """``runs quarantine``: answers that failed validation, online or in a shadow."""
-    from idempotent_jobs.operator.commands.runs import identity_job
-    from idempotent_jobs.operator.render import table
-
-    with open_admin(args) as admin:
-        job = identity_job(args, admin)[0]
-        rows = admin.quarantine(job_name=job, shadow_id=args.shadow, limit=args.limit)
-    shown_rows = [
-        (
-            r["run_id"][:12],
-            r["job_name"],
-            f"{r['subject_id']} {r['scheduled_at']:%Y-%m-%d %H:%M}",
-            r["source"] if r["shadow_id"] is None else f"shadow {r['shadow_id']}",
-            r["version"],
-            "-" if r["money"] is None else str(r["money"].normalize()),
-            (r["error"] or "-")[:80],
-            json.dumps(r["raw_input"], ensure_ascii=False, sort_keys=True)[:60],
-        )
-        for r in rows
-    ]
-    headers = ["run", "job", "partition", "where", "version", "money", "failure", "input"]
-    human = table(headers, shown_rows)
-    if rows:
-        human += (
-            "\nre-run them at a version: idempotent-jobs shadow start --job <job> "
-            "--version <v> --quarantined"
-        )
-    emit(args, rows, human)
-    return 0
-
-
-def add_quarantine_parser(runs: Any, shared: Shared) -> None:
-    quarantine = runs.add_parser(
-        "quarantine",
-        parents=[shared.json_flag],
-        help="answers that failed validation, online or in a shadow, with input and cost",
-    )
-    quarantine.add_argument("--job", help="only this job's (Dagster or identity job name)")
-    quarantine.add_argument("--shadow", help="only this shadow's")
-    quarantine.add_argument("--limit", type=positive(int), default=100)
-    quarantine.set_defaults(handler=runs_quarantine)
 
 
 def add_parser(commands: Any, shared: Shared) -> None:
@@ -323,6 +236,12 @@ def add_parser(commands: Any, shared: Shared) -> None:
     start.add_argument("--sample", type=positive(int, 10**7), help="at most this many runs")
     start.add_argument("--lane", choices=("batch", "online"), default="batch")
     start.add_argument("--budget", help="the most this shadow may spend (ledger currency)")
+    start.add_argument(
+        "--model", help="the model to try, when no spec defines --version (default: the job's)"
+    )
+    start.add_argument(
+        "--prompt", help="the prompt to try, when no spec defines --version (default: the job's)"
+    )
     start.add_argument("--requested-by", default=None, help="who asks (kept with it)")
     start.add_argument(
         "--quarantined",
