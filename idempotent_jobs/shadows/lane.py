@@ -23,7 +23,8 @@ from idempotent_jobs.core.errors import (
 )
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.ledger import RunLedger
-from idempotent_jobs.core.usage import recordable_usage
+from idempotent_jobs.core.steps import unpack_answer
+from idempotent_jobs.core.usage import check_usage, recordable_usage
 from idempotent_jobs.models.batches import BatchProvider, ProviderBatch
 from idempotent_jobs.models.errors import ProviderError
 from idempotent_jobs.shadows.compare import compare
@@ -310,9 +311,11 @@ def record_answer(
     except Exception as exc:  # noqa: BLE001 - this item's failure; the shadow goes on
         ledger.record_shadow_call(lease, run_id, None, state="failed", error=describe_error(exc))
         return
-    output, usage = answer.output, recordable_usage(answer.usage)
+    output, reported = unpack_answer(answer)
+    usage = recordable_usage(reported)
     valid, error = True, None
     try:
+        check_usage(reported)  # unbelievable counts: the answer is refused, as online
         stored = ledger.output_payload(output).value
         if steps.validate is not None and steps.validate(stored) is False:
             raise InvalidInputError("output", "the job's validator refused it")

@@ -337,3 +337,31 @@ def test_the_online_lane_admits_each_request_and_records_every_paid_one_once(
     ).fetchone()
     assert calls is not None and calls[0] == sent == count + 2 and calls[1] == 2
     assert calls[2] != "batch"
+
+
+def test_an_answer_with_unbelievable_usage_is_invalid_and_recorded_with_what_can_be(
+    ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    from idempotent_jobs import ModelAnswer, ModelUsage
+
+    _completed_at_v1(ledger)
+    steps = _steps()
+    odd = ShadowSteps(
+        **{
+            **steps.__dict__,
+            "online": lambda raw, identity: ModelAnswer(
+                {"label": "L0"}, ModelUsage("gpt-4o-mini", 3 * 10**9, 4)
+            ),
+        }
+    )
+    shadow_id, count = start(ledger, odd, lane="online", subjects=["s0"])
+    assert count == 1
+    advance(ledger, odd, None, shadow_id, worker_id="w1")
+    found = advance(ledger, odd, None, shadow_id, worker_id="w1")
+    assert found.summary is not None and found.summary["invalid"] == 1
+    row = db.execute(
+        "SELECT c.input_tokens, c.output_tokens, i.error FROM idempotent_jobs.model_calls c"
+        " JOIN idempotent_jobs.shadow_items i ON i.call_id = c.call_id WHERE c.shadow_id = %s",
+        (shadow_id,),
+    ).fetchone()
+    assert row is not None and row[:2] == (None, 4) and "not believable" in row[2]
