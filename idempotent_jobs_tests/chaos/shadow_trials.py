@@ -11,6 +11,7 @@ and its items made, nothing sent), ``before_create`` (the start marked, the prov
 called), ``after_create`` (made at the provider, its answer lost to the driver),
 ``while_collecting`` (part of the answers recorded), ``while_comparing`` (part of the verdicts
 recorded), ``after_revise`` (a changed run revised, the shadow's answer not yet accepted),
+``after_claim`` (a revised run claimed for the shadow's answer, not yet committed),
 ``after_accept`` (accepted, not yet marked), ``none``.
 
 Invariants: at most one provider batch per shadow; every answered item recorded as one paid
@@ -40,6 +41,7 @@ SHADOW_KILL_POINTS = (
     "while_collecting",
     "while_comparing",
     "after_revise",
+    "after_claim",
     "after_accept",
     "none",
 )
@@ -119,6 +121,7 @@ def run_shadow_driver(spec: dict[str, Any]) -> None:
     wrap(ledger, "record_shadow_call", "while_collecting", 2)
     wrap(ledger, "judge_shadow_item", "while_comparing", 2)
     wrap(admin, "revise", "after_revise")
+    wrap(ledger, "claim", "after_claim")
     wrap(ledger, "complete", "after_accept")
     lease = spec["lease_seconds"]
     worker = f"driver-{os.getpid()}"
@@ -215,7 +218,7 @@ class ShadowTrials:
         rng, batches = self.rng, self.fake.batches
         api = rng.choice(("openai", "anthropic"))
         kill = SHADOW_KILL_POINTS[trial % len(SHADOW_KILL_POINTS)]
-        promoting = kill in ("after_revise", "after_accept") or rng.random() < 0.7
+        promoting = kill in ("after_revise", "after_claim", "after_accept") or rng.random() < 0.7
         batches.polls_to_complete = rng.randint(0, 2)
         batches.fail_next = {rng.choice(ENDPOINTS): [rng.choice((500, 502, 503))]}
         batches.lose_next_creates = rng.choice((0, 0, 1))
