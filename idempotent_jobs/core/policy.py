@@ -82,7 +82,13 @@ class CallPolicy:
                 follow_ledger=self.follow_ledger_budget,
                 job_name=self.job_name,
             )
-        if self.rate_limits and self.job_name is not None:
+        if self.rate_limits:
+            if self.job_name is None:  # never skipped silently: a limit nobody keeps is none
+                raise InvalidInputError(
+                    "job_name",
+                    "a CallPolicy with rate_limits must name its job (CallPolicy(job_name=...), "
+                    "or policy.for_job(name)) to declare them",
+                )
             ledger.declare_rate_limits(self.rate_limits, self.job_name)
         return declared_now
 

@@ -111,6 +111,15 @@ def test_a_policy_is_built_once_and_reads_as_its_parts() -> None:
     assert policy.for_job("j").for_job("k").job_name == "j"
 
 
+def test_a_policy_with_rate_limits_and_no_job_is_refused_not_skipped(ledger: BothFaces) -> None:
+    _, lease = ledger.begin(identity("nameless"), "w", 30)
+    assert lease is not None
+    with pytest.raises(InvalidInputError) as refused:
+        CallPolicy(rate_limits=[LIMIT]).declare(ledger, lease)
+    assert refused.value.field == "job_name"
+    assert ledger.known_rate_limits() == {}
+
+
 def _reserved(db: psycopg.Connection, job: str) -> object:
     row = db.execute(
         "SELECT sum(reserved) FROM idempotent_jobs.budget_counters WHERE budget_id = %s",
