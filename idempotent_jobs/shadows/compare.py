@@ -113,6 +113,8 @@ def _verdict(
         return str(item["state"]), None, None
     if not item["valid"] or item["answer"] is None:
         return "invalid", None, {"error": item["error"]}
+    if item["accepted"] is None:  # a run with no accepted answer (it failed): nothing to compare
+        return "new", None, None
     try:
         found = judge(
             steps.compare,
@@ -126,13 +128,14 @@ def _verdict(
 
 
 def summarise(items: list[dict[str, Any]]) -> dict[str, Any]:
-    """How many agree, differ, are invalid, failed or missing; the agreement among answered
-    runs; and the cost per run, old (each run's accepted answer's calls) and new (the
-    shadow's calls), in money and tokens."""
-    counts = {v: 0 for v in ("agree", "differ", "invalid", "failed", "missing")}
+    """How many agree, differ, are new (no accepted answer to compare), invalid, failed or
+    missing; the agreement among answered runs that had an accepted answer; and the cost per
+    run, old (each run's accepted answer's calls) and new (the shadow's calls), in money and
+    tokens."""
+    counts = {v: 0 for v in ("agree", "differ", "new", "invalid", "failed", "missing")}
     for item in items:
         counts[str(item["verdict"] or "missing")] += 1
-    compared = counts["agree"] + counts["differ"] + counts["invalid"]
+    judged = counts["agree"] + counts["differ"] + counts["invalid"]  # against an answer
     new_money = [item["money"] for item in items if item["money"] is not None]
     old_money = [item["run_money"] for item in items if item["run_money"] is not None]
     new_tokens = [
@@ -144,8 +147,9 @@ def summarise(items: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         **counts,
         "runs": len(items),
-        "compared": compared,
-        "agreement": round(counts["agree"] / compared, 6) if compared else 0.0,
+        "compared": judged + counts["new"],
+        # None: no run had an accepted answer to agree with (a re-run of failed runs).
+        "agreement": round(counts["agree"] / judged, 6) if judged else None,
         "money_per_run_old": _mean(old_money),
         "money_per_run_new": _mean(new_money),
         "tokens_per_run_old": _mean(old_tokens),

@@ -43,8 +43,9 @@ class ShadowRule:
         compared = int(summary.get("compared", 0))
         if compared < self.min_runs:
             return f"{compared} run(s) compared, the rule needs {self.min_runs}"
-        agreement = float(summary.get("agreement") or 0.0)
-        if agreement < self.min_agreement:
+        found = summary.get("agreement")
+        agreement = float(found) if found is not None else None  # None: nothing to agree with
+        if agreement is not None and agreement < self.min_agreement:
             return f"{agreement:.1%} of the answers agree, the rule needs {self.min_agreement:.0%}"
         invalid = int(summary.get("invalid", 0))
         if invalid > self.max_invalid:

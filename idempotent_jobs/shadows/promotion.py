@@ -89,18 +89,21 @@ def _revise_changed(
     mark = f"shadow:{lease.shadow_id}"
     items = ledger.shadow_items(lease.shadow_id)
     for item in items:
-        if item["verdict"] != "differ" or item["answer"] is None or not item["valid"]:
+        if item["verdict"] not in ("differ", "new") or item["answer"] is None:
             done["unchanged"] += 1
             continue
         if item["promoted_revision"] is not None:
             done["already"] += 1
             continue
         ledger.renew_shadow(lease)  # a promoter whose lease was taken over revises nothing
-        revision = int(item["revision"]) + 1
         record = ledger.get(item["run_id"])
         if record is None:
             done["stale"] += 1
             continue
+        if item["verdict"] == "new":  # it never completed: its first answer, no revision
+            _complete_new(ledger, steps, lease, item, row, record, done)
+            continue
+        revision = int(item["revision"]) + 1
         ours = record.revision == revision and _revised_by(admin, item["run_id"], revision, mark)
         if (
             record.revision == item["revision"]
@@ -130,6 +133,36 @@ def _revise_changed(
             done["revised"] += 1
         else:
             done["stale"] += 1
+
+
+def _complete_new(
+    ledger: RunLedger,
+    steps: ShadowSteps,
+    lease: ShadowLease,
+    item: dict[str, Any],
+    row: dict[str, Any],
+    record: Any,
+    done: dict[str, int],
+) -> None:
+    """A run that never completed (a quarantined one) gets the shadow's answer as its first
+    accepted result, on the revision and checkpoint the shadow computed on; delivered as a
+    first result is (no revision key)."""
+    revision = int(item["revision"])
+    if record.status == "completed":
+        if record.revision == revision and record.output == item["answer"]:
+            ledger.mark_item_promoted(lease, item["run_id"], revision)  # before a crash
+            done["already"] += 1
+        else:
+            done["stale"] += 1  # completed by another attempt since: that answer stands
+        return
+    if record.revision != revision or record.input_fingerprint != item["input_fingerprint"]:
+        done["stale"] += 1
+        return
+    if _accept(ledger, steps, lease, item, revision, row):
+        ledger.mark_item_promoted(lease, item["run_id"], revision)
+        done["revised"] += 1
+    else:
+        done["stale"] += 1
 
 
 def _revised_by(admin: Any, run_id: str, revision: int, mark: str) -> bool:

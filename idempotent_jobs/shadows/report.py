@@ -5,7 +5,7 @@ it in the Dagster UI."""
 from decimal import Decimal
 from typing import Any
 
-_VERDICTS = ("agree", "differ", "invalid", "failed", "missing")
+_VERDICTS = ("agree", "differ", "new", "invalid", "failed", "missing")
 
 
 def _money(value: Any, currency: str | None) -> str:
@@ -13,6 +13,10 @@ def _money(value: Any, currency: str | None) -> str:
         return "-"
     amount = Decimal(str(value)).normalize()
     return f"{amount:f} {currency or ''}".strip()
+
+
+def _share(value: Any) -> str:
+    return "-" if value is None else f"{float(value):.1%}"
 
 
 def _tokens(value: Any) -> str:
@@ -29,10 +33,12 @@ def summary_text(row: dict[str, Any]) -> list[str]:
         f"{row['state']}",
     ]
     if summary:
-        counts = ", ".join(f"{summary.get(v, 0)} {v}" for v in _VERDICTS)
+        counts = ", ".join(
+            f"{summary.get(v, 0)} {v}" for v in _VERDICTS if v != "new" or summary.get(v)
+        )
         lines.append(
             f"compared {summary.get('compared', 0)}: {counts}; agreement "
-            f"{float(summary.get('agreement') or 0):.1%}"
+            f"{_share(summary.get('agreement'))}"
         )
         lines.append(
             f"cost per run: old {_money(summary.get('money_per_run_old'), currency)} "

@@ -365,3 +365,38 @@ def test_an_answer_with_unbelievable_usage_is_invalid_and_recorded_with_what_can
         (shadow_id,),
     ).fetchone()
     assert row is not None and row[:2] == (None, 4) and "not believable" in row[2]
+
+
+def test_a_quarantined_run_that_failed_gets_its_first_answer_from_a_promoted_shadow(
+    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    provider = batch_provider("openai", fake)
+    _completed_at_v1(ledger)
+    failed = RunIdentity(JOB, "s3", datetime(2026, 11, 3, tzinfo=UTC), "v1")
+    with pytest.raises(OutputRejectedError):  # v1's answer refused: the run failed
+        run_idempotent(
+            ledger,
+            failed,
+            collect=lambda i: {"s": "s3"},
+            transform=lambda raw: {"label": ""},
+            validate=lambda output: bool(output["label"]),
+            notifications=lambda output: {"webhook": {"label": output["label"]}},
+            worker_id="v1",
+        )
+    assert [r["run_id"] for r in ledger.quarantine(job_name=JOB)] == [failed.run_id]
+    shadow_id, count = start(ledger, _steps(), quarantined=True)
+    assert count == 1
+    found = _until_compared(ledger, provider, shadow_id)
+    assert found.summary is not None and found.summary["new"] == 1
+    assert found.summary["agreement"] is None and found.summary["compared"] == 1
+    done = promote(ledger, ledger, _steps(), shadow_id, worker_id="op", revise=True)
+    assert done["revised"] == 1
+    record = ledger.get(failed.run_id)
+    assert record is not None and record.status == "completed" and record.revision == 0
+    assert record.output == {"label": "NEW3"}
+    queued = db.execute(
+        "SELECT revision, payload->>'label' FROM idempotent_jobs.notification_outbox"
+        " WHERE run_id = %s",
+        (failed.run_id,),
+    ).fetchall()
+    assert queued == [(0, "NEW3")]

@@ -48,7 +48,8 @@ CREATE INDEX shadows_job ON {schema}.shadows (job_name, version, state);
 -- One row per stored run a shadow computes: the run's revision and checkpoint as chosen (an
 -- answer is promoted only while the run is still on them), what the hold took (`held`, given
 -- back when its call is recorded), the answer and whether it is valid, the paid call, and the
--- comparison's verdict: `agree`, `differ`, `invalid` (outside the schema or refused by the
+-- comparison's verdict: `agree`, `differ`, `new` (the run has no accepted answer: a
+-- quarantined run that failed), `invalid` (outside the schema or refused by the
 -- job's validator), `failed` (the provider's error for it) or `missing` (no result: nothing
 -- paid). `promoted_revision`: the revision its answer was accepted under by the promotion.
 CREATE TABLE {schema}.shadow_items (
@@ -66,7 +67,7 @@ CREATE TABLE {schema}.shadow_items (
     money              numeric,
     input_tokens       bigint,
     output_tokens      bigint,
-    verdict            text CHECK (verdict IN ('agree', 'differ', 'invalid', 'failed',
+    verdict            text CHECK (verdict IN ('agree', 'differ', 'new', 'invalid', 'failed',
                          'missing')),
     score              double precision,
     detail             jsonb,

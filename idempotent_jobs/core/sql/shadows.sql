@@ -14,9 +14,11 @@ ORDER BY completed_at DESC NULLS LAST LIMIT 1
 -- name: create_shadow
 -- A new shadow of the job at `version` on its completed runs at `baseline_version`, and its items.
 -- The runs chosen: completed, with their raw input kept, windows from `from` (included) to
--- `to` (excluded) and among `subjects` when given; `sample` of them (NULL: all), drawn by a
--- hash of the run and the shadow, so a shadow's sample is fixed. Each item keeps the run's
--- revision and checkpoint as chosen. Returns the number of items.
+-- `to` (excluded), among `subjects` when given; with `quarantined`, only those with an answer
+-- that failed validation (an online call rejected, or a shadow's invalid answer), and also
+-- such runs that never completed (failed or pending, not held); `sample` of them (NULL: all),
+-- drawn by a hash of the run and the shadow, so a shadow's sample is fixed. Each item keeps the
+-- run's revision and checkpoint as chosen. Returns the number of items.
 WITH s AS (
   INSERT INTO {schema}.shadows (shadow_id, job_name, baseline_version, version, lane, budget,
     selection, provider, model, config_parts, requested_by)
@@ -29,7 +31,9 @@ WITH s AS (
   SELECT s.shadow_id, r.run_id, r.revision, r.input_fingerprint
   FROM s, {schema}.runs AS r
   WHERE r.job_name = %(job_name)s AND r.version = %(baseline_version)s
-    AND r.status = 'completed' AND r.raw_input IS NOT NULL AND r.output IS NOT NULL
+    AND r.raw_input IS NOT NULL
+    AND (r.status = 'completed' AND r.output IS NOT NULL
+      OR %(quarantined)s AND r.status IN ('pending', 'failed') AND r.lease_owner IS NULL)
     AND (%(from)s::timestamptz IS NULL OR r.scheduled_at >= %(from)s::timestamptz)
     AND (%(to)s::timestamptz IS NULL OR r.scheduled_at < %(to)s::timestamptz)
     AND (%(subjects)s::text[] IS NULL OR r.subject_id = ANY(%(subjects)s::text[]))

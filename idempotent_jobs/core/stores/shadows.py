@@ -28,7 +28,7 @@ SHADOW_STATES = (
     "dropped",
 )
 #: The verdicts of a shadow's item.
-VERDICTS = ("agree", "differ", "invalid", "failed", "missing")
+VERDICTS = ("agree", "differ", "new", "invalid", "failed", "missing")
 
 
 def new_shadow_id() -> str:

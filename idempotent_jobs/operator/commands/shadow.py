@@ -150,9 +150,9 @@ def shadow_list(args: argparse.Namespace) -> int:
 
 
 def _agreement(summary: dict[str, Any] | None) -> str:
-    if not summary:
+    if not summary or summary.get("agreement") is None:
         return "-"
-    return f"{float(summary.get('agreement') or 0):.1%} of {summary.get('compared', 0)}"
+    return f"{float(summary['agreement']):.1%} of {summary.get('compared', 0)}"
 
 
 def shadow_promote(args: argparse.Namespace) -> int:
