@@ -146,6 +146,7 @@ class MoneyTrials:
         problems = verdict.problems
         if spent + in_doubt > CAP:
             problems.append(f"money: {spent} spent and {in_doubt} in doubt of a {CAP} budget")
+            problems.append(f"money: before the trial {spent_before}; calls {self._calls(run_ids)}")
         if reserved != 0 or holds[0] or held[0]:
             problems.append(
                 f"money: left held: {reserved} reserved, {holds[0]} holds, {held[0]} runs"
@@ -176,6 +177,18 @@ class MoneyTrials:
             if after != (spent, Decimal(0), Decimal(0)):
                 problems.append(f"money: after settling {after}, not ({spent}, 0, 0)")
             admin.clear_budget(budget_id)
+
+    def _calls(self, run_ids: list[str]) -> list[tuple[Any, ...]]:
+        """Each call of the trial as recorded (what a failure says)."""
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            return conn.execute(
+                "SELECT c.run_id = ANY(%s), c.lease_epoch, c.turn, c.outcome, c.billing,"
+                " c.price_id, c.money, c.input_tokens, c.output_tokens, c.called_at"
+                " FROM idempotent_jobs.model_calls c JOIN idempotent_jobs.runs r USING (run_id)"
+                " WHERE r.subject_id = (SELECT subject_id FROM idempotent_jobs.runs"
+                "  WHERE run_id = %s) ORDER BY c.call_id",
+                (run_ids, run_ids[0]),
+            ).fetchall()
 
     def _counter(self, budget_id: str, subject: str) -> tuple[Decimal, Decimal, Decimal]:
         with psycopg.connect(self.url, autocommit=True) as conn:
