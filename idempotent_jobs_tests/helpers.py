@@ -118,6 +118,8 @@ class JsonApi:
 
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from idempotent_jobs.models.batches import BatchProvider
     from testkit.fake_providers import FakeProviders
 
@@ -129,3 +131,40 @@ def batch_provider(api: str, fake: "FakeProviders") -> "BatchProvider":
     if api == "openai":
         return OpenAIBatches(model="gpt-4o-mini", api_key="k", base_url=fake.openai_url)
     return AnthropicBatches(model="claude-x", api_key="k", base_url=fake.anthropic_url)
+
+
+def doc_example(script: str, page: str, database: str, home: "Path") -> tuple[list[str], list[str]]:
+    """Run ``docs/examples/<script>`` in a process of its own, from ``home`` (outside the
+    repository) on the ledger ``database``; return its printed lines and the lines its page
+    ``docs/<page>`` shows under ``<!-- printed -->``, both with ids, times and column padding
+    taken out."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from idempotent_jobs.core.constants import DATABASE_URL_ENV
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, DATABASE_URL_ENV: database, "IDEMPOTENT_JOBS_HOME": str(home)}
+    done = subprocess.run(
+        [sys.executable, str(root / "docs" / "examples" / script)],
+        cwd=home,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    def stable(text: str) -> list[str]:
+        text = re.sub(r"\bsh-[0-9a-f]{12}\b", "<shadow>", text)
+        text = re.sub(r"\b[0-9a-f]{32}\b", "<batch>", text)
+        text = re.sub(r"\b[0-9a-f]{12}\b", "<run>", text)
+        text = re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d(:\d\d UTC)?", "<time>", text)
+        return [re.sub(r"\s+", " ", line).strip() for line in text.splitlines() if line.strip()]
+
+    shown_page = (root / "docs" / page).read_text()
+    [shown] = re.findall(r"<!-- printed -->\n```text\n(.*?)```", shown_page, re.S)
+    return stable(done.stdout), stable(shown)

@@ -33,7 +33,7 @@ from typing import Any
 
 import psycopg
 
-from idempotent_jobs_tests.chaos.parts import CHAOS_AUTHORIZATION, Verdict
+from idempotent_jobs_tests.chaos.parts import Verdict, deliver_runs
 
 BATCH_KILL_POINTS = (
     "before_intent",
@@ -330,15 +330,7 @@ class BatchTrials:
         process.join(timeout=120)
 
     def _deliver(self, trial: int) -> None:
-        from idempotent_jobs.core.ledger import RunLedger
-        from idempotent_jobs.dagster.resources import WebhookChannel
-
-        webhook = WebhookChannel(
-            url=self.chaos.receiver.url, authorization=CHAOS_AUTHORIZATION, timeout_seconds=5
-        )
-        with RunLedger(self.chaos.url) as ledger:
-            for identity in batch_identities(trial):
-                ledger.deliver_outbox(webhook.send, run_id=identity.run_id)
+        deliver_runs(self.chaos.url, self.chaos.receiver.url, batch_identities(trial))
 
     def _check(self, trial: int, api: str, created_before: int, bad: set[str]) -> list[str]:
         problems: list[str] = []

@@ -664,3 +664,14 @@ def check_invariants(
             verdict.problems.append(f"{receiver.effects[key]} deliveries of {key} after recovery")
             verdict.lost += receiver.effects[key] == 0
     return verdict
+
+
+def deliver_runs(url: str, receiver_url: str, identities: list[Any]) -> None:
+    """Deliver the outbox rows of ``identities``' runs to the trial's webhook receiver."""
+    from idempotent_jobs.core.ledger import RunLedger
+    from idempotent_jobs.dagster.resources import WebhookChannel
+
+    webhook = WebhookChannel(url=receiver_url, authorization=CHAOS_AUTHORIZATION, timeout_seconds=5)
+    with RunLedger(url) as ledger:
+        for identity in identities:
+            ledger.deliver_outbox(webhook.send, run_id=identity.run_id)

@@ -32,7 +32,7 @@ from typing import Any
 
 import psycopg
 
-from idempotent_jobs_tests.chaos.parts import CHAOS_AUTHORIZATION, Verdict
+from idempotent_jobs_tests.chaos.parts import Verdict, deliver_runs
 
 SHADOW_KILL_POINTS = (
     "after_start",
@@ -254,15 +254,7 @@ class ShadowTrials:
         process.join(timeout=120)
 
     def _deliver(self, trial: int) -> None:
-        from idempotent_jobs.core.ledger import RunLedger
-        from idempotent_jobs.dagster.resources import WebhookChannel
-
-        webhook = WebhookChannel(
-            url=self.chaos.receiver.url, authorization=CHAOS_AUTHORIZATION, timeout_seconds=5
-        )
-        with RunLedger(self.chaos.url) as ledger:
-            for identity in shadow_identities(trial):
-                ledger.deliver_outbox(webhook.send, run_id=identity.run_id)
+        deliver_runs(self.chaos.url, self.chaos.receiver.url, shadow_identities(trial))
 
     def _check(
         self, trial: int, api: str, shadow_id: str, created_before: int, promoted: bool

@@ -217,6 +217,14 @@ def test_budgets_hold_and_count_a_shadows_calls(
     ).fetchone()
     assert tokens is not None and tokens[0] > 0
     assert standing.spent == tokens[0] and standing.reserved == 0
+    # The shadow's own totals (what an admission under its budget reads) are its calls'.
+    totals = db.execute(
+        "SELECT s.spent_total, s.held_total, (SELECT sum(money) FROM"
+        " idempotent_jobs.model_calls WHERE shadow_id = s.shadow_id)"
+        " FROM idempotent_jobs.shadows s WHERE s.shadow_id = %s",
+        (shadow_id,),
+    ).fetchone()
+    assert totals is not None and totals[0] == totals[2] and totals[1] == 0
 
 
 def test_a_shadow_is_not_promoted_below_its_rule_and_a_drop_gives_back_its_holds(

@@ -24,6 +24,10 @@ CREATE TABLE {schema}.shadows (
     -- The most this shadow may spend, in the ledger's currency (NULL: only the job's budgets).
     budget             numeric CHECK (budget > 0 AND budget <= 1e18),
     selection          jsonb NOT NULL,
+    -- What its calls cost so far and what its pending items hold, kept as they change, so an
+    -- admission under `budget` reads one row whatever the shadow's size.
+    spent_total        numeric NOT NULL DEFAULT 0,
+    held_total         numeric NOT NULL DEFAULT 0,
     provider           text,
     model              text,
     config_parts       jsonb,
@@ -88,8 +92,8 @@ ALTER TABLE {schema}.model_calls
 CREATE INDEX model_calls_shadow ON {schema}.model_calls (shadow_id) WHERE shadow_id IS NOT NULL;
 
 -- Admit one shadow item's request, or refuse it: fenced to the shadow's lease (`lease_lost`);
--- under the shadow's own budget (its calls' money so far, plus what its pending items hold,
--- plus this request's worst case at the price in force, must fit: `refused`, or `unpriced`
+-- under the shadow's own budget (its calls' money so far and what its pending items hold, kept
+-- on its row, plus this request's worst case at the price in force, must fit: `refused`, or `unpriced`
 -- when the model has no price), then under every budget of the job, as any request of the
 -- run is (`reserve_budget`, holding under the shadow's own worker id and epoch 0, so the
 -- call's row finds its hold and is priced by it). A request held already is held again (its
@@ -104,10 +108,11 @@ DECLARE
   r record;
   p {schema}.price_history;
   want numeric := 0;
+  prior numeric;
   used numeric;
   v record;
 BEGIN
-  SELECT x.shadow_id, x.budget INTO s FROM {schema}.shadows AS x
+  SELECT x.shadow_id, x.budget, x.spent_total, x.held_total INTO s FROM {schema}.shadows AS x
   WHERE x.shadow_id = p_shadow AND x.lease_owner = p_owner AND x.lease_epoch = p_epoch
     AND x.state IN ('started', 'submitted')
   FOR UPDATE;
@@ -117,6 +122,9 @@ BEGIN
     RETURN;
   END IF;
   SELECT x.job_name, x.subject_id INTO r FROM {schema}.runs AS x WHERE x.run_id = p_run;
+  SELECT i.held INTO prior FROM {schema}.shadow_items AS i
+  WHERE i.shadow_id = p_shadow AND i.run_id = p_run;
+  prior := COALESCE(prior, 0);
   IF s.budget IS NOT NULL THEN
     SELECT * INTO p FROM {schema}.price_in_force(requested, NULL, call_tier, now());
     IF NOT FOUND THEN
@@ -129,10 +137,7 @@ BEGIN
         COALESCE(p.cache_read_per_million, 0))
       + COALESCE(max_output, 0) * GREATEST(p.output_per_million,
         COALESCE(p.reasoning_per_million, 0))) / 1000000;
-    used := COALESCE((SELECT sum(c.money) FROM {schema}.model_calls AS c
-        WHERE c.shadow_id = p_shadow), 0)
-      + COALESCE((SELECT sum(i.held) FROM {schema}.shadow_items AS i
-        WHERE i.shadow_id = p_shadow AND i.state = 'pending' AND i.run_id <> p_run), 0);
+    used := s.spent_total + s.held_total - prior;
     IF used + want > s.budget THEN
       RETURN QUERY SELECT 'refused'::text, 'shadow:money/total:' || p_shadow, s.budget, used,
         0::numeric, want, NULL::date, NULL::text;
@@ -144,6 +149,8 @@ BEGIN
   IF v.outcome = 'admitted' THEN
     UPDATE {schema}.shadow_items AS i SET held = want
     WHERE i.shadow_id = p_shadow AND i.run_id = p_run;
+    UPDATE {schema}.shadows AS x SET held_total = x.held_total - prior + want
+    WHERE x.shadow_id = p_shadow;
   END IF;
   RETURN QUERY SELECT v.outcome, v.budget_id, v.amount, v.spent, v.reserved, v.wanted,
     v.period_start, v.subject_id;

@@ -187,7 +187,7 @@ WITH s AS (
   WHERE shadow_id = %(shadow_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
   FOR UPDATE
 ), item AS (
-  SELECT i.run_id, i.revision FROM {schema}.shadow_items AS i JOIN s USING (shadow_id)
+  SELECT i.run_id, i.revision, i.held FROM {schema}.shadow_items AS i JOIN s USING (shadow_id)
   WHERE i.run_id = %(run_id)s AND i.state = 'pending'
   FOR UPDATE OF i
 ), call AS (
@@ -210,6 +210,11 @@ WITH s AS (
   FROM item
   WHERE i.shadow_id = %(shadow_id)s AND i.run_id = item.run_id AND %(final)s
   RETURNING i.run_id
+), totals AS (
+  UPDATE {schema}.shadows AS x
+  SET spent_total = x.spent_total + COALESCE((SELECT money FROM call), 0),
+    held_total = x.held_total - CASE WHEN %(final)s THEN item.held ELSE 0 END
+  FROM item WHERE x.shadow_id = %(shadow_id)s
 )
 SELECT CASE WHEN NOT EXISTS (SELECT FROM s) THEN 'lease_lost'
     WHEN EXISTS (SELECT FROM item) THEN 'applied' ELSE 'already_done' END,
@@ -221,11 +226,18 @@ WITH s AS (
   SELECT shadow_id FROM {schema}.shadows
   WHERE shadow_id = %(shadow_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
   FOR UPDATE
+), before AS (
+  SELECT i.run_id, i.held FROM {schema}.shadow_items AS i JOIN s USING (shadow_id)
+  WHERE i.run_id = %(run_id)s AND i.state = 'pending'
+  FOR UPDATE OF i
 ), item AS (
   UPDATE {schema}.shadow_items AS i
   SET state = %(state)s, error = %(error)s, held = 0, answered_at = now()
-  FROM s WHERE i.shadow_id = s.shadow_id AND i.run_id = %(run_id)s AND i.state = 'pending'
+  FROM before WHERE i.shadow_id = %(shadow_id)s AND i.run_id = before.run_id
   RETURNING i.run_id
+), totals AS (
+  UPDATE {schema}.shadows AS x SET held_total = x.held_total - before.held
+  FROM before WHERE x.shadow_id = %(shadow_id)s
 )
 SELECT {schema}.release_holds(item.run_id, 0, 'shadow:' || %(shadow_id)s) FROM item
 
