@@ -168,6 +168,11 @@ def _submit(
     the provider batch once: after a start that may have reached the provider, it is searched
     for first and adopted."""
     items = ledger.shadow_items(lease.shadow_id, pending_only=True)
+    if row["submit_started_at"] is not None:  # an earlier step may have created it: look
+        # first, before any item is admitted again or ended
+        adopted = _search(ledger, provider, lease, row["submit_started_at"], items)
+        if adopted is not False:
+            return  # adopted, or a batch that may be this shadow's still runs: wait
     lines = []
     for n, item in enumerate(items, 1):
         if n % RENEW_EVERY_ITEMS == 0:
@@ -192,11 +197,7 @@ def _submit(
     if not lines:
         ledger.shadow_to(lease, "collected", ["started"], error="no request could be sent")
         return
-    earlier = ledger.shadow_start_submit(lease)  # committed before the provider is called
-    if earlier is not None:  # an earlier step may have created it: look before creating again
-        adopted = _search(ledger, provider, lease, earlier, items)
-        if adopted is not False:
-            return  # adopted, or a batch that may be this shadow's still runs: wait
+    ledger.shadow_start_submit(lease)  # committed before the provider is called
     try:
         made = provider.create_batch(lines, lease.shadow_id)
     except ProviderError as exc:

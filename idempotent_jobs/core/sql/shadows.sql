@@ -157,13 +157,15 @@ RETURNING s.state
 
 -- name: shadow_start_submit
 -- Mark, and commit, that the shadow's batch create is about to be made; `earlier`: an earlier mark (a create that may have reached the provider).
+-- The first mark is kept: a search after a later crash looks back to the first create.
 WITH prev AS (
   SELECT submit_started_at FROM {schema}.shadows
   WHERE shadow_id = %(shadow_id)s AND lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s
     AND state = 'started' AND provider_batch_id IS NULL
   FOR UPDATE
 )
-UPDATE {schema}.shadows AS s SET submit_started_at = now(), updated_at = now()
+UPDATE {schema}.shadows AS s
+SET submit_started_at = COALESCE(prev.submit_started_at, now()), updated_at = now()
 FROM prev WHERE s.shadow_id = %(shadow_id)s
 RETURNING prev.submit_started_at AS earlier, s.submit_started_at AS started
 
