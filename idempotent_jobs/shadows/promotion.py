@@ -12,7 +12,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from idempotent_jobs.core.commits import commit
-from idempotent_jobs.core.errors import InvalidInputError, LeaseLostError, StaleCandidateError
+from idempotent_jobs.core.errors import (
+    InvalidInputError,
+    LeaseLostError,
+    LedgerConnectionError,
+    StaleCandidateError,
+)
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.records import Basis, CallOrigin, ModelUsage, ShadowLease
@@ -60,7 +65,7 @@ def promote(
                 lease, "promoting", ["compared"], revise=revise, channels=list(channels or [])
             )
             row = {**row, "revise": revise, "channels": list(channels or [])}
-        done = {"revised": 0, "already": 0, "stale": 0, "unchanged": 0}
+        done = {"revised": 0, "already": 0, "stale": 0, "failed": 0, "unchanged": 0}
         if row["revise"]:
             _revise_changed(ledger, admin, steps, lease, row, done)
         ledger.shadow_to(
@@ -128,11 +133,8 @@ def _revise_changed(
             ledger.mark_item_promoted(lease, item["run_id"], revision)
             done["already"] += 1
             continue
-        if _accept(ledger, steps, lease, item, revision, row):
-            ledger.mark_item_promoted(lease, item["run_id"], revision)
-            done["revised"] += 1
-        else:
-            done["stale"] += 1
+        accepted = _accept(ledger, steps, lease, item, revision, row)
+        _count(ledger, lease, item, revision, accepted, done)
 
 
 def _complete_new(
@@ -158,11 +160,24 @@ def _complete_new(
     if record.revision != revision or record.input_fingerprint != item["input_fingerprint"]:
         done["stale"] += 1
         return
-    if _accept(ledger, steps, lease, item, revision, row):
+    accepted = _accept(ledger, steps, lease, item, revision, row)
+    _count(ledger, lease, item, revision, accepted, done)
+
+
+def _count(
+    ledger: RunLedger,
+    lease: ShadowLease,
+    item: dict[str, Any],
+    revision: int,
+    accepted: bool | None,
+    done: dict[str, int],
+) -> None:
+    """Mark an item accepted now, or count why it was not."""
+    if accepted:
         ledger.mark_item_promoted(lease, item["run_id"], revision)
         done["revised"] += 1
     else:
-        done["stale"] += 1
+        done["stale" if accepted is False else "failed"] += 1
 
 
 def _revised_by(admin: Any, run_id: str, revision: int, mark: str) -> bool:
@@ -176,9 +191,10 @@ def _accept(
     item: dict[str, Any],
     revision: int,
     row: dict[str, Any],
-) -> bool:
+) -> bool | None:
     """Accept the shadow's answer as the run's result under ``revision`` (its call, paid once,
-    becomes the accepted one); ``False`` when the run moved on meanwhile."""
+    becomes the accepted one); ``False`` when the run moved on meanwhile, ``None`` when its
+    commit failed (the run's attempt ended with the error; the promotion goes on)."""
     run_lease = ledger.claim(item["run_id"], f"{lease.call_worker}:promote", RUN_LEASE_SECONDS)
     if run_lease is None:
         return False  # completed meanwhile, or held by a worker: left as it is
@@ -202,6 +218,10 @@ def _accept(
         done = commit(ledger, run_lease, answer, messages if payloads is not None else None)
     except (StaleCandidateError, LeaseLostError):
         return False
+    except LedgerConnectionError:
+        raise
+    except Exception:  # noqa: BLE001 - this run's commit failed (its payload builder, say):
+        return None  # commit ended its attempt (lease given back); the other runs go on
     return done.accepted
 
 

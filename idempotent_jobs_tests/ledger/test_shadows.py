@@ -58,14 +58,17 @@ def fake() -> Iterator[FakeProviders]:
 
 
 def _steps(**changes: Any) -> ShadowSteps:
+    defaults: dict[str, Any] = {
+        "schema": SCHEMA,
+        "notifications": lambda identity, output: {"webhook": {"label": output["label"]}},
+        "config": JobConfig.of(prompt="Label v2.", model="gpt-4o-mini", validator=""),
+        "rule": ShadowRule(min_agreement=0.4, max_invalid=1),
+    }
     return ShadowSteps(
         job_name=JOB,
         version="v2",
         prompt=lambda raw, identity: Prompt.of(system="Label v2.", user=f"subject {raw['s']}"),
-        schema=SCHEMA,
-        notifications=lambda identity, output: {"webhook": {"label": output["label"]}},
-        config=JobConfig.of(prompt="Label v2.", model="gpt-4o-mini", validator=""),
-        **{"rule": ShadowRule(min_agreement=0.4, max_invalid=1), **changes},
+        **{**defaults, **changes},
     )
 
 
@@ -408,3 +411,30 @@ def test_a_quarantined_run_that_failed_gets_its_first_answer_from_a_promoted_sha
         (failed.run_id,),
     ).fetchall()
     assert queued == [(0, "NEW3")]
+
+
+def test_a_promotion_goes_on_past_a_run_whose_commit_fails(
+    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    provider = batch_provider("openai", fake)
+    _completed_at_v1(ledger)
+    shadow_id, _ = start(ledger, _steps())
+    _until_compared(ledger, provider, shadow_id)
+
+    def payload(identity: RunIdentity, output: dict[str, Any]) -> dict[str, Any]:
+        if identity.subject_id == "s3":
+            raise KeyError("recipient")  # the job's payload builder fails for this run
+        return {"webhook": {"label": output["label"]}}
+
+    done = promote(
+        ledger, ledger, _steps(notifications=payload), shadow_id, worker_id="op", revise=True
+    )
+    assert (done["revised"], done["failed"], done["stale"]) == (3, 1, 0)
+    held = db.execute(
+        "SELECT count(*) FROM idempotent_jobs.runs WHERE lease_owner IS NOT NULL"
+    ).fetchone()
+    assert held == (0,)
+    calls = db.execute(
+        "SELECT count(*) FROM idempotent_jobs.model_calls WHERE shadow_id = %s", (shadow_id,)
+    ).fetchone()
+    assert calls == (len(SUBJECTS),)  # the failed commit added no call

@@ -192,6 +192,7 @@ def shadow_promote(args: argparse.Namespace) -> int:
         human += (
             f"\nrevised {done['revised']} changed run(s) with the shadow's answers "
             f"({done['already']} before, {done['stale']} moved on since, "
+            f"{done['failed']} whose commit failed, "
             f"{done['unchanged']} unchanged or invalid: not revised); deliver the outbox to "
             "send them"
         )
