@@ -2,6 +2,8 @@
 are opened and closed. A face runs only its own statements (``sql/<face>.sql``); its executor is
 private to it."""
 
+import os
+import threading
 from collections.abc import Callable
 from typing import Any, ClassVar, Concatenate, Generic, NoReturn, ParamSpec, Self, TypeVar, overload
 
@@ -15,6 +17,7 @@ from idempotent_jobs.core.stores import Stores
 S = TypeVar("S")
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 class StoreMethod(Generic[S, P, R]):
@@ -95,6 +98,9 @@ class LedgerFace:
         self.settings = LedgerSettings.of(settings, **options)
         self._db = self.executor_class(self.settings, self.face, pool=pool)
         self._stores = Stores.over(self._db, self.settings)
+        self._local_pid = os.getpid()
+        self._local_lock = threading.Lock()
+        self._local: dict[str, Any] = {}
 
     def __repr__(self) -> str:  # the conninfo may hold a password: never shown
         return f"{type(self).__name__}(schema={self.schema!r})"
@@ -108,6 +114,18 @@ class LedgerFace:
     def pooled(self) -> bool:
         """Whether a connection pooler (PgBouncer) was found between this face and PostgreSQL."""
         return self._db.pooled
+
+    def process_local(self, key: str, make: Callable[[], T]) -> T:
+        """This face's ``key`` object in this process (``make()`` the first time): what lives
+        as long as the face and must not cross a fork (a thread, a lock), such as the lease
+        renewer. A forked child starts with none (the parent's threads did not follow it)."""
+        if self._local_pid != os.getpid():  # a forked child: the parent's lock may be held
+            self._local_pid, self._local_lock, self._local = os.getpid(), threading.Lock(), {}
+        with self._local_lock:
+            if key not in self._local:
+                self._local[key] = make()
+            value: T = self._local[key]
+            return value
 
     def open(self) -> None:
         """Verify the schema and open the connection pool; a no-op when already open."""

@@ -7,7 +7,6 @@ after a while with nothing held, and a forked child gets a renewer of its own (t
 thread and lock do not survive a fork).
 """
 
-import os
 import threading
 import time
 import weakref
@@ -39,7 +38,7 @@ class LeaseRenewer:
     """Renews, on one daemon thread, every lease held through one ledger in this process."""
 
     def __init__(self, ledger: RunLedger) -> None:
-        # Weak, so that the registry (keyed weakly by ledger) lets a dropped ledger go.
+        # Weak: the ledger holds its renewer, and a dropped ledger is let go.
         self._ledger = weakref.ref(ledger)
         self._wake = threading.Condition()
         self._holds: set[LeaseHold] = set()
@@ -117,26 +116,10 @@ class LeaseRenewer:
             self._wake.notify_all()
 
 
-_renewers: "weakref.WeakKeyDictionary[RunLedger, LeaseRenewer]" = weakref.WeakKeyDictionary()
-_renewers_lock = threading.Lock()
-
-
 def renewer_for(ledger: RunLedger) -> LeaseRenewer:
-    """This process's renewer for ``ledger``."""
-    with _renewers_lock:
-        renewer = _renewers.get(ledger)
-        if renewer is None:
-            renewer = _renewers[ledger] = LeaseRenewer(ledger)
-        return renewer
-
-
-def _forget_renewers_after_fork() -> None:
-    global _renewers, _renewers_lock
-    _renewers = weakref.WeakKeyDictionary()
-    _renewers_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_renewers_after_fork)
+    """This process's renewer for ``ledger``, kept on the ledger itself (a forked child gets
+    one of its own)."""
+    return ledger.process_local("lease_renewer", lambda: LeaseRenewer(ledger))
 
 
 class LeaseHeartbeat:
