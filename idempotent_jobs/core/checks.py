@@ -159,11 +159,13 @@ def caller_params(origin: CallOrigin | None) -> dict[str, Any]:
 
 
 def origin_params(origin: CallOrigin | None) -> dict[str, Any]:
+    """Where a call was made, under short names (the statements that record a call must fit
+    psycopg's query cache, see test_sql)."""
     origin = origin or CallOrigin()
     return {
-        "call_caller_step": optional_name("caller_step", origin.caller_step),
-        "call_caller_run_id": optional_name("caller_run_id", origin.caller_run_id),
-        "call_retry": origin.retry_number,
+        "c_step": optional_name("caller_step", origin.caller_step),
+        "c_run": optional_name("caller_run_id", origin.caller_run_id),
+        "c_retry": origin.retry_number,
     }
 
 
@@ -197,7 +199,7 @@ def usage_params(usage: ModelUsage | None) -> dict[str, Any]:
         "model_name": model_name(usage.model_name),
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
-        "requested_model": model_name(usage.requested_model),
+        "u_rm": model_name(usage.requested_model),
         # The usage's parts, under short names: the statements that record a call must fit
         # psycopg's query cache (see test_sql).
         "u_cr": usage.cache_read_tokens,

@@ -97,7 +97,8 @@ def claim_or_reuse(
     run is taken over when it still holds; otherwise this worker claims the run, waiting up to
     ``wait_seconds`` for another holder to finish or expire. ``origin``, the caller's run and
     step, is recorded with a claim. ``hold``: the coming model call's worst case, reserved with
-    the takeover of a ``handed`` lease (:meth:`RunLedger.renew`).
+    the takeover of a ``handed`` lease (:meth:`RunLedger.renew`), or by ``begin``'s claim of a
+    new run when a budget covers its job.
     """
     started = time.time_ns()
     got = _claim_or_reuse(
@@ -146,7 +147,7 @@ def _claim_or_reuse(
         except LeaseLostError:
             pass
     if isinstance(run, RunIdentity):
-        record, lease = ledger.begin(run, worker_id, lease_seconds, origin=origin)
+        record, lease = ledger.begin(run, worker_id, lease_seconds, origin=origin, hold=hold)
         if lease is not None:
             return lease
         if record.status == "completed":

@@ -15,6 +15,7 @@ from typing import Any
 
 from idempotent_jobs.core import telemetry
 from idempotent_jobs.core.budgets import BudgetSpec
+from idempotent_jobs.core.checkpoints import collect_beside_call
 from idempotent_jobs.core.commits import commit
 from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.core.identity import RunIdentity
@@ -22,13 +23,8 @@ from idempotent_jobs.core.leases import Busy, Reused, claim_or_reuse
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.policy import NO_POLICY, CallPolicy
 from idempotent_jobs.core.rate_limits import RateLimit
-from idempotent_jobs.core.records import CallOrigin, JobConfig, RunStatus
-from idempotent_jobs.core.steps import (
-    ModelAnswer,
-    advance_hold,
-    call_model,
-    collect_once,
-)
+from idempotent_jobs.core.records import AdvanceHold, CallOrigin, JobConfig, RunStatus
+from idempotent_jobs.core.steps import ModelAnswer, call_model
 
 JSONDict = dict[str, Any]
 DEFAULT_LEASE_SECONDS = 300.0
@@ -199,6 +195,11 @@ def _run(
     ledger: RunLedger, identity: RunIdentity, steps: RunSteps, options: RunOptions
 ) -> RunOutcome:
     worker_id = options.worker_id
+    # The call's worst case rides on the claim (when a budget covers the job): a budget costs
+    # a new run no round trip, and the checkpoint can go out beside the call.
+    hold = AdvanceHold(
+        options.policy.max_tokens_per_call or 0, options.config.parts.get("model") or None
+    )
     lease = claim_or_reuse(
         ledger,
         identity,
@@ -206,6 +207,7 @@ def _run(
         options.lease_seconds,
         wait_seconds=options.wait_seconds,
         origin=options.origin,
+        hold=hold,
     )
     if isinstance(lease, Busy):
         record = lease.record
@@ -227,21 +229,22 @@ def _run(
             config_changed=tuple(options.config.changed_since(done.config_parts)),
             output_pruned_at=done.output_pruned_at,
         )
-    hold = advance_hold(
-        lease, options.policy.max_tokens_per_call, options.config.parts.get("model")
-    )  # the call's worst case rides on the checkpoint: a budget costs it no round trip
-    lease = collect_once(ledger, lease, lambda: steps.collect(identity), hold=hold)
-    answer = call_model(
-        ledger,
-        lease,
-        steps.transform,
-        validate=steps.validate,
-        config=options.config,
-        origin=options.origin,
-        heartbeat_seconds=options.heartbeat_seconds or options.lease_seconds / 3,
-        policy=options.policy,
-    )
-    completion = commit(ledger, lease, answer, steps.notifications)
+    lease = collect_beside_call(ledger, lease, lambda: steps.collect(identity))
+    try:
+        answer = call_model(
+            ledger,
+            lease,
+            steps.transform,
+            validate=steps.validate,
+            config=options.config,
+            origin=options.origin,
+            heartbeat_seconds=options.heartbeat_seconds or options.lease_seconds / 3,
+            policy=options.policy,
+        )
+        completion = commit(ledger, lease, answer, steps.notifications)
+    finally:  # landed by now, or refused by the fence: nothing of the run outlives the call
+        if lease.pending_checkpoint is not None:
+            lease.pending_checkpoint.wait()
     return RunOutcome(
         run_id=lease.run_id,
         status="completed",

@@ -106,6 +106,8 @@ def end_attempt(
     ``rejected``) with its ``usage``. Returns what the ledger says happened, or ``None`` when
     nothing could be written (the lease was lost, or the database is out of reach): recording
     never hides the first error."""
+    if lease.pending_checkpoint is not None:  # the retry finds it, as after an awaited one
+        lease.pending_checkpoint.wait()
     if isinstance(exc, UsageRejectedError):
         usage = exc.recorded
     outcome: FailedOutcome = (
@@ -179,7 +181,8 @@ def collect_once(
 ) -> Lease:
     """The lease with the run's checkpoint: the stored one, else ``collect()``'s value stored
     now (the first stored value wins), with ``hold`` reserved in the same statement. A failure
-    (the collector, an input the ledger refuses) ends the attempt and propagates."""
+    (the collector, an input the ledger refuses) ends the attempt, gives back what the claim
+    held for the call, and propagates."""
     if lease.stored_raw_input is not None:
         telemetry.annotate_current(input_reused=True)
         return lease
@@ -188,6 +191,7 @@ def collect_once(
             return ledger.checkpoint(lease, collect(), hold=hold)
         except BaseException as exc:
             end_attempt(ledger, lease, exc)
+            release_hold(ledger, lease)
             raise
 
 
@@ -366,6 +370,13 @@ def believed_usage(span: Any, reported: ModelUsage | None) -> ModelUsage | None:
     usage = check_usage(reported)
     _record_usage(span, usage)
     return usage
+
+
+def release_hold(ledger: RunLedger, lease: Lease) -> None:
+    """Give back what the claim held of the job's budgets for a call that will not be sent
+    (nothing when it held none)."""
+    if lease.held_tokens is not None:
+        _release_budget(ledger, lease)
 
 
 def _release_budget(ledger: RunLedger, lease: Lease) -> None:

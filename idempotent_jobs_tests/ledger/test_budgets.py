@@ -3,6 +3,7 @@ or a group of jobs. A request's worst case is reserved before it is sent, so rac
 at or under the budget; the budget a ledger enforces is the ledger's, not a worker's."""
 
 import multiprocessing
+import threading
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -404,19 +405,21 @@ def test_a_budget_set_or_declared_mid_period_starts_where_the_period_stands(
 
 
 def _statements(ledger: BothFaces, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the statements ``ledger``'s worker face sends from now on."""
+    """The names of the statements ``ledger``'s worker face sends from now on (those sent by
+    another thread than the caller's, the checkpoint beside the call, as ``name@thread``)."""
     sent: list[str] = []
     fetch = ledger._db.fetch
+    caller = threading.get_ident()
 
     def counted(name: str, params: Any, row_factory: Any) -> Any:
-        sent.append(name)
+        sent.append(name if threading.get_ident() == caller else f"{name}@thread")
         return fetch(name, params, row_factory)
 
     monkeypatch.setattr(ledger._db, "fetch", counted)
     return sent
 
 
-def test_a_budget_adds_no_statement_to_a_new_run_its_worst_case_rides_on_the_checkpoint(
+def test_a_budget_adds_no_statement_to_a_new_run_its_worst_case_rides_on_the_claim(
     ledger: BothFaces, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _run(ledger, _ident("warm", job="free-job"), 100, None)
@@ -426,7 +429,10 @@ def test_a_budget_adds_no_statement_to_a_new_run_its_worst_case_rides_on_the_che
     unbudgeted = list(sent)
     sent.clear()
     _run(ledger, _ident("a"), 100, Budget(amount=1000), ceiling=200)
-    assert sent == unbudgeted == ["begin", "save_raw_input", "complete"]
+    # Two on the caller's path (the claim holds the worst case); the checkpoint beside the call.
+    for statements in (sent, unbudgeted):
+        assert [s for s in statements if "@" not in s] == ["begin", "complete"]
+        assert sorted(statements) == ["begin", "complete", "save_raw_input@thread"]
     assert _counter(db, f"job:tokens/day:{JOB}") == (200, 0, 2, 0)  # held 200, settled at 100
     # No room for the declared worst case: the checkpoint is kept, the call is refused, and
     # nothing stays held.

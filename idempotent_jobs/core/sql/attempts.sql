@@ -27,22 +27,29 @@
 -- accepted output lives on the run, under the retention policy, and nowhere else. The output
 -- returned is the row's (a stale commit left it as it was); last, the money of the call this
 -- statement recorded (NULL: none recorded here, no price, or in doubt), for the metrics.
+-- `raw`: the checkpoint this lease sent beside its model call and did not wait for
+-- (run_idempotent), and its fingerprint `raw_fp`; the commit confirms it: stored already, or
+-- stored now when the run has none yet, in the same transaction as the answer. Its answer's
+-- basis binds the revision only: the run had no checkpoint when this lease claimed it, and
+-- only this lease may write one (its own statement, or this one) while the revision stays.
 WITH cur AS (
   SELECT run_id, status, lease_epoch, output, revision, input_fingerprint, config_parts,
     COALESCE(lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s AND status = 'running',
       false) AS mine,
-    (revision = %(revision)s::integer AND input_fingerprint
-      IS NOT DISTINCT FROM COALESCE(%(input_fingerprint)s::text, input_fingerprint)) AS holds
+    (revision = %(revision)s AND input_fingerprint
+      IS NOT DISTINCT FROM COALESCE(%(input_fingerprint)s, input_fingerprint)) AS holds
   FROM {schema}.runs
   WHERE run_id = %(run_id)s
   FOR UPDATE
 ), done AS (
   UPDATE {schema}.runs AS r
   SET status = CASE WHEN cur.holds THEN 'completed' ELSE 'pending' END,
-    output = CASE WHEN cur.holds THEN %(output)s::jsonb ELSE r.output END,
+    output = CASE WHEN cur.holds THEN %(output)s ELSE r.output END,
+    raw_input = COALESCE(r.raw_input, %(raw)s),
+    input_fingerprint = COALESCE(r.input_fingerprint, %(raw_fp)s),
     completed_at = CASE WHEN cur.holds THEN now() ELSE r.completed_at END,
     config_fingerprint = CASE WHEN cur.holds
-      THEN %(config_fingerprint)s ELSE r.config_fingerprint END,
+      THEN %(config_fp)s ELSE r.config_fingerprint END,
     config_parts = CASE WHEN cur.holds THEN %(config_parts)s::jsonb ELSE r.config_parts END,
     last_error = CASE WHEN cur.holds THEN NULL ELSE r.last_error END,
     lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
@@ -66,16 +73,16 @@ WITH cur AS (
     answer = NULL
   FROM done
   WHERE c.run_id = done.run_id AND c.turn IS NULL AND (c.caller_run_id, c.caller_step,
-    c.retry_number) = (%(call_caller_run_id)s, %(call_caller_step)s, %(call_retry)s)
+    c.retry_number) = (%(c_run)s, %(c_step)s, %(c_retry)s)
   RETURNING c.call_id
 ), call AS (
   INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
     caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error,
     requested_model, cache_read_tokens, cache_write_tokens, cache_write_1h_tokens,
     reasoning_tokens, provider_name, tier)
-  SELECT run_id, lease_epoch, %(revision)s::integer, %(worker_id)s, %(call_caller_run_id)s,
-    %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
-    CASE WHEN accepted THEN 'accepted' ELSE 'stale' END, NULL, %(requested_model)s,
+  SELECT run_id, lease_epoch, %(revision)s::integer, %(worker_id)s, %(c_run)s,
+    %(c_step)s, %(c_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
+    CASE WHEN accepted THEN 'accepted' ELSE 'stale' END, NULL, %(u_rm)s,
     %(u_cr)s, %(u_cw)s, %(u_cw1h)s,
   %(u_rt)s, %(u_pn)s, %(u_tier)s
   FROM done
@@ -84,7 +91,7 @@ WITH cur AS (
 ), outbox AS (
   INSERT INTO {schema}.notification_outbox (run_id, channel, payload, revision)
   SELECT done.run_id, n.key, n.value, done.revision
-  FROM done, jsonb_each(%(notifications)s::jsonb) AS n
+  FROM done, jsonb_each(%(messages)s::jsonb) AS n
   WHERE done.accepted AND (done.revision = 0 OR n.key IN (
     SELECT unnest(rv.channels) FROM {schema}.run_revisions AS rv
     WHERE rv.run_id = done.run_id AND rv.revision = done.revision))
@@ -129,17 +136,17 @@ WITH cur AS (
     answer = NULL
   FROM failed
   WHERE %(call_outcome)s::text IS NOT NULL AND c.run_id = failed.run_id
-    AND c.caller_run_id = %(call_caller_run_id)s AND c.caller_step = %(call_caller_step)s
-    AND c.retry_number = %(call_retry)s AND c.turn IS NULL
+    AND c.caller_run_id = %(c_run)s AND c.caller_step = %(c_step)s
+    AND c.retry_number = %(c_retry)s AND c.turn IS NULL
   RETURNING c.call_id
 ), call AS (
   INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
     caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error,
     requested_model, cache_read_tokens, cache_write_tokens, cache_write_1h_tokens,
     reasoning_tokens, provider_name, tier)
-  SELECT run_id, lease_epoch, revision, %(worker_id)s, %(call_caller_run_id)s,
-    %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
-    %(call_outcome)s, %(error)s, %(requested_model)s, %(u_cr)s, %(u_cw)s, %(u_cw1h)s,
+  SELECT run_id, lease_epoch, revision, %(worker_id)s, %(c_run)s,
+    %(c_step)s, %(c_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
+    %(call_outcome)s, %(error)s, %(u_rm)s, %(u_cr)s, %(u_cw)s, %(u_cw1h)s,
   %(u_rt)s, %(u_pn)s, %(u_tier)s
   FROM failed
   WHERE %(call_outcome)s::text IS NOT NULL AND NOT EXISTS (SELECT FROM call_again)

@@ -15,17 +15,17 @@ INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, call
   caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error, answer,
   input_fingerprint, config_parts, requested_model,
   cache_read_tokens, cache_write_tokens, cache_write_1h_tokens, reasoning_tokens, provider_name, tier)
-SELECT r.run_id, r.lease_epoch, %(revision)s::integer, %(worker_id)s, %(call_caller_run_id)s,
-  %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
+SELECT r.run_id, r.lease_epoch, %(revision)s::integer, %(worker_id)s, %(c_run)s,
+  %(c_step)s, %(c_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
   'answered', NULL, %(answer)s::jsonb, %(input_fingerprint)s, %(config_parts)s::jsonb,
-  %(requested_model)s, %(u_cr)s, %(u_cw)s, %(u_cw1h)s,
+  %(u_rm)s, %(u_cr)s, %(u_cw)s, %(u_cw1h)s,
   %(u_rt)s, %(u_pn)s, %(u_tier)s
 FROM {schema}.runs AS r
 WHERE r.run_id = %(run_id)s AND r.lease_owner = %(worker_id)s AND r.lease_epoch = %(epoch)s
   AND r.status = 'running'
   AND NOT EXISTS (SELECT FROM {schema}.model_calls AS c
-    WHERE c.run_id = r.run_id AND c.caller_run_id = %(call_caller_run_id)s
-      AND c.caller_step = %(call_caller_step)s AND c.retry_number = %(call_retry)s
+    WHERE c.run_id = r.run_id AND c.caller_run_id = %(c_run)s
+      AND c.caller_step = %(c_step)s AND c.retry_number = %(c_retry)s
       AND c.turn IS NULL)
 RETURNING call_id, money  -- priced as it was recorded (NULL: unknown)
 
@@ -54,9 +54,9 @@ INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, call
   caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error,
   requested_model, cache_read_tokens, cache_write_tokens, cache_write_1h_tokens,
   reasoning_tokens, provider_name, tier)
-SELECT a.run_id, a.lease_epoch, %(revision)s::integer, a.worker_id, %(call_caller_run_id)s,
-  %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
-  'lease_lost', %(error)s, %(requested_model)s, %(u_cr)s, %(u_cw)s, %(u_cw1h)s,
+SELECT a.run_id, a.lease_epoch, %(revision)s::integer, a.worker_id, %(c_run)s,
+  %(c_step)s, %(c_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
+  'lease_lost', %(error)s, %(u_rm)s, %(u_cr)s, %(u_cw)s, %(u_cw1h)s,
   %(u_rt)s, %(u_pn)s, %(u_tier)s
 FROM {schema}.run_attempts AS a
 WHERE a.run_id = %(run_id)s AND a.lease_epoch = %(epoch)s AND a.worker_id = %(worker_id)s
@@ -64,8 +64,8 @@ WHERE a.run_id = %(run_id)s AND a.lease_epoch = %(epoch)s AND a.worker_id = %(wo
     WHERE c.run_id = a.run_id AND c.lease_epoch = a.lease_epoch AND c.worker_id = a.worker_id
       AND c.turn IS NULL)
   AND NOT EXISTS (SELECT FROM {schema}.model_calls AS c
-    WHERE c.run_id = a.run_id AND c.caller_run_id = %(call_caller_run_id)s
-      AND c.caller_step = %(call_caller_step)s AND c.retry_number = %(call_retry)s
+    WHERE c.run_id = a.run_id AND c.caller_run_id = %(c_run)s
+      AND c.caller_step = %(c_step)s AND c.retry_number = %(c_retry)s
       AND c.turn IS NULL)
 RETURNING call_id, money
 
@@ -80,11 +80,11 @@ INSERT INTO {schema}.model_calls AS c (run_id, lease_epoch, revision, worker_id,
   caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error,
   requested_model, cache_read_tokens, cache_write_tokens, cache_write_1h_tokens,
   reasoning_tokens, provider_name, tier, turn)
-SELECT r.run_id, %(epoch)s, %(revision)s::integer, %(worker_id)s, %(call_caller_run_id)s,
-  %(call_caller_step)s, %(call_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
+SELECT r.run_id, %(epoch)s, %(revision)s::integer, %(worker_id)s, %(c_run)s,
+  %(c_step)s, %(c_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
   CASE WHEN r.lease_owner = %(worker_id)s AND r.lease_epoch = %(epoch)s
     AND r.status = 'running' THEN %(call_outcome)s ELSE 'lease_lost' END,
-  %(error)s, %(requested_model)s, %(u_cr)s, %(u_cw)s, %(u_cw1h)s,
+  %(error)s, %(u_rm)s, %(u_cr)s, %(u_cw)s, %(u_cw1h)s,
   %(u_rt)s, %(u_pn)s, %(u_tier)s, %(turn)s
 FROM {schema}.runs AS r
 WHERE r.run_id = %(run_id)s

@@ -34,7 +34,9 @@ WHERE (r.job_name, r.subject_id, r.scheduled_at, r.version)
 -- statement waited for its row lock; either is committed now: run the statement again.
 -- `drill_armed` says whether a failure drill of the job is armed, so a model call under this
 -- lease asks for one only then; `budgeted` whether a budget covers the job, so a model call
--- reserves its worst case only then.
+-- reserves its worst case only then. With `hold_tokens`, a claim under a budget reserves the
+-- coming model call's worst case too (`held`: the ledger's `reserve_budget`'s outcome), so a
+-- budget adds no round trip to a new run (its checkpoint then travels beside the call).
 WITH inserted AS (
   INSERT INTO {schema}.runs AS r (run_id, job_name, subject_id, scheduled_at, version, status,
     lease_owner, lease_expires_at, lease_epoch, attempts, lease_started_at, lease_caller_run_id,
@@ -91,19 +93,23 @@ WITH inserted AS (
   WHERE claimed AND prev_status = 'running'
   ON CONFLICT (run_id, lease_epoch) DO NOTHING
 )
-SELECT u.*, CASE WHEN u.claimed THEN EXISTS (SELECT FROM {schema}.drills AS d
-    WHERE d.job_name IN (%(job_name)s, '*') AND d.remaining > 0 AND d.expires_at > now())
-  ELSE false END AS drill_armed,
-  CASE WHEN u.claimed THEN EXISTS (SELECT FROM {schema}.spend_budgets AS b
-    WHERE %(job_name)s::text = ANY(b.jobs))
-  ELSE false END AS budgeted
-FROM (
-  SELECT (run).*, claimed FROM inserted
-  UNION ALL
-  SELECT (run).*, claimed FROM done
-  UNION ALL
-  SELECT (run).*, claimed FROM claimed
+SELECT u.*, h.outcome AS held FROM (
+  SELECT u.*, u.claimed AND EXISTS (SELECT FROM {schema}.drills AS d
+      WHERE d.job_name IN (%(job_name)s, '*') AND d.remaining > 0 AND d.expires_at > now())
+    AS drill_armed,
+    u.claimed AND EXISTS (SELECT FROM {schema}.spend_budgets AS b
+      WHERE %(job_name)s::text = ANY(b.jobs)) AS budgeted
+  FROM (
+    SELECT (run).*, claimed FROM inserted
+    UNION ALL
+    SELECT (run).*, claimed FROM done
+    UNION ALL
+    SELECT (run).*, claimed FROM claimed
+  ) AS u
 ) AS u
+LEFT JOIN LATERAL (SELECT v.outcome FROM {schema}.reserve_budget(u.run_id, u.lease_epoch::int,
+    %(worker_id)s, NULL, NULL, %(hold_tokens)s::bigint, %(requested)s, NULL, NULL, u.job_name,
+    u.subject_id) AS v WHERE u.budgeted AND %(hold_tokens)s::bigint IS NOT NULL) AS h ON true
 
 -- name: claim
 -- Take the run's lease if it is free, bumping the fencing epoch.

@@ -199,7 +199,7 @@ WITH s AS (
     reasoning_tokens, provider_name, tier, shadow_id)
   SELECT run_id, 0, revision, 'shadow:' || %(shadow_id)s, 'shadow:' || %(shadow_id)s,
     'shadow', CASE WHEN %(final)s THEN 0 END, %(model_name)s, %(input_tokens)s, %(output_tokens)s, 'shadow', %(error)s,
-    %(requested_model)s, %(u_cr)s, %(u_cw)s, %(u_cw1h)s, %(u_rt)s, %(u_pn)s, %(u_tier)s,
+    %(u_rm)s, %(u_cr)s, %(u_cw)s, %(u_cw1h)s, %(u_rt)s, %(u_pn)s, %(u_tier)s,
     %(shadow_id)s
   FROM item
   RETURNING call_id, money

@@ -71,20 +71,24 @@ class RunsStore(Store):
         lease_seconds: float,
         *,
         origin: CallOrigin | None = None,
+        hold: AdvanceHold | None = None,
     ) -> tuple[RunRecord, Lease | None]:
         """Register the run (a new row, or the stored one) and :meth:`claim` it, in one
         statement. Returns the record and the new lease, or the record and ``None`` when the run
         is completed (nothing is written) or another worker holds it (only updated_at moves).
         :class:`IdentityConflictError` when the run id is stored with other identity fields.
-        ``origin``: the caller's run and step, recorded with the claim and its attempt."""
+        ``origin``: the caller's run and step, recorded with the claim and its attempt.
+        ``hold``: the coming model call's worst case, reserved in the same statement when it
+        claims and a budget covers the job (``held_tokens`` of the lease, as :meth:`renew`)."""
         lease_seconds = check_lease_seconds(lease_seconds)
-        params = self.lease_write(
+        params = self._hold_params(
             {
                 **identity_params(identity),
                 "worker_id": check_worker_id(worker_id),
                 "lease_seconds": lease_seconds,
                 **caller_params(origin),
-            }
+            },
+            hold,
         )
         rows: list[dict[str, Any]] = []
         for attempt in range(3):
@@ -118,6 +122,7 @@ class RunsStore(Store):
             input_fingerprint=record.input_fingerprint,
             drill_armed=rows[0]["drill_armed"],
             budgeted=rows[0]["budgeted"],
+            held_tokens=_held(hold, rows[0]["held"], None),
         )
         return record, lease
 
@@ -201,13 +206,24 @@ class RunsStore(Store):
             held_tokens=_held(hold, held, lease.held_tokens),
         )
 
+    def raw_input_payload(self, raw_input: object) -> JsonPayload:
+        """``raw_input`` as a checkpoint would store it (:class:`InvalidInputError` when it is
+        not a JSON object within ``max_raw_input_bytes``); nothing is written."""
+        return JsonPayload.of(raw_input, "raw_input", self.settings.max_raw_input_bytes)
+
     def checkpoint(
-        self, lease: Lease, raw_input: dict[str, Any], *, hold: AdvanceHold | None = None
+        self,
+        lease: Lease,
+        raw_input: dict[str, Any],
+        *,
+        hold: AdvanceHold | None = None,
+        payload: JsonPayload | None = None,
     ) -> Lease:
         """Checkpoint the collected input; the first stored value wins. Returns the lease with
         the stored checkpoint and its fingerprint: the :class:`Basis` of an answer computed on
-        it. ``hold``: as for :meth:`renew`."""
-        raw = JsonPayload.of(raw_input, "raw_input", self.settings.max_raw_input_bytes)
+        it. ``hold``: as for :meth:`renew`. ``payload``: ``raw_input`` as
+        :meth:`raw_input_payload` made it (not made again)."""
+        raw = payload or self.raw_input_payload(raw_input)
         params = self._hold_params(
             {**fence_params(lease), "raw_input": raw.text, "input_fingerprint": raw.fingerprint},
             hold,
