@@ -37,6 +37,8 @@ def module_state(path: Path) -> list[str]:
     left out)."""
     found = []
     for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        targets: list[ast.expr]
+        value: ast.expr | None
         if isinstance(node, ast.Assign):
             targets, value = node.targets, node.value
         elif isinstance(node, ast.AnnAssign):
