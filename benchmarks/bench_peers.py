@@ -122,7 +122,7 @@ def timed(run: Callable[[str], None], keys: list[str]) -> list[float]:
 
 
 def latency(ledger_url: str, runs: int) -> None:
-    with RunLedger(ledger_url, pool_min_size=2, pool_max_size=2) as ledger:
+    with RunLedger(ledger_url, pool_min_size=1, pool_max_size=1) as ledger:
         ours = ledger_runner(ledger)
         timed(ours, [f"warm-{n}" for n in range(20)])
         timed(dbos_run, [f"warm-{n}" for n in range(20)])

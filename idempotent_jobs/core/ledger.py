@@ -53,7 +53,6 @@ class RunLedger(LedgerFace):
     claim = of_store("runs", RunsStore.claim)
     renew = of_store("runs", RunsStore.renew)
     checkpoint = of_store("runs", RunsStore.checkpoint)
-    raw_input_payload = of_store("runs", RunsStore.raw_input_payload)
     release = of_store("runs", RunsStore.release)
     get = of_store("runs", RunsStore.get)
 

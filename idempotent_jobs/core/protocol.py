@@ -15,7 +15,6 @@ from typing import Any
 
 from idempotent_jobs.core import telemetry
 from idempotent_jobs.core.budgets import BudgetSpec
-from idempotent_jobs.core.checkpoints import collect_beside_call
 from idempotent_jobs.core.commits import commit
 from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.core.identity import RunIdentity
@@ -24,7 +23,7 @@ from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.policy import NO_POLICY, CallPolicy
 from idempotent_jobs.core.rate_limits import RateLimit
 from idempotent_jobs.core.records import AdvanceHold, CallOrigin, JobConfig, RunStatus
-from idempotent_jobs.core.steps import ModelAnswer, call_model
+from idempotent_jobs.core.steps import ModelAnswer, call_model, collect_once
 
 JSONDict = dict[str, Any]
 DEFAULT_LEASE_SECONDS = 300.0
@@ -196,7 +195,7 @@ def _run(
 ) -> RunOutcome:
     worker_id = options.worker_id
     # The call's worst case rides on the claim (when a budget covers the job): a budget costs
-    # a new run no round trip, and the checkpoint can go out beside the call.
+    # a run no round trip, whether its checkpoint is collected now or was stored before.
     hold = AdvanceHold(
         options.policy.max_tokens_per_call or 0, options.config.parts.get("model") or None
     )
@@ -229,22 +228,18 @@ def _run(
             config_changed=tuple(options.config.changed_since(done.config_parts)),
             output_pruned_at=done.output_pruned_at,
         )
-    lease = collect_beside_call(ledger, lease, lambda: steps.collect(identity))
-    try:
-        answer = call_model(
-            ledger,
-            lease,
-            steps.transform,
-            validate=steps.validate,
-            config=options.config,
-            origin=options.origin,
-            heartbeat_seconds=options.heartbeat_seconds or options.lease_seconds / 3,
-            policy=options.policy,
-        )
-        completion = commit(ledger, lease, answer, steps.notifications)
-    finally:  # landed by now, or refused by the fence: nothing of the run outlives the call
-        if lease.pending_checkpoint is not None:
-            lease.pending_checkpoint.wait()
+    lease = collect_once(ledger, lease, lambda: steps.collect(identity))
+    answer = call_model(
+        ledger,
+        lease,
+        steps.transform,
+        validate=steps.validate,
+        config=options.config,
+        origin=options.origin,
+        heartbeat_seconds=options.heartbeat_seconds or options.lease_seconds / 3,
+        policy=options.policy,
+    )
+    completion = commit(ledger, lease, answer, steps.notifications)
     return RunOutcome(
         run_id=lease.run_id,
         status="completed",

@@ -5,15 +5,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from idempotent_jobs.core.json_values import json_fingerprint
 from idempotent_jobs.core.values import USAGE_PARTS as USAGE_PARTS
 from idempotent_jobs.core.values import Basis as Basis  # part of the records (see values.py)
 from idempotent_jobs.core.values import ModelUsage as ModelUsage
-
-if TYPE_CHECKING:
-    from idempotent_jobs.core.checkpoints import PendingCheckpoint
 
 RunStatus = Literal["pending", "running", "completed", "failed"]
 AttemptOutcome = Literal["completed", "failed", "lease_lost", "superseded", "drill", "budget"]
@@ -63,9 +60,6 @@ class Lease:
     #: The worst case, in tokens, already held of the job's budgets for the next request: the
     #: :class:`AdvanceHold` the checkpoint or the handover reserved (``None``: nothing held).
     held_tokens: int | None = None
-    #: The checkpoint sent beside the model call and not awaited (``run_idempotent``): the
-    #: commit confirms it, a failure waits for it (see :mod:`~idempotent_jobs.core.checkpoints`).
-    pending_checkpoint: "PendingCheckpoint | None" = field(default=None, compare=False, repr=False)
 
     @property
     def basis(self) -> Basis:

@@ -106,8 +106,6 @@ def end_attempt(
     ``rejected``) with its ``usage``. Returns what the ledger says happened, or ``None`` when
     nothing could be written (the lease was lost, or the database is out of reach): recording
     never hides the first error."""
-    if lease.pending_checkpoint is not None:  # the retry finds it, as after an awaited one
-        lease.pending_checkpoint.wait()
     if isinstance(exc, UsageRejectedError):
         usage = exc.recorded
     outcome: FailedOutcome = (

@@ -134,9 +134,8 @@ def ticket_to_json(ticket: Ticket) -> dict[str, Any]:
             k: v
             for k, v in asdict(lease).items()
             # `budgeted` travels beside the lease (below): an earlier release's reader builds
-            # Lease(**lease) and would refuse a field it does not know. A pending checkpoint
-            # is run_idempotent's alone (a Dagster step's checkpoint is awaited).
-            if k not in ("expires_at", "stored_raw_input", "budgeted", "pending_checkpoint")
+            # Lease(**lease) and would refuse a field it does not know.
+            if k not in ("expires_at", "stored_raw_input", "budgeted")
         },
         "answer": None
         if answer is None

@@ -24,9 +24,6 @@ CRASH_POINTS = (
     "after_claim",
     "during_collect",
     "during_model",
-    # The checkpoint sent beside the call never lands (its statement is held back), and the
-    # worker dies in the model call: the next claim finds no checkpoint and collects again.
-    "checkpoint_unlanded",
     # Killed by the parent when the server first answers the final commit's statement: after
     # it ran, or, when the connection prepares it first (a worker's first commit), after the
     # Parse and before it runs. Either way the worker's paid call may go unrecorded.
@@ -136,11 +133,6 @@ def run_worker(spec: dict[str, Any]) -> None:
                 die()
             return record, lease
 
-        def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-            if crash == "checkpoint_unlanded":
-                threading.Event().wait()  # never sent: the worker dies in its model call
-            return super().checkpoint(*args, **kwargs)
-
         def complete(self, *args: Any, **kwargs: Any) -> Any:
             done = super().complete(*args, **kwargs)
             if crash == "after_commit":
@@ -159,7 +151,7 @@ def run_worker(spec: dict[str, Any]) -> None:
         return {"documents": [f"collected by {os.getpid()} at {time.time_ns()}"]}
 
     def transform(raw: dict[str, Any]) -> Any:
-        if crash in ("during_model", "checkpoint_unlanded"):
+        if crash == "during_model":
             die()
         if spec.get("provider_url"):  # a real model step against a faulty provider
             return provider_answer(spec, raw)

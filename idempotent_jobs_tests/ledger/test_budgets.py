@@ -3,7 +3,6 @@ or a group of jobs. A request's worst case is reserved before it is sent, so rac
 at or under the budget; the budget a ledger enforces is the ledger's, not a worker's."""
 
 import multiprocessing
-import threading
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -405,14 +404,12 @@ def test_a_budget_set_or_declared_mid_period_starts_where_the_period_stands(
 
 
 def _statements(ledger: BothFaces, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the statements ``ledger``'s worker face sends from now on (those sent by
-    another thread than the caller's, the checkpoint beside the call, as ``name@thread``)."""
+    """The names of the statements ``ledger``'s worker face sends from now on."""
     sent: list[str] = []
     fetch = ledger._db.fetch
-    caller = threading.get_ident()
 
     def counted(name: str, params: Any, row_factory: Any) -> Any:
-        sent.append(name if threading.get_ident() == caller else f"{name}@thread")
+        sent.append(name)
         return fetch(name, params, row_factory)
 
     monkeypatch.setattr(ledger._db, "fetch", counted)
@@ -429,10 +426,7 @@ def test_a_budget_adds_no_statement_to_a_new_run_its_worst_case_rides_on_the_cla
     unbudgeted = list(sent)
     sent.clear()
     _run(ledger, _ident("a"), 100, Budget(amount=1000), ceiling=200)
-    # Two on the caller's path (the claim holds the worst case); the checkpoint beside the call.
-    for statements in (sent, unbudgeted):
-        assert [s for s in statements if "@" not in s] == ["begin", "complete"]
-        assert sorted(statements) == ["begin", "complete", "save_raw_input@thread"]
+    assert sent == unbudgeted == ["begin", "save_raw_input", "complete"]
     assert _counter(db, f"job:tokens/day:{JOB}") == (200, 0, 2, 0)  # held 200, settled at 100
     # No room for the declared worst case: the checkpoint is kept, the call is refused, and
     # nothing stays held.
@@ -482,3 +476,55 @@ def test_a_hold_made_with_the_handover_is_given_back_when_no_call_is_made(
     lease = ledger.checkpoint(lease, {"x": 1}, hold=AdvanceHold(5000, "m"))
     assert lease.held_tokens is None
     assert _counter(db, f"job:tokens/day:{JOB}")[:2] == (0, 0)
+
+
+def test_the_claim_holds_the_calls_worst_case_and_a_failed_collect_gives_it_back(
+    ledger: BothFaces, db: psycopg.Connection
+) -> None:
+    ident = _ident("collect-fails")
+    budget_id = f"job:tokens/day:{ident.job_name}"
+    with LedgerAdmin.beside(ledger) as admin:
+        admin.set_budget(Budget(amount=1000), job_name=ident.job_name)
+
+    def collect(run: RunIdentity) -> dict[str, Any]:
+        held = db.execute(
+            "SELECT sum(amount) FROM idempotent_jobs.budget_holds WHERE run_id = %s",
+            (run.run_id,),
+        ).fetchone()
+        assert held == (200,)  # held by the claim, before anything was collected
+        raise RuntimeError("the source is down")
+
+    with pytest.raises(RuntimeError, match="the source is down"):
+        run_idempotent(ledger, ident, collect=collect, transform=dict, max_tokens_per_call=200)
+    reserved = db.execute(
+        "SELECT sum(reserved), count(*) FILTER (WHERE reserved <> 0)"
+        " FROM idempotent_jobs.budget_counters WHERE budget_id = %s",
+        (budget_id,),
+    ).fetchone()
+    holds = db.execute("SELECT count(*) FROM idempotent_jobs.budget_holds").fetchone()
+    assert reserved == (0, 0) and holds == (0,)
+
+
+def test_a_retry_on_a_stored_checkpoint_holds_its_worst_case_with_the_claim(
+    ledger: BothFaces, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ident = _ident("retried")
+    with LedgerAdmin.beside(ledger) as admin:
+        admin.set_budget(Budget(amount=1000), job_name=ident.job_name)
+
+    def broken(raw: dict[str, Any]) -> ModelAnswer:
+        raise RuntimeError("the provider is down")
+
+    def paid(raw: dict[str, Any]) -> ModelAnswer:
+        return ModelAnswer({"summary": "s"}, ModelUsage("m", 90, 10))
+
+    with pytest.raises(RuntimeError):
+        run_idempotent(
+            ledger, ident, collect=lambda i: {"x": 1}, transform=broken, max_tokens_per_call=200
+        )
+    sent = _statements(ledger, monkeypatch)
+    run_idempotent(
+        ledger, ident, collect=lambda i: {"x": 2}, transform=paid, max_tokens_per_call=200
+    )
+    assert sent == ["begin", "complete"]  # the checkpoint is stored; the claim held the call
+    assert _counter(db, f"job:tokens/day:{JOB}") == (100, 0, 2, 1)  # settled; nothing held

@@ -229,16 +229,13 @@ SELECT a.pid, a.wait_event, left(a.query, 120), array_agg(b.application_name)
 FROM pg_stat_activity AS a
 CROSS JOIN LATERAL unnest(pg_blocking_pids(a.pid)) AS blocker(pid)
 JOIN pg_stat_activity AS b ON b.pid = blocker.pid
-  -- A run's checkpoint sent beside its call may wait for that run's own commit: not prune's.
-  AND b.application_name IS DISTINCT FROM a.application_name
 WHERE a.application_name = %s AND a.wait_event_type = 'Lock' AND a.wait_event <> 'extend'
 GROUP BY a.pid, a.wait_event, a.query"""
 
 
 class LockWaits:
     """Samples, on a thread of its own until :meth:`stop`, the live workers' backends that wait
-    on a lock another backend than theirs holds (``pg_blocking_pids``); ``seen`` lists each
-    wait found."""
+    on a lock (``pg_blocking_pids``); ``seen`` lists each wait found."""
 
     def __init__(self, conninfo: str) -> None:
         self.conninfo = conninfo

@@ -27,26 +27,19 @@
 -- accepted output lives on the run, under the retention policy, and nowhere else. The output
 -- returned is the row's (a stale commit left it as it was); last, the money of the call this
 -- statement recorded (NULL: none recorded here, no price, or in doubt), for the metrics.
--- `raw`: the checkpoint this lease sent beside its model call and did not wait for
--- (run_idempotent), and its fingerprint `raw_fp`; the commit confirms it: stored already, or
--- stored now when the run has none yet, in the same transaction as the answer. Its answer's
--- basis binds the revision only: the run had no checkpoint when this lease claimed it, and
--- only this lease may write one (its own statement, or this one) while the revision stays.
 WITH cur AS (
   SELECT run_id, status, lease_epoch, output, revision, input_fingerprint, config_parts,
     COALESCE(lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s AND status = 'running',
       false) AS mine,
-    (revision = %(revision)s AND input_fingerprint
-      IS NOT DISTINCT FROM COALESCE(%(input_fingerprint)s, input_fingerprint)) AS holds
+    (revision = %(revision)s::integer AND input_fingerprint
+      IS NOT DISTINCT FROM COALESCE(%(input_fingerprint)s::text, input_fingerprint)) AS holds
   FROM {schema}.runs
   WHERE run_id = %(run_id)s
   FOR UPDATE
 ), done AS (
   UPDATE {schema}.runs AS r
   SET status = CASE WHEN cur.holds THEN 'completed' ELSE 'pending' END,
-    output = CASE WHEN cur.holds THEN %(output)s ELSE r.output END,
-    raw_input = COALESCE(r.raw_input, %(raw)s),
-    input_fingerprint = COALESCE(r.input_fingerprint, %(raw_fp)s),
+    output = CASE WHEN cur.holds THEN %(output)s::jsonb ELSE r.output END,
     completed_at = CASE WHEN cur.holds THEN now() ELSE r.completed_at END,
     config_fingerprint = CASE WHEN cur.holds
       THEN %(config_fp)s ELSE r.config_fingerprint END,

@@ -76,16 +76,11 @@ class AttemptsStore(Store):
         of the same answer from the same caller run, step and retry updates.
 
         ``payload``: ``output`` as :meth:`output_payload` checked and serialised it (its text is
-        stored as it is, not made again). A checkpoint the lease sent and did not wait for
-        (``lease.pending_checkpoint``) is confirmed: stored by this statement if it has not
-        landed yet.
+        stored as it is, not made again).
         """
         basis = basis or lease.basis
         config = config or JobConfig()
         parts = dict(config.parts)
-        pending = lease.pending_checkpoint
-        if pending is not None and pending.fingerprint != basis.input_fingerprint:
-            pending = None  # an answer computed on another checkpoint confirms nothing
         params = {
             **fence_params(lease),
             **usage_params(usage),
@@ -93,10 +88,7 @@ class AttemptsStore(Store):
             "output": self._calls.serialised(output, payload),
             "messages": notifications_json(notifications),
             "revision": basis.revision,
-            # The checkpoint sent beside the call, confirmed here (see sql/attempts.sql).
-            "input_fingerprint": basis.input_fingerprint if pending is None else None,
-            "raw": None if pending is None else pending.text,
-            "raw_fp": None if pending is None else pending.fingerprint,
+            "input_fingerprint": basis.input_fingerprint,
             # What a stale attempt's error says the answer was computed on.
             "computed_on": f"stale candidate: computed on revision {basis.revision}, "
             f"checkpoint {(basis.input_fingerprint or 'none')[:12]}; the run is at revision ",

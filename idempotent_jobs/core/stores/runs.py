@@ -206,24 +206,17 @@ class RunsStore(Store):
             held_tokens=_held(hold, held, lease.held_tokens),
         )
 
-    def raw_input_payload(self, raw_input: object) -> JsonPayload:
-        """``raw_input`` as a checkpoint would store it (:class:`InvalidInputError` when it is
-        not a JSON object within ``max_raw_input_bytes``); nothing is written."""
-        return JsonPayload.of(raw_input, "raw_input", self.settings.max_raw_input_bytes)
-
     def checkpoint(
         self,
         lease: Lease,
         raw_input: dict[str, Any],
         *,
         hold: AdvanceHold | None = None,
-        payload: JsonPayload | None = None,
     ) -> Lease:
         """Checkpoint the collected input; the first stored value wins. Returns the lease with
         the stored checkpoint and its fingerprint: the :class:`Basis` of an answer computed on
-        it. ``hold``: as for :meth:`renew`. ``payload``: ``raw_input`` as
-        :meth:`raw_input_payload` made it (not made again)."""
-        raw = payload or self.raw_input_payload(raw_input)
+        it. ``hold``: as for :meth:`renew`."""
+        raw = JsonPayload.of(raw_input, "raw_input", self.settings.max_raw_input_bytes)
         params = self._hold_params(
             {**fence_params(lease), "raw_input": raw.text, "input_fingerprint": raw.fingerprint},
             hold,
