@@ -15,7 +15,6 @@ from idempotent_jobs import RunIdentity
 from idempotent_jobs.core.constants import DATABASE_URL_ENV
 from idempotent_jobs.dagster import (
     AnthropicModel,
-    IdempotentJobSpec,
     OpenAICompatibleModel,
     RunLedgerResource,
     build_batch_lane,
@@ -25,6 +24,7 @@ from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel
 from idempotent_jobs_tests.ledgers import BothFaces
 from testkit.dagster_harness import DagsterTestEnv
 from testkit.fake_providers import Answer, FakeProviders
+from testkit.specs import job_spec
 
 LABEL_SCHEMA = {
     "type": "object",
@@ -42,15 +42,11 @@ def has_label(output: dict[str, Any]) -> bool:
     return bool(output.get("label"))
 
 
-SPEC = IdempotentJobSpec(
-    name="labels",
-    identity_job_name="labels",
-    version="v1",
-    window=dg.DailyPartitionsDefinition(start_date="2026-11-01", end_date="2026-11-10"),
+SPEC = job_spec(
+    "labels",
     subjects=["a", "b", "c"],
-    lease_seconds=30.0,
+    window=dg.DailyPartitionsDefinition(start_date="2026-11-01", end_date="2026-11-10"),
     validate=has_label,
-    model_retry=dg.RetryPolicy(max_retries=0),
 )
 JOB, _ = build_idempotent_job(SPEC)
 BATCH_JOB, SENSOR = build_batch_lane(SPEC)

@@ -29,7 +29,6 @@ from idempotent_jobs import (
 )
 from idempotent_jobs.core.constants import DATABASE_URL_ENV
 from idempotent_jobs.dagster import (
-    IdempotentJobSpec,
     OpenAICompatibleModel,
     RunLedgerResource,
     build_idempotent_job,
@@ -43,6 +42,7 @@ from idempotent_jobs_tests.ledger.test_operator_cli import cli_env, run  # noqa:
 from idempotent_jobs_tests.ledgers import BothFaces
 from testkit.dagster_harness import DagsterTestEnv
 from testkit.fake_providers import Answer, Drop, FakeProviders, Slow, Status
+from testkit.specs import job_spec
 
 JOB = "billed-job"
 KEY = "sk-proj-SENTINELKEY0123456789abcdef"
@@ -478,15 +478,7 @@ def test_a_connection_never_made_is_not_billed_and_holds_nothing(
     assert _holds(db) == 0
 
 
-ECHO_SPEC = IdempotentJobSpec(
-    name="echoed_summary",
-    identity_job_name="echoed-summary",
-    version="v1",
-    window=dg.DailyPartitionsDefinition(start_date="2026-08-01"),
-    subjects=["acme"],
-    lease_seconds=30.0,
-    model_retry=dg.RetryPolicy(max_retries=0),
-)
+ECHO_SPEC = job_spec("echoed_summary")
 ECHO_JOB, _ = build_idempotent_job(ECHO_SPEC)
 
 

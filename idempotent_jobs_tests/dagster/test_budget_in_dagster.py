@@ -16,12 +16,13 @@ from idempotent_jobs import (
     run_idempotent,
 )
 from idempotent_jobs.core.constants import DATABASE_URL_ENV
-from idempotent_jobs.dagster import IdempotentJobSpec, RunLedgerResource, build_idempotent_job
+from idempotent_jobs.dagster import RunLedgerResource, build_idempotent_job
 from idempotent_jobs.dagster.reconciliation_job import build_reconciliation_job
 from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel, ModelStep, StepContext
 from idempotent_jobs_tests.dagster.test_failure_parity import ledger_state
 from idempotent_jobs_tests.ledgers import BothFaces
 from testkit.dagster_harness import DagsterTestEnv
+from testkit.specs import job_spec
 
 
 class OneDocument(Collector):
@@ -38,13 +39,9 @@ class PaidModel(ModelStep):
         return ModelAnswer({"summary": "ok"}, ModelUsage(self.model_name, 10, 5))
 
 
-SPEC = IdempotentJobSpec(
-    name="budgeted_summary",
-    identity_job_name="budgeted-summary",
-    version="v1",
-    window=dg.DailyPartitionsDefinition(start_date="2026-08-01"),
+SPEC = job_spec(
+    "budgeted_summary",
     subjects=["first", "refused", "via-protocol"],
-    lease_seconds=30.0,
     wait_seconds=0.0,
     model_retry=dg.RetryPolicy(max_retries=3, delay=0.1),  # must not be used when refused
     budget=TokenBudget(tokens_per_day=10),

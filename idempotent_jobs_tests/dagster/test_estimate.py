@@ -5,20 +5,12 @@ unknown."""
 from datetime import UTC, datetime
 from typing import Any
 
-import dagster as dg
-
 from idempotent_jobs import LedgerAdmin, ModelAnswer, ModelUsage, run_idempotent
-from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 from idempotent_jobs.operator.estimate import estimate
 from idempotent_jobs_tests.ledgers import BothFaces
+from testkit.specs import job_spec
 
-SPEC = IdempotentJobSpec(
-    name="estimated",
-    identity_job_name="estimated",
-    version="v1",
-    window=dg.DailyPartitionsDefinition(start_date="2026-11-01"),
-    subjects=["a", "b", "c"],
-)
+SPEC = job_spec("estimated", subjects=["a", "b", "c"], start="2026-11-01")
 
 
 def _run(ledger: BothFaces, key: str, text: str, tokens: int) -> None:

@@ -22,7 +22,6 @@ from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.records import JobConfig, ModelUsage
 from idempotent_jobs.core.steps import ModelAnswer
 from idempotent_jobs.dagster.job_factory import build_idempotent_job
-from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
 from idempotent_jobs.dagster.resource import RunLedgerResource
 from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel, ModelStep, StepContext
 from idempotent_jobs.models.answers import Reply
@@ -32,6 +31,7 @@ from idempotent_jobs.models.prompts import Prompt, require
 from idempotent_jobs.models.schema import OutputSchema
 from idempotent_jobs_tests.ledgers import BothFaces
 from testkit.dagster_harness import DagsterTestEnv
+from testkit.specs import job_spec
 
 Behaviour = Callable[[dict[str, Any], str, str], Any]  # (raw input, run id, conninfo) -> answer
 
@@ -127,15 +127,8 @@ class CaseModel(ModelStep):
         return CURRENT["case"].model(raw_input, context.run_id, self.database_url)
 
 
-SPEC = IdempotentJobSpec(
-    name="parity_job",
-    identity_job_name="parity-job",
-    version="v1",
-    window=dg.DailyPartitionsDefinition(start_date="2026-08-01"),
-    subjects=["via-dagster", "via-protocol", "via-lane"],
-    lease_seconds=30.0,
-    wait_seconds=0.0,
-    model_retry=dg.RetryPolicy(max_retries=0),
+SPEC = job_spec(
+    "parity_job", subjects=["via-dagster", "via-protocol", "via-lane"], wait_seconds=0.0
 )
 JOB, _ = build_idempotent_job(SPEC)
 

@@ -10,7 +10,6 @@ import pytest
 from idempotent_jobs import LedgerPermissionError, RateLimit, RunIdentity
 from idempotent_jobs.core.constants import DATABASE_URL_ENV
 from idempotent_jobs.dagster import (
-    IdempotentJobSpec,
     OpenAICompatibleModel,
     RunLedgerResource,
     build_idempotent_job,
@@ -19,6 +18,7 @@ from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel
 from idempotent_jobs_tests.ledgers import BothFaces
 from testkit.dagster_harness import DagsterTestEnv
 from testkit.fake_providers import Answer, FakeProviders
+from testkit.specs import job_spec
 
 #: Two requests per 10-second window: the first goes at once, the second waits for its place
 #: (about 5.3 s after the first, less the time the first run took: at least 2 s on a slow
@@ -35,13 +35,9 @@ def has_text(output: dict[str, Any]) -> bool:
     return bool(output.get("text"))
 
 
-SPEC = IdempotentJobSpec(
-    name="limited_summary",
-    identity_job_name="limited-summary",
-    version="v1",
-    window=dg.DailyPartitionsDefinition(start_date="2026-08-01"),
+SPEC = job_spec(
+    "limited_summary",
     subjects=["first", "second"],
-    lease_seconds=30.0,
     validate=has_text,
     model_retry=dg.RetryPolicy(max_retries=1, delay=0.1),
     rate_limits=[LIMIT],

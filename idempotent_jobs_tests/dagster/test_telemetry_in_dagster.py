@@ -14,11 +14,12 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from idempotent_jobs import ModelAnswer, ModelUsage, RunIdentity
 from idempotent_jobs.core.constants import DATABASE_URL_ENV
-from idempotent_jobs.dagster import IdempotentJobSpec, RunLedgerResource, build_idempotent_job
+from idempotent_jobs.dagster import RunLedgerResource, build_idempotent_job
 from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel, ModelStep, StepContext
 from idempotent_jobs_tests.ledgers import BothFaces
 from testkit.dagster_harness import DagsterTestEnv
 from testkit.otel import installed, tree
+from testkit.specs import job_spec
 
 
 class Tickets(Collector):
@@ -43,13 +44,9 @@ class FlakyModel(ModelStep):
         return ModelAnswer({"summary": "triaged"}, ModelUsage(self.model_name, 1200, 300))
 
 
-SPEC = IdempotentJobSpec(
-    name="traced_triage",
-    identity_job_name="traced-triage",
-    version="v1",
-    window=dg.DailyPartitionsDefinition(start_date="2026-08-01"),
+SPEC = job_spec(
+    "traced_triage",
     subjects=["support"],
-    lease_seconds=30.0,
     wait_seconds=0.0,
     model_retry=dg.RetryPolicy(max_retries=1),
 )
