@@ -36,7 +36,8 @@ WHERE (r.job_name, r.subject_id, r.scheduled_at, r.version)
 -- lease asks for one only then; `budgeted` whether a budget covers the job, so a model call
 -- reserves its worst case only then. With `hold_tokens`, a claim under a budget reserves the
 -- coming model call's worst case too (`held`: the ledger's `reserve_budget`'s outcome), so a
--- budget adds no round trip to a new run (its checkpoint then travels beside the call).
+-- budget adds no round trip to a run, whether its checkpoint is collected now or was stored by
+-- an earlier attempt.
 WITH inserted AS (
   INSERT INTO {schema}.runs AS r (run_id, job_name, subject_id, scheduled_at, version, status,
     lease_owner, lease_expires_at, lease_epoch, attempts, lease_started_at, lease_caller_run_id,
