@@ -543,7 +543,7 @@ def telemetry_cost(url: str, runs: int) -> None:
 
 def budget_cost(url: str, runs: int) -> None:
     """What a budget costs the whole call of a new run: the call's declared worst case reserved
-    by the checkpoint's statement (on the budget's counter row, whatever the number of
+    by the claim's statement (on the budget's counter row, whatever the number of
     subjects) and settled by the commit's trigger, interleaved with calls of a job no budget
     covers. Target: within 5%."""
     from idempotent_jobs import Budget, ModelAnswer, ModelUsage

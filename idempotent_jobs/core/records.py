@@ -58,7 +58,8 @@ class Lease:
     #: the model call asks the ledger).
     budgeted: bool | None = None
     #: The worst case, in tokens, already held of the job's budgets for the next request: the
-    #: :class:`AdvanceHold` the checkpoint or the handover reserved (``None``: nothing held).
+    #: :class:`AdvanceHold` the claim, the checkpoint or the handover reserved (``None``:
+    #: nothing held).
     held_tokens: int | None = None
 
     @property
@@ -69,7 +70,8 @@ class Lease:
 @dataclass(frozen=True)
 class AdvanceHold:
     """A model call's worst case, reserved under the job's budgets by the statement that hands
-    the lease to the call (the checkpoint, or a later step's takeover), so a budget costs the
+    the lease to the call (``run_idempotent``'s claim, a Dagster step's checkpoint or a later
+    step's takeover), so a budget costs the
     call no round trip of its own: ``max_tokens`` (the step's declared most tokens per call)
     at the dearest price of ``requested_model``."""
 

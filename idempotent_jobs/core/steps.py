@@ -246,7 +246,7 @@ def call_model(
     request's worst case, as the provider models do) has each request admitted there, in one
     statement; any other is reserved once before it runs, at the policy's
     ``max_tokens_per_call`` (none: only checked). What the lease holds already
-    (:func:`advance_hold`, reserved with the checkpoint or the handover) is not reserved
+    (reserved with the claim, the checkpoint or the handover) is not reserved
     again: that step's or first request's budget costs no round trip.
 
     ``record_answer``: record the paid call with its answer before returning it

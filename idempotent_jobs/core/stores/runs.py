@@ -207,11 +207,7 @@ class RunsStore(Store):
         )
 
     def checkpoint(
-        self,
-        lease: Lease,
-        raw_input: dict[str, Any],
-        *,
-        hold: AdvanceHold | None = None,
+        self, lease: Lease, raw_input: dict[str, Any], *, hold: AdvanceHold | None = None
     ) -> Lease:
         """Checkpoint the collected input; the first stored value wins. Returns the lease with
         the stored checkpoint and its fingerprint: the :class:`Basis` of an answer computed on
