@@ -14,11 +14,12 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.database import DATABASE_URL_ENV
 from idempotent_jobs.core.project_paths import project_home
 from idempotent_jobs.operator.embedded import start_embedded_postgres
 from idempotent_jobs_tests.installed_wheel import install_wheel
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.dagster_harness import DagsterTestEnv
 from testkit.pgbouncer import PgBouncer
 
@@ -85,7 +86,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def template_database(server_url: str) -> Iterator[str]:
     name = f"ij_template_{uuid.uuid4().hex[:12]}"
     admin_execute(server_url, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    BothFaces(database_conninfo(server_url, name)).migrate()
+    admin = LedgerAdmin(database_conninfo(server_url, name))
+    admin.migrate()
+    admin.close()
     yield name
     _drop(server_url, name)
 
@@ -214,8 +217,18 @@ def database(
 
 
 @pytest.fixture
-def ledger(database: str) -> Iterator[BothFaces]:
-    with BothFaces(database) as opened:
+def ledger(database: str) -> Iterator[HarnessLedger]:
+    """The worker face on the test database (claims, checkpoints, commits, model calls), with
+    the test harness's own statements."""
+    with HarnessLedger(database) as opened:
+        yield opened
+
+
+@pytest.fixture
+def operator(database: str) -> Iterator[LedgerAdmin]:
+    """The operator face on the same database (listings, revisions, prices, budgets, drills,
+    migrate), a pool of its own: what a test reads back is what an operator would see."""
+    with LedgerAdmin(database) as opened:
         yield opened
 
 

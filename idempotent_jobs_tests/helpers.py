@@ -11,7 +11,7 @@ import psycopg
 
 from idempotent_jobs import Lease, RunIdentity
 from idempotent_jobs.core.records import OutboxRecord
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 
 def identity(subject: str = "workspace-acme", hour: int = 9) -> RunIdentity:
@@ -51,7 +51,9 @@ def email(output: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {"email": {"body": output["summary"]}}
 
 
-def claimed(ledger: BothFaces, ident: RunIdentity, worker: str = "w", lease: float = 30) -> Lease:
+def claimed(
+    ledger: HarnessLedger, ident: RunIdentity, worker: str = "w", lease: float = 30
+) -> Lease:
     """Register the run and take its lease (which must succeed)."""
     ledger.register(ident)
     taken = ledger.claim(ident.run_id, worker, lease)
@@ -79,7 +81,7 @@ def backdate(db: psycopg.Connection, run_id: str, days: int) -> None:
     )
 
 
-def deliver_all(ledger: BothFaces) -> list[OutboxRecord]:
+def deliver_all(ledger: HarnessLedger) -> list[OutboxRecord]:
     sent: list[OutboxRecord] = []
     ledger.deliver_outbox(lambda row: sent.append(row))
     return sent

@@ -1,21 +1,18 @@
-"""The ledger a test holds when it plays both roles: a worker that claims and commits, and the
-operator who then reads what the ledger holds.
-
-:class:`BothFaces` is the worker face (:class:`RunLedger`) whose missing attributes are the
-operator face's (:class:`LedgerAdmin`, same settings, a pool of its own), plus what only tests do
-(``harness.sql``): register a run without claiming it.
+"""The worker face a test holds: :class:`HarnessLedger` is :class:`RunLedger` plus what only
+tests do (``harness.sql``): register a run without claiming it. The operator's reads and writes
+go through the operator face (:class:`~idempotent_jobs.core.admin.LedgerAdmin`), a fixture of
+its own: a test plays each role through that role's face.
 """
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
 from importlib import resources
-from typing import Any, Concatenate, Generic, LiteralString, ParamSpec, TypeVar
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg import sql
 
-from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.checks import check_identity, identity_params
 from idempotent_jobs.core.errors import IdentityConflictError
 from idempotent_jobs.core.executor import Executor
@@ -46,61 +43,13 @@ class HarnessExecutor(Executor):
         return text
 
 
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-class AdminMethod(Generic[P, R]):
-    """One of the operator face's methods, on :class:`BothFaces`: typed as the operator's
-    (the worker face's stub of the same name says it moved)."""
-
-    def __init__(self, method: Callable[Concatenate[Any, P], R]) -> None:
-        self.name = ""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, instance: "BothFaces", owner: type | None = None) -> Callable[P, R]:
-        bound: Callable[P, R] = getattr(instance.admin, self.name)
-        return bound
-
-
-class BothFaces(RunLedger):
-    """``BothFaces(conninfo, **settings)``: a worker face that also answers the operator
-    face's methods (``ledger.attempts(run_id)``, ``ledger.revise(...)``, ``ledger.migrate()``)."""
+class HarnessLedger(RunLedger):
+    """``HarnessLedger(conninfo, **settings)``: the worker face, plus what only tests do
+    (``harness.sql``): register a run without claiming it, checkpoint by the stored value, and
+    read or set up rows by hand on one of its own connections. What an operator does is the
+    operator face's (the ``operator`` fixture, or ``LedgerAdmin.beside(ledger)``)."""
 
     executor_class = HarnessExecutor
-
-    @property
-    def admin(self) -> LedgerAdmin:
-        """The operator face over the same settings, made at first use (a pool of its own)."""
-        admin = self.__dict__.get("_admin")
-        if admin is None:
-            admin = self.__dict__["_admin"] = LedgerAdmin(self.settings)
-        return admin
-
-    # The worker face's stubs (typed NoReturn) answered by the operator face: only this hybrid
-    # may break that contract, hence the ignores.
-    migrate = AdminMethod(LedgerAdmin.migrate)  # type: ignore[assignment]
-    upgrade = AdminMethod(LedgerAdmin.upgrade)  # type: ignore[assignment]
-    missing_privileges = AdminMethod(LedgerAdmin.missing_privileges)  # type: ignore[assignment]
-    arm_drill = AdminMethod(LedgerAdmin.arm_drill)  # type: ignore[assignment]
-    disarm_drills = AdminMethod(LedgerAdmin.disarm_drills)  # type: ignore[assignment]
-    attempts = AdminMethod(LedgerAdmin.attempts)  # type: ignore[assignment]
-    outbox = AdminMethod(LedgerAdmin.outbox)  # type: ignore[assignment]
-    revisions = AdminMethod(LedgerAdmin.revisions)  # type: ignore[assignment]
-    revise = AdminMethod(LedgerAdmin.revise)  # type: ignore[assignment]
-
-    def __getattr__(self, name: str) -> Any:  # only what RunLedger lacks
-        if name.startswith("_") or "settings" not in self.__dict__:
-            raise AttributeError(name)
-        return getattr(self.admin, name)
-
-    def close(self) -> None:
-        super().close()
-        admin = self.__dict__.get("_admin")
-        if admin is not None:
-            admin.close()
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from idempotent_jobs import JobConfig, RunIdentity, RunLedger, run_idempotent
 from idempotent_jobs_tests.helpers import identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 
 def race_run_idempotent(
@@ -33,7 +33,7 @@ def race_run_idempotent(
         release_winner.wait(timeout=120)
         return {"summary": f"answer from {os.getpid()}"}
 
-    with BothFaces(conninfo) as ledger:
+    with HarnessLedger(conninfo) as ledger:
         barrier.wait()
         outcome = run_idempotent(
             ledger,
@@ -60,7 +60,7 @@ def race_claim(
     barrier: multiprocessing.synchronize.Barrier,
     out: "multiprocessing.Queue[int | None]",
 ) -> None:
-    with BothFaces(conninfo) as ledger:
+    with HarnessLedger(conninfo) as ledger:
         barrier.wait()
         lease = ledger.claim(run_id, f"worker-{os.getpid()}", 60)
     out.put(lease.epoch if lease else None)
@@ -68,7 +68,7 @@ def race_claim(
 
 def hold_lease_then_hang(conninfo: str, run_id: str, lease_seconds: float) -> None:
     """Claim, print the expiry, then hang until killed (a worker that dies holding a lease)."""
-    with BothFaces(conninfo) as ledger:
+    with HarnessLedger(conninfo) as ledger:
         lease = ledger.claim(run_id, f"doomed-{os.getpid()}", lease_seconds)
         assert lease is not None and lease.expires_at is not None
         sys.stdout.write(f"{lease.epoch} {lease.expires_at.isoformat()}\n")
@@ -204,7 +204,7 @@ def spend_until_refused(
         return ModelAnswer({"summary": f"call {calls} of worker {worker}"}, usage)
 
     refused: dict[str, Any] | None = None
-    with BothFaces(conninfo) as ledger:
+    with HarnessLedger(conninfo) as ledger:
         start.wait(timeout=120)
         for n in range(10_000):
             ident = RunIdentity(

@@ -11,6 +11,7 @@ from decimal import Decimal
 from typing import Any
 
 from idempotent_jobs.batches.search import cancel_quietly, refused
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.batch_book import ENDED_STATES
 from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.errors import (
@@ -38,7 +39,7 @@ RENEW_EVERY_ITEMS = 100
 
 
 def start(
-    admin: Any,
+    admin: LedgerAdmin,
     steps: ShadowSteps,
     *,
     lane: str = "batch",
@@ -135,7 +136,7 @@ def _batch_provider(provider: BatchProvider | None) -> BatchProvider:
     return provider
 
 
-def progress(ledger: Any, shadow_id: str) -> ShadowProgress:
+def progress(ledger: RunLedger | LedgerAdmin, shadow_id: str) -> ShadowProgress:
     row = ledger.shadow(shadow_id)
     if row is None:
         raise LedgerError(f"no shadow {shadow_id}")

@@ -11,6 +11,7 @@ a crash is only marked."""
 from collections.abc import Sequence
 from typing import Any
 
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.commits import commit
 from idempotent_jobs.core.errors import (
     InvalidInputError,
@@ -31,7 +32,7 @@ RUN_LEASE_SECONDS = 120.0
 
 def promote(
     ledger: RunLedger,
-    admin: Any,
+    admin: LedgerAdmin,
     steps: ShadowSteps,
     shadow_id: str,
     *,
@@ -84,7 +85,7 @@ def promote(
 
 def _revise_changed(
     ledger: RunLedger,
-    admin: Any,
+    admin: LedgerAdmin,
     steps: ShadowSteps,
     lease: ShadowLease,
     row: dict[str, Any],
@@ -180,7 +181,7 @@ def _count(
         done["stale" if accepted is False else "failed"] += 1
 
 
-def _revised_by(admin: Any, run_id: str, revision: int, mark: str) -> bool:
+def _revised_by(admin: LedgerAdmin, run_id: str, revision: int, mark: str) -> bool:
     return any(r.revision == revision and r.requested_by == mark for r in admin.revisions(run_id))
 
 

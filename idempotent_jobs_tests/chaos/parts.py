@@ -114,7 +114,7 @@ def run_worker(spec: dict[str, Any]) -> None:
     """
     from idempotent_jobs import ModelAnswer, ModelUsage, TokenBudget, run_idempotent
     from idempotent_jobs.dagster.resources import WebhookChannel
-    from idempotent_jobs_tests.ledgers import BothFaces
+    from idempotent_jobs_tests.ledgers import HarnessLedger
 
     # A session of its own: when a process of the runner's group exits and leaves that group
     # orphaned, the kernel sends SIGHUP and SIGCONT to every member if one is stopped, which
@@ -126,7 +126,7 @@ def run_worker(spec: dict[str, Any]) -> None:
     # outcome instead.
     logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
 
-    class ChaosLedger(BothFaces):
+    class ChaosLedger(HarnessLedger):
         def begin(self, *args: Any, **kwargs: Any) -> Any:
             record, lease = super().begin(*args, **kwargs)  # register + claim, one statement
             if crash == "after_claim" and lease is not None:

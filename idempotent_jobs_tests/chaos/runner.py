@@ -66,7 +66,7 @@ from idempotent_jobs_tests.chaos.parts import (
     trial_identity,
 )
 from idempotent_jobs_tests.chaos.shadow_trials import ShadowTrials
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.fake_providers import Answer, Drop, FakeProviders, Request, Scripted, Status
 from testkit.pgbouncer import PgBouncer
 
@@ -130,7 +130,7 @@ class Chaos:
         self.killed_in_commit: set[int] = set()  # workers SIGKILLed as their commit went out
         self.pgdata = workdir / "pgdata"
         self.url = start_embedded_postgres(self.pgdata)
-        BothFaces(self.url).migrate()
+        LedgerAdmin(self.url).migrate()
         params = psycopg.conninfo.conninfo_to_dict(self.url)
         self.socket_path = f"{params['host']}/.s.PGSQL.{params.get('port') or 5432}"
         # Workers (and the fault proxy) reach the ledger through PgBouncer in transaction mode
@@ -448,8 +448,8 @@ class Chaos:
         process, marker = self.pause_in_model_call(trial, fallback=True)
         self.recover(trial)
         recollect = self.rng.random() < 0.5
-        with BothFaces(self.url) as ledger:
-            ledger.revise(run_id, "chaos: recompute", channels=["hook"], recollect=recollect)
+        with LedgerAdmin(self.url) as operator:
+            operator.revise(run_id, "chaos: recompute", channels=["hook"], recollect=recollect)
         # Without recollect the checkpoint is kept: the new revision never calls collect.
         points = [p for p in CRASH_POINTS if recollect or p != "during_collect"]
         point = self.rng.choice(["paused-only", *points])
@@ -489,12 +489,12 @@ class Chaos:
             authorization=CHAOS_AUTHORIZATION,
             timeout_seconds=WEBHOOK_TIMEOUT,
         )
-        with BothFaces(self.url) as ledger:
+        with HarnessLedger(self.url) as ledger, LedgerAdmin.beside(ledger) as operator:
             for _ in range(len(faults) + 2):  # the CLI's `outbox deliver`, or the op's retries
-                if not ledger.outbox(run_id, pending_only=True):
+                if not operator.outbox(run_id, pending_only=True):
                     break
                 ledger.deliver_outbox(channel.send, run_id=run_id)
-            [row] = ledger.outbox(run_id)
+            [row] = operator.outbox(run_id)
         left, self.receiver.faults = self.receiver.faults, []
         verdict = self.verdict(trial, "deliver:" + "+".join(faults))
         if left:
@@ -522,18 +522,18 @@ class Chaos:
         reports: list[Any] = []
 
         def prune_now() -> None:
-            with BothFaces(self.url) as pruner:
+            with LedgerAdmin(self.url) as pruner:
                 policy = RetentionPolicy.of_days(
                     raw_input=30, output=30, attempts=30, delivered_payloads=30
                 )
-                reports.append(prune(pruner.admin, "chaos", policy, apply=True, batch_size=50))
+                reports.append(prune(pruner, "chaos", policy, apply=True, batch_size=50))
 
         pruning = threading.Thread(target=prune_now)
         pruning.start()
         problems: list[str] = []
         if revise:
-            with BothFaces(self.url) as ledger:
-                ledger.revise(run_id, "chaos: recompute", channels=["hook"], recollect=True)
+            with LedgerAdmin(self.url) as operator:
+                operator.revise(run_id, "chaos: recompute", channels=["hook"], recollect=True)
             if point != "none":
                 problems = self.killed_worker(trial, point)
         else:

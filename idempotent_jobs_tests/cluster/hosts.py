@@ -25,10 +25,10 @@ import psycopg
 import yaml
 from psycopg.conninfo import make_conninfo
 
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs_tests.chaos.parts import Receiver
 from idempotent_jobs_tests.cluster.location import partition_of
 from idempotent_jobs_tests.cluster.network import Network
-from idempotent_jobs_tests.ledgers import BothFaces
 from testkit.pgbouncer import PgBouncer
 from testkit.system_tools import require
 
@@ -121,7 +121,7 @@ class Hosts:
         with psycopg.connect(self.server_url, autocommit=True) as conn:
             for name in ("ledger", "dagster_dep1", "dagster_dep2"):
                 conn.execute(f"CREATE DATABASE {name}".encode())
-        BothFaces(self.ledger_url).migrate()
+        LedgerAdmin(self.ledger_url).migrate()
         if self.use_pgbouncer:
             self.bouncer = bouncer = PgBouncer(
                 f"host={self.pg_socket} port=5432",

@@ -21,7 +21,7 @@ from idempotent_jobs.dagster import (
     build_idempotent_job,
 )
 from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.dagster_harness import DagsterTestEnv
 from testkit.fake_providers import Answer, FakeProviders
 from testkit.specs import job_spec
@@ -84,7 +84,7 @@ def _resources(
 
 def test_a_range_backfilled_through_the_batch_lane_is_computed_once_and_reused(
     dagster_env: DagsterTestEnv,
-    ledger: BothFaces,
+    ledger: HarnessLedger,
     db: psycopg.Connection,
     provider: FakeProviders,
 ) -> None:
@@ -160,7 +160,7 @@ def test_a_range_backfilled_through_the_batch_lane_is_computed_once_and_reused(
 def test_a_range_larger_than_a_provider_batch_is_split_into_batches_it_takes(
     api: str,
     dagster_env: DagsterTestEnv,
-    ledger: BothFaces,
+    ledger: HarnessLedger,
     db: psycopg.Connection,
     provider: FakeProviders,
 ) -> None:
@@ -213,7 +213,7 @@ def test_a_range_larger_than_a_provider_batch_is_split_into_batches_it_takes(
 
 def test_a_batch_the_provider_refuses_fails_the_launch_and_gives_its_runs_back(
     dagster_env: DagsterTestEnv,
-    ledger: BothFaces,
+    ledger: HarnessLedger,
     db: psycopg.Connection,
     provider: FakeProviders,
 ) -> None:
@@ -250,7 +250,7 @@ def test_a_batch_the_provider_refuses_fails_the_launch_and_gives_its_runs_back(
 
 def test_a_batch_whose_step_fails_never_stops_the_others_in_a_tick(
     dagster_env: DagsterTestEnv,
-    ledger: BothFaces,
+    ledger: HarnessLedger,
     db: psycopg.Connection,
     provider: FakeProviders,
 ) -> None:

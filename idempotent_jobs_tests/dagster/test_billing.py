@@ -39,7 +39,7 @@ from idempotent_jobs.models.answers import RetryPolicy
 from idempotent_jobs.models.errors import ProviderError
 from idempotent_jobs.models.prompts import Prompt, require
 from idempotent_jobs_tests.ledger.test_operator_cli import cli_env, run  # noqa: F401
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.dagster_harness import DagsterTestEnv
 from testkit.fake_providers import Answer, Drop, FakeProviders, Slow, Status
 from testkit.specs import job_spec
@@ -80,7 +80,7 @@ def _prompt(raw: dict[str, Any]) -> Prompt:
 
 
 def _call_provider(
-    ledger: BothFaces, provider: Any, subject: str, budget: Budget | None = None
+    ledger: HarnessLedger, provider: Any, subject: str, budget: Budget | None = None
 ) -> None:
     run_idempotent(
         ledger,
@@ -125,7 +125,7 @@ MONEY_ID = f"job:money/month:{JOB}"
 
 
 def test_a_price_changed_mid_call_bills_the_admitted_price_and_never_passes_the_budget(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     """The issue's 20x overshoot: a 1 USD budget, a call holding 0.2 USD, and a price set to 100
     while it is in flight. The call is billed at the price it was admitted at, and the next
@@ -166,7 +166,7 @@ def test_a_price_changed_mid_call_bills_the_admitted_price_and_never_passes_the_
     assert _holds(db) == 0
 
 
-def test_price_history_is_append_only(ledger: BothFaces, db: psycopg.Connection) -> None:
+def test_price_history_is_append_only(ledger: HarnessLedger, db: psycopg.Connection) -> None:
     with LedgerAdmin.beside(ledger) as admin:
         past = admin.database_now() - timedelta(days=3)
         # Before any call is priced, a price from the past is a correction: it prices the
@@ -213,7 +213,7 @@ def test_price_history_is_append_only(ledger: BothFaces, db: psycopg.Connection)
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 @pytest.mark.parametrize("status", [500, 429])
 def test_an_error_the_provider_answered_costs_nothing_and_its_retry_is_admitted(
-    api: str, status: int, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    api: str, status: int, fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     """A 500 or a 429 reports no usage and is not billed: money 0, the hold given back at
     once, so the retry in the same attempt fits the budget; the row names the model asked for
@@ -241,7 +241,7 @@ def test_an_error_the_provider_answered_costs_nothing_and_its_retry_is_admitted(
 
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_a_final_400_is_recorded_unbilled_and_gives_its_hold_back(
-    api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    api: str, fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     with LedgerAdmin.beside(ledger) as admin:
         admin.set_price("m1", "10", "10")
@@ -256,7 +256,7 @@ def test_a_final_400_is_recorded_unbilled_and_gives_its_hold_back(
 
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_a_timeout_after_send_stays_in_doubt_until_settled(
-    api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    api: str, fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     with LedgerAdmin.beside(ledger) as admin:
         admin.set_price("m1", "10", "10")
@@ -284,7 +284,7 @@ def test_a_timeout_after_send_stays_in_doubt_until_settled(
 
 
 def test_a_connection_cut_mid_answer_is_in_doubt(
-    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     fake.script = [Drop(Answer("{}"))]
     _call_provider(ledger, _provider(fake, "openai"), "a")
@@ -292,7 +292,7 @@ def test_a_connection_cut_mid_answer_is_in_doubt(
 
 
 def test_a_prompt_that_cannot_be_built_sends_nothing_and_books_nothing(
-    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     provider = _provider(fake, "openai")
     for _ in range(4):  # as an op retry policy would run it
@@ -309,7 +309,7 @@ def test_a_prompt_that_cannot_be_built_sends_nothing_and_books_nothing(
 
 def test_an_echoed_key_or_prompt_never_reaches_the_ledger(
     fake: FakeProviders,
-    ledger: BothFaces,
+    ledger: HarnessLedger,
     db: psycopg.Connection,
     cli_env: Path,  # noqa: F811
     capsys: pytest.CaptureFixture[str],
@@ -388,7 +388,7 @@ def test_bad_input_is_one_line_naming_the_argument_and_writes_nothing(
 
 def test_every_report_reads_one_money_to_the_cent(
     fake: FakeProviders,
-    ledger: BothFaces,
+    ledger: HarnessLedger,
     db: psycopg.Connection,
     cli_env: Path,  # noqa: F811
     capsys: pytest.CaptureFixture[str],
@@ -426,7 +426,7 @@ def test_every_report_reads_one_money_to_the_cent(
 
 
 def test_prices_list_shows_what_is_in_force_and_history_every_row(
-    ledger: BothFaces,
+    ledger: HarnessLedger,
     cli_env: Path,  # noqa: F811
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -458,7 +458,7 @@ def test_prices_list_shows_what_is_in_force_and_history_every_row(
 
 
 def test_a_connection_never_made_is_not_billed_and_holds_nothing(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     """Nothing listens at the provider's address: no byte of a request left, so a storm of
     such failures drains no budget (each is recorded at 0, its hold given back)."""
@@ -488,7 +488,7 @@ class SecretInput(Collector):
 
 
 def test_an_echoed_key_never_reaches_dagsters_event_log(
-    dagster_env: DagsterTestEnv, fake: FakeProviders, ledger: BothFaces
+    dagster_env: DagsterTestEnv, fake: FakeProviders, ledger: HarnessLedger
 ) -> None:
     """The same echo through a Dagster run: the step's failure in the event log (its message
     and the error's), as the UI and `dg` show it, carries neither the key nor the prompt."""

@@ -15,12 +15,13 @@ from idempotent_jobs import (
     TokenBudget,
     run_idempotent,
 )
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.constants import DATABASE_URL_ENV
 from idempotent_jobs.dagster import RunLedgerResource, build_idempotent_job
 from idempotent_jobs.dagster.reconciliation_job import build_reconciliation_job
 from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel, ModelStep, StepContext
 from idempotent_jobs_tests.dagster.test_failure_parity import ledger_state
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.dagster_harness import DagsterTestEnv
 from testkit.specs import job_spec
 
@@ -63,11 +64,14 @@ def _defs(env: DagsterTestEnv) -> dg.Definitions:
 
 
 def test_a_refused_step_fails_without_retry_with_spend_and_budget(
-    dagster_env: DagsterTestEnv, ledger: BothFaces, db: psycopg.Connection
+    dagster_env: DagsterTestEnv,
+    ledger: HarnessLedger,
+    operator: LedgerAdmin,
+    db: psycopg.Connection,
 ) -> None:
     defs = _defs(dagster_env)
     job = defs.resolve_job_def(SPEC.name)
-    ledger.admin.set_price("paid-model", "2", "10", effective_from=datetime(2020, 1, 1, tzinfo=UTC))
+    operator.set_price("paid-model", "2", "10", effective_from=datetime(2020, 1, 1, tzinfo=UTC))
     first = job.execute_in_process(partition_key="first|2026-08-07")
     assert first.success  # 15 of 10 spent
     [called] = [

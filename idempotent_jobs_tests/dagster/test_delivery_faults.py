@@ -7,11 +7,12 @@ from collections.abc import Iterator
 import pytest
 
 from idempotent_jobs import InvalidInputError
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.dagster.resources import WebhookChannel
 from idempotent_jobs_tests.chaos.parts import CHAOS_AUTHORIZATION as SECRET
 from idempotent_jobs_tests.chaos.parts import FAULTS, Receiver
 from idempotent_jobs_tests.helpers import claimed, identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 
 @pytest.fixture
@@ -26,7 +27,7 @@ def endpoints() -> Iterator[tuple[Receiver, Receiver]]:
 
 @pytest.mark.parametrize("fault", FAULTS)
 def test_a_row_is_delivered_only_after_a_2xx_and_each_key_is_received_once(
-    ledger: BothFaces, endpoints: tuple[Receiver, Receiver], fault: str
+    ledger: HarnessLedger, operator: LedgerAdmin, endpoints: tuple[Receiver, Receiver], fault: str
 ) -> None:
     receiver, elsewhere = endpoints
     ident = identity()
@@ -40,7 +41,7 @@ def test_a_row_is_delivered_only_after_a_2xx_and_each_key_is_received_once(
     assert time.monotonic() - started < 5
     [(row, reason)] = report.failed
     assert report.delivered == []
-    [pending] = ledger.outbox(ident.run_id, pending_only=True)
+    [pending] = operator.outbox(ident.run_id, pending_only=True)
     assert pending.delivered_at is None and pending.delivery_attempts == 1
     assert pending.last_error == reason
     if fault.isdigit():
@@ -49,7 +50,7 @@ def test_a_row_is_delivered_only_after_a_2xx_and_each_key_is_received_once(
 
     report = ledger.deliver_outbox(channel.send)
     assert [r.idempotency_key for r in report.delivered] == [f"{ident.run_id}:hook"]
-    [done] = ledger.outbox(ident.run_id)
+    [done] = operator.outbox(ident.run_id)
     assert done.delivered_at is not None and done.delivery_attempts == 2
     keys = [s.key for s in receiver.seen]
     assert keys == [f"{ident.run_id}:hook"] * 2, "the retry carries the same key"
@@ -60,7 +61,7 @@ def test_a_row_is_delivered_only_after_a_2xx_and_each_key_is_received_once(
 
 
 def test_a_redirect_error_names_the_target_and_no_credential_goes_there(
-    ledger: BothFaces, endpoints: tuple[Receiver, Receiver]
+    ledger: HarnessLedger, endpoints: tuple[Receiver, Receiver]
 ) -> None:
     receiver, elsewhere = endpoints
     lease = claimed(ledger, identity())
@@ -74,7 +75,7 @@ def test_a_redirect_error_names_the_target_and_no_credential_goes_there(
 
 @pytest.mark.parametrize("name", ["ops:r1", "email:ops@acme.example", "a:b"])
 def test_a_channel_name_that_could_forge_another_key_is_refused(
-    ledger: BothFaces, name: str
+    ledger: HarnessLedger, operator: LedgerAdmin, name: str
 ) -> None:
     """``ops:r1`` at revision 0 and ``ops`` at revision 1 would both be ``<id>:ops:r1``."""
     ident = identity()
@@ -84,18 +85,20 @@ def test_a_channel_name_that_could_forge_another_key_is_refused(
     assert info.value.field == "notifications" and repr(name) in str(info.value)
     ledger.complete(lease, {"summary": "s"}, {"ops": {"n": 1}})
     with pytest.raises(InvalidInputError) as revised:
-        ledger.revise(ident.run_id, "again", channels=[name])
+        operator.revise(ident.run_id, "again", channels=[name])
     assert revised.value.field == "channels"
     record = ledger.get(ident.run_id)
     assert record is not None and record.status == "completed" and record.revision == 0
 
 
-def test_keys_of_channels_and_revisions_are_all_distinct(ledger: BothFaces) -> None:
+def test_keys_of_channels_and_revisions_are_all_distinct(
+    ledger: HarnessLedger, operator: LedgerAdmin
+) -> None:
     ident = identity()
     lease = claimed(ledger, ident)
     ledger.complete(lease, {"summary": "s"}, {"ops": {"n": 0}, "ops-r1": {"n": 0}})
-    ledger.revise(ident.run_id, "again", channels=["ops", "ops-r1"])
+    operator.revise(ident.run_id, "again", channels=["ops", "ops-r1"])
     lease = claimed(ledger, ident, "w2")
     ledger.complete(lease, {"summary": "t"}, {"ops": {"n": 1}, "ops-r1": {"n": 1}})
-    keys = [row.idempotency_key for row in ledger.outbox(ident.run_id)]
+    keys = [row.idempotency_key for row in operator.outbox(ident.run_id)]
     assert len(keys) == 4 and len(set(keys)) == 4, keys

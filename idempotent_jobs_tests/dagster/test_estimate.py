@@ -7,13 +7,13 @@ from typing import Any
 
 from idempotent_jobs import LedgerAdmin, ModelAnswer, ModelUsage, run_idempotent
 from idempotent_jobs.operator.estimate import estimate
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.specs import job_spec
 
 SPEC = job_spec("estimated", subjects=["a", "b", "c"], start="2026-11-01")
 
 
-def _run(ledger: BothFaces, key: str, text: str, tokens: int) -> None:
+def _run(ledger: HarnessLedger, key: str, text: str, tokens: int) -> None:
     """One accepted run of partition ``key`` whose input is ``text``, its call ``tokens``."""
     run_idempotent(
         ledger,
@@ -24,7 +24,7 @@ def _run(ledger: BothFaces, key: str, text: str, tokens: int) -> None:
 
 
 def test_an_estimate_counts_each_partition_once_and_scales_collected_inputs(
-    ledger: BothFaces,
+    ledger: HarnessLedger,
 ) -> None:
     _run(ledger, "a|2026-11-01", "x" * 1000, 500)
     _run(ledger, "b|2026-11-01", "x" * 1000, 500)
@@ -55,7 +55,7 @@ def test_an_estimate_counts_each_partition_once_and_scales_collected_inputs(
     assert every.expected_cost is None and not h.priced
 
 
-def test_an_estimate_prices_at_the_history_of_prices(ledger: BothFaces) -> None:
+def test_an_estimate_prices_at_the_history_of_prices(ledger: HarnessLedger) -> None:
     with LedgerAdmin.beside(ledger) as admin:
         admin.set_price("m", "1", "1", effective_from=datetime(2020, 1, 1, tzinfo=UTC))
     _run(ledger, "a|2026-11-01", "x", 1000)
@@ -66,7 +66,7 @@ def test_an_estimate_prices_at_the_history_of_prices(ledger: BothFaces) -> None:
 
 
 def test_an_estimate_shows_the_batch_lane_at_the_batch_tiers_price_side_by_side(
-    ledger: BothFaces,
+    ledger: HarnessLedger,
 ) -> None:
     _run(ledger, "a|2026-11-01", "x", 1000)
     with LedgerAdmin.beside(ledger) as admin:

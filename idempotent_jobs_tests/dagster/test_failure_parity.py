@@ -17,6 +17,7 @@ import pytest
 
 from idempotent_jobs import run_idempotent
 from idempotent_jobs.batches import BatchSteps, advance, open_intent
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.database import DATABASE_URL_ENV
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.records import JobConfig, ModelUsage
@@ -29,7 +30,7 @@ from idempotent_jobs.models.batches import ItemResult, ProviderBatch
 from idempotent_jobs.models.errors import ProviderRequestError, ProviderUnavailableError
 from idempotent_jobs.models.prompts import Prompt, require
 from idempotent_jobs.models.schema import OutputSchema
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.dagster_harness import DagsterTestEnv
 from testkit.specs import job_spec
 
@@ -76,7 +77,7 @@ def _lose_lease(raw: dict[str, Any], run_id: str, db: str) -> Any:
             " WHERE run_id = %s",
             (run_id,),
         )
-    with BothFaces(db) as other:
+    with HarnessLedger(db) as other:
         assert other.claim(run_id, "other-worker", 600) is not None
     return ModelAnswer({"summary": "late"}, ModelUsage("m", 10, 5))
 
@@ -196,7 +197,9 @@ class CaseBatches:
         return self.case.model(raw, run_id, self.database)
 
 
-def through_the_lane(case: Case, identity: RunIdentity, ledger: BothFaces, database: str) -> None:
+def through_the_lane(
+    case: Case, identity: RunIdentity, ledger: HarnessLedger, database: str
+) -> None:
     """The run of ``identity`` through the batch lane, submitted and collected."""
     provider = CaseBatches(case, database)
     steps = BatchSteps(
@@ -256,13 +259,17 @@ PARTITION = "{subject}|2026-08-07"
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_a_failure_leaves_the_same_ledger_state_through_both_drivers(
-    name: str, dagster_env: DagsterTestEnv, ledger: BothFaces, db: psycopg.Connection
+    name: str,
+    dagster_env: DagsterTestEnv,
+    ledger: HarnessLedger,
+    operator: LedgerAdmin,
+    db: psycopg.Connection,
 ) -> None:
     case = CURRENT["case"] = CASES[name]
     via_dagster = SPEC.identity_for(PARTITION.format(subject="via-dagster"))
     via_protocol = SPEC.identity_for(PARTITION.format(subject="via-protocol"))
     if case.drilled:  # one drilled call for each driver
-        ledger.arm_drill(SPEC.identity_job_name, 1, 3600)
+        operator.arm_drill(SPEC.identity_job_name, 1, 3600)
 
     job = _defs(dagster_env).resolve_job_def("parity_job")
     result = job.execute_in_process(
@@ -270,7 +277,7 @@ def test_a_failure_leaves_the_same_ledger_state_through_both_drivers(
     )
     assert not result.success
     if case.drilled:
-        ledger.arm_drill(SPEC.identity_job_name, 1, 3600)
+        operator.arm_drill(SPEC.identity_job_name, 1, 3600)
 
     with pytest.raises(Exception):  # noqa: B017 - each case fails in its own way
         run_idempotent(
@@ -285,7 +292,7 @@ def test_a_failure_leaves_the_same_ledger_state_through_both_drivers(
 
     via_lane = SPEC.identity_for(PARTITION.format(subject="via-lane"))
     if case.drilled:
-        ledger.arm_drill(SPEC.identity_job_name, 1, 3600)
+        operator.arm_drill(SPEC.identity_job_name, 1, 3600)
     through_the_lane(case, via_lane, ledger, dagster_env.database)
 
     dagster_state = ledger_state(db, via_dagster.run_id)
@@ -321,7 +328,7 @@ def test_a_failure_leaves_the_same_ledger_state_through_both_drivers(
 def test_every_paid_call_is_recorded_with_the_usage_that_can_be_believed(
     name: str,
     calls: list[tuple[Any, ...]],
-    ledger: BothFaces,
+    ledger: HarnessLedger,
     db: psycopg.Connection,
     database: str,
 ) -> None:
@@ -344,7 +351,7 @@ def test_every_paid_call_is_recorded_with_the_usage_that_can_be_believed(
 
 
 def test_relaunches_after_unbelievable_usage_claim_at_once_and_record_every_call(
-    dagster_env: DagsterTestEnv, ledger: BothFaces
+    dagster_env: DagsterTestEnv, ledger: HarnessLedger, operator: LedgerAdmin
 ) -> None:
     """Three launches, three provider calls, three recorded (none stuck behind a held lease)."""
     CURRENT["case"] = CASES["huge tokens"]
@@ -357,7 +364,7 @@ def test_relaunches_after_unbelievable_usage_claim_at_once_and_record_every_call
     assert [c.outcome for c in calls] == ["rejected"] * 3
     assert [c.lease_epoch for c in calls] == [1, 2, 3]
     assert all(c.input_tokens is None and c.output_tokens == 5 for c in calls)
-    assert [a.outcome for a in ledger.attempts(run_id)] == ["failed"] * 3
+    assert [a.outcome for a in operator.attempts(run_id)] == ["failed"] * 3
 
 
 class FlakyIOManager(dg.ConfigurableIOManager):
@@ -394,7 +401,7 @@ def _paid(raw: dict[str, Any], run_id: str, db: str) -> Any:
 
 @pytest.mark.parametrize("fail", ["load", "store"])
 def test_a_paid_answer_survives_storage_between_steps_failing(
-    fail: str, dagster_env: DagsterTestEnv, ledger: BothFaces, db: psycopg.Connection
+    fail: str, dagster_env: DagsterTestEnv, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     """The IO manager fails between ``transform`` and ``persist``: the call is in the books
     (tokens, spend) at once, the attempt ends within the Dagster run (not at lease expiry,
@@ -480,7 +487,7 @@ def test_a_step_that_sent_nothing_is_not_retried_and_one_that_failed_at_the_prov
     asked: int,
     succeeds: bool,
     dagster_env: DagsterTestEnv,
-    ledger: BothFaces,
+    ledger: HarnessLedger,
     db: psycopg.Connection,
 ) -> None:
     """The op's retry policy would read the same stored input again: a refusal before any

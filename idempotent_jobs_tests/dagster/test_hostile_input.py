@@ -25,12 +25,13 @@ from idempotent_jobs import (
     RunIdentity,
     run_idempotent,
 )
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.identity import MAX_FIELD_LENGTH
 from idempotent_jobs.core.json_values import MAX_JSON_BYTES
 from idempotent_jobs.dagster.resources import WebhookChannel
 from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
 from idempotent_jobs_tests.helpers import Collector, claimed, identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 NINE = datetime(2026, 8, 7, 9, tzinfo=UTC)
 DB_EXAMPLES = settings(
@@ -114,7 +115,7 @@ json_like = st.recursive(
 @given(output=st.dictionaries(st.text(max_size=8), json_like, max_size=4))
 @DB_EXAMPLES
 def test_an_output_is_stored_exactly_or_refused_and_nothing_changes(
-    ledger: BothFaces, output: dict[str, Any]
+    ledger: HarnessLedger, output: dict[str, Any]
 ) -> None:
     ident = identity(subject=f"h-{hashlib.sha1(repr(output).encode()).hexdigest()[:16]}")
     if (record := ledger.get(ident.run_id)) is not None and record.status == "completed":
@@ -146,7 +147,7 @@ def _equal_json(stored: Any, given_value: Any) -> bool:
     return bool(stored == given_value)
 
 
-def test_huge_and_deep_values(ledger: BothFaces, database: str) -> None:
+def test_huge_and_deep_values(ledger: HarnessLedger, database: str) -> None:
     ident = identity()
     lease = claimed(ledger, ident, "w", 60)
     with pytest.raises(InvalidInputError, match="larger than"):
@@ -159,7 +160,7 @@ def test_huge_and_deep_values(ledger: BothFaces, database: str) -> None:
     five_mb = {"documents": ["word " * 1_000_000]}
     with pytest.raises(InvalidInputError, match="raw_input: is 5,000,018 bytes as JSON"):
         ledger.save_raw_input(lease, five_mb)  # over the default limit of 1 MiB
-    with BothFaces(database, max_raw_input_bytes=8 * 1024 * 1024) as roomy:
+    with HarnessLedger(database, max_raw_input_bytes=8 * 1024 * 1024) as roomy:
         assert roomy.save_raw_input(lease, five_mb) == five_mb
         assert roomy.save_raw_input(lease, {"documents": []}) == five_mb, "the checkpoint stays"
 
@@ -177,7 +178,7 @@ def test_huge_and_deep_values(ledger: BothFaces, database: str) -> None:
     ],
 )
 def test_bad_model_answers_become_recorded_failures(
-    ledger: BothFaces, answer: Any, reason: str
+    ledger: HarnessLedger, operator: LedgerAdmin, answer: Any, reason: str
 ) -> None:
     def model(raw: dict[str, Any]) -> Any:
         if isinstance(answer, Exception):
@@ -189,7 +190,7 @@ def test_bad_model_answers_become_recorded_failures(
     record = ledger.get(identity().run_id)
     assert record is not None and record.status == "failed" and record.output is None
     assert record.last_error is not None and record.last_error.startswith(reason)
-    assert ledger.outbox(identity().run_id) == []
+    assert operator.outbox(identity().run_id) == []
     done = run_idempotent(
         ledger, identity(), collect=Collector(), transform=lambda raw: {"summary": "fine"}
     )
@@ -199,7 +200,7 @@ def test_bad_model_answers_become_recorded_failures(
 def test_a_huge_answer_is_stored_whole(database: str) -> None:
     """Within a raised limit: the default refuses more than 1 MiB."""
     text = "sentence. " * 300_000  # 3 MB
-    with BothFaces(database, max_output_bytes=4 * 1024 * 1024) as ledger:
+    with HarnessLedger(database, max_output_bytes=4 * 1024 * 1024) as ledger:
         done = run_idempotent(
             ledger,
             identity(),
@@ -232,7 +233,9 @@ def closing_server() -> tuple[str, threading.Event]:
     return f"http://127.0.0.1:{listener.getsockname()[1]}/hook", stop
 
 
-def test_a_webhook_closing_the_socket_is_a_recorded_failure(ledger: BothFaces) -> None:
+def test_a_webhook_closing_the_socket_is_a_recorded_failure(
+    ledger: HarnessLedger, operator: LedgerAdmin
+) -> None:
     lease = claimed(ledger, identity(), "w", 30)
     ledger.complete(lease, {"summary": "s"}, {"hook": {"summary": "s"}})
     url, stop = closing_server()
@@ -242,20 +245,20 @@ def test_a_webhook_closing_the_socket_is_a_recorded_failure(ledger: BothFaces) -
         stop.set()
     [(row, reason)] = report.failed
     assert row.channel == "hook" and "Disconnected" in reason or "reset" in reason.lower()
-    [pending] = ledger.outbox(pending_only=True)
+    [pending] = operator.outbox(pending_only=True)
     assert pending.delivery_attempts == 1 and pending.last_error == reason
 
 
 def test_no_secret_in_errors_or_logs(caplog: pytest.LogCaptureFixture) -> None:
     secret = "s3cr3t-Pa55"
     caplog.set_level(logging.DEBUG)
-    ledger = BothFaces(
+    ledger = HarnessLedger(
         f"postgresql://ledger:{secret}@127.0.0.1:9/ledger", connect_timeout_seconds=1
     )
     with pytest.raises(LedgerConnectionError) as info:
         ledger.open()
     with pytest.raises(LedgerConnectionError) as migrate_info:
-        ledger.migrate()
+        LedgerAdmin.beside(ledger).migrate()
     channel = WebhookChannel(url="http://127.0.0.1:9/hook", authorization=f"Bearer {secret}")
     texts = [str(info.value), str(migrate_info.value), repr(ledger), repr(channel)]
     texts += [record.getMessage() for record in caplog.records]
@@ -282,9 +285,9 @@ def test_a_role_that_may_not_create_the_schema_gets_a_clear_error(
         with pytest.raises(
             LedgerPermissionError, match="lacks a privilege: permission denied for database"
         ):
-            BothFaces(url, connect_timeout_seconds=2).migrate()
+            LedgerAdmin(url, connect_timeout_seconds=2).migrate()
         with pytest.raises(LedgerError) as info:
-            BothFaces(url, connect_timeout_seconds=2).migrate()
+            LedgerAdmin(url, connect_timeout_seconds=2).migrate()
         assert "Pa55-in-url" not in str(info.value)
     finally:
         with psycopg.connect(server_url, autocommit=True) as conn:

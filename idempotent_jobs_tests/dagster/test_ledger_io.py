@@ -5,15 +5,16 @@ from dataclasses import replace
 
 import psycopg
 
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.records import Basis, CallOrigin, JobConfig, ModelUsage
 from idempotent_jobs.core.retention import RetentionPolicy, prune
 from idempotent_jobs.core.steps import BoundAnswer
 from idempotent_jobs.dagster.ticket import StepResult, Ticket, ticket_from_json, ticket_to_json
 from idempotent_jobs_tests.helpers import backdate, claimed, identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 
-def _ticket(ledger: BothFaces) -> Ticket:
+def _ticket(ledger: HarnessLedger) -> Ticket:
     ident = identity("io")
     lease = ledger.checkpoint(claimed(ledger, ident), {"documents": ["d"]})
     lease = replace(lease, budgeted=False)  # known at the claim: the next step need not ask
@@ -29,7 +30,7 @@ def _ticket(ledger: BothFaces) -> Ticket:
     return Ticket.under(lease, "dagster-run", StepResult.MODEL_CALLED, answer)
 
 
-def test_a_ticket_survives_the_round_trip_through_the_ledger(ledger: BothFaces) -> None:
+def test_a_ticket_survives_the_round_trip_through_the_ledger(ledger: HarnessLedger) -> None:
     ticket = _ticket(ledger)
     ledger.store_step_output("dagster-run", "transform", "result", ticket_to_json(ticket))
     stored = ledger.load_step_output("dagster-run", "transform", "result")
@@ -41,7 +42,7 @@ def test_a_ticket_survives_the_round_trip_through_the_ledger(ledger: BothFaces) 
 
 
 def test_retention_prunes_the_hand_overs_of_completed_runs_with_their_attempts(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     ticket = _ticket(ledger)
     for step in ("collect", "transform"):
@@ -49,14 +50,14 @@ def test_retention_prunes_the_hand_overs_of_completed_runs_with_their_attempts(
     assert ticket.lease is not None and ticket.answer is not None
     ledger.complete(ticket.lease, ticket.answer.output)
     policy = RetentionPolicy.of_days(attempts=30)
-    assert prune(ledger.admin, "competitor-summary", policy, apply=True).rows == 0
+    assert prune(operator, "competitor-summary", policy, apply=True).rows == 0
     db.execute("UPDATE idempotent_jobs.step_outputs SET created_at = now() - interval '40 days'")
     backdate(db, ticket.run_id, 40)
     # A dry run counts every one, however small the batches; the apply prunes them all.
-    dry = prune(ledger.admin, "competitor-summary", policy, batch_size=1)
+    dry = prune(operator, "competitor-summary", policy, batch_size=1)
     assert dry.parts["attempts"].rows == 3  # the attempt row and the two hand-overs
     assert ledger.load_step_output("dagster-run", "transform", "result") is not None
-    applied = prune(ledger.admin, "competitor-summary", policy, apply=True, batch_size=1)
+    applied = prune(operator, "competitor-summary", policy, apply=True, batch_size=1)
     assert applied.parts["attempts"].rows == 3
     for step in ("collect", "transform"):
         assert ledger.load_step_output("dagster-run", step, "result") is None

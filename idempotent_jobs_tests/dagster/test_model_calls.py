@@ -15,11 +15,12 @@ from idempotent_jobs import (
     StaleCandidateError,
     run_idempotent,
 )
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.dagster.results import output_metadata
 from idempotent_jobs.operator.cli import main
 from idempotent_jobs_tests.dagster_defs import SUMMARY_SPEC, defs
 from idempotent_jobs_tests.helpers import Collector, claimed, expire_lease, identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.dagster_harness import DagsterTestEnv
 
 
@@ -37,7 +38,7 @@ def answers(*scripted: Any) -> Any:
     return transform
 
 
-def test_failed_rejected_and_accepted_calls_are_all_recorded(ledger: BothFaces) -> None:
+def test_failed_rejected_and_accepted_calls_are_all_recorded(ledger: HarnessLedger) -> None:
     ident = identity()
     model = answers(
         TimeoutError("provider timed out"),
@@ -82,14 +83,14 @@ def test_failed_rejected_and_accepted_calls_are_all_recorded(ledger: BothFaces) 
 
 
 def test_a_stale_answer_is_recorded_as_a_wasted_call(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     ident = identity()
     first = ledger.checkpoint(claimed(ledger, ident, "w1"), {"documents": ["d"]})
     expire_lease(db, ident.run_id)
     second = claimed(ledger, ident, "w2")
     ledger.complete(second, {"summary": "r0"}, usage=ModelUsage("m", 10, 1))
-    ledger.revise(ident.run_id, "again", recollect=True)
+    operator.revise(ident.run_id, "again", recollect=True)
     fallback = claimed(ledger, ident, "w1")
     with pytest.raises(StaleCandidateError):
         ledger.complete(
@@ -116,7 +117,8 @@ def test_a_stale_answer_is_recorded_as_a_wasted_call(
 
 def test_the_call_is_recorded_with_the_step_that_made_it_and_persist_reports_totals(
     dagster_env: DagsterTestEnv,
-    ledger: BothFaces,
+    ledger: HarnessLedger,
+    operator: LedgerAdmin,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     database: str,
@@ -138,7 +140,7 @@ def test_the_call_is_recorded_with_the_step_that_made_it_and_persist_reports_tot
     assert {c.caller_run_id for c in calls} == {result.run_id}
     assert calls[1].model_name == "recording-model"
     assert (calls[1].input_tokens, calls[1].output_tokens) == (102, 10)
-    attempts = ledger.attempts(ident.run_id)
+    attempts = operator.attempts(ident.run_id)
     # Each attempt names the last step that took its lease over (collect claimed the first and
     # transform failed it), so `runs show` lists a failure under the step that failed; persist
     # commits under the lease transform handed it.
@@ -163,7 +165,7 @@ def test_the_call_is_recorded_with_the_step_that_made_it_and_persist_reports_tot
 
 
 def test_a_recorded_answer_lost_again_at_its_commit_is_still_one_call(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     """``transform`` recorded its paid answer; a later step (re-execution, the lost-lease
     fallback) claims again, and loses that lease too before its commit lands. The call it

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from idempotent_jobs.core import project_paths as project_module
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.database import DATABASE_URL_ENV
 from idempotent_jobs.core.project_paths import HOME_ENV
 from idempotent_jobs.operator.cli import main
 from idempotent_jobs.operator.location_targets import CODE_LOCATION_ENV
 from idempotent_jobs_tests.dagster.test_your_own_job import EXAMPLE
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from idempotent_jobs_tests.system.test_outbox_ownership import DEFINITIONS, TEAMS
 
 GOOD = DEFINITIONS.format(**TEAMS["a"])
@@ -249,7 +250,7 @@ def contracts(
     from datetime import UTC, datetime
 
     run = RunIdentity("contract-review", "acme", datetime(2026, 11, 2, tzinfo=UTC), "v1")
-    with BothFaces(database) as ledger:
+    with HarnessLedger(database) as ledger:
         _, lease = ledger.begin(run, "w", 60)
         assert lease is not None
         ledger.complete(ledger.checkpoint(lease, {"docs": []}), {"summary": "fine"})
@@ -264,9 +265,9 @@ def test_revise_now_checks_the_environment_before_it_writes(
     code = main([*location, "revise", run_id, "--reason", "new prompt", "--now"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "CONTRACT_API_KEY" in err[0], err
-    with BothFaces(database) as ledger:
-        record = ledger.get(run_id)
-        assert record is not None and ledger.revisions(run_id) == []
+    with LedgerAdmin(database) as operator:
+        record = operator.get(run_id)
+        assert record is not None and operator.revisions(run_id) == []
         assert (record.status, record.revision, record.output) == (
             "completed",
             0,

@@ -8,6 +8,7 @@ import dagster as dg
 import pytest
 
 from idempotent_jobs import LedgerPermissionError, RateLimit, RunIdentity
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.constants import DATABASE_URL_ENV
 from idempotent_jobs.dagster import (
     OpenAICompatibleModel,
@@ -15,7 +16,7 @@ from idempotent_jobs.dagster import (
     build_idempotent_job,
 )
 from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.dagster_harness import DagsterTestEnv
 from testkit.fake_providers import Answer, FakeProviders
 from testkit.specs import job_spec
@@ -52,7 +53,10 @@ def provider() -> Iterator[FakeProviders]:
 
 
 def test_the_spec_declares_the_limit_and_the_step_reports_its_wait(
-    dagster_env: DagsterTestEnv, ledger: BothFaces, provider: FakeProviders
+    dagster_env: DagsterTestEnv,
+    ledger: HarnessLedger,
+    operator: LedgerAdmin,
+    provider: FakeProviders,
 ) -> None:
     defs = dg.Definitions(
         jobs=[JOB],
@@ -77,13 +81,13 @@ def test_the_spec_declares_the_limit_and_the_step_reports_its_wait(
         ]
         found = transform.step_output_data.metadata.get("rate_limit_wait_seconds")
         waits.append(0.0 if found is None else float(cast(float, found.value)))
-    [row] = ledger.admin.rate_limits()
+    [row] = operator.rate_limits()
     assert (row["requests_per_window"], row["declared_by"]) == (2, "limited-summary")
     assert waits[0] < 0.5 and waits[1] > 0.3, waits  # the second waited for its place
     assert len(provider.requests) == 2
 
 
-class NoDeclarations(BothFaces):
+class NoDeclarations(HarnessLedger):
     """A ledger that cannot take the spec's limits (a role without the privilege, an outage)."""
 
     def declare_rate_limits(self, limits: Sequence[RateLimit], job_name: str) -> None:
@@ -95,7 +99,10 @@ class DeclaringFails(RunLedgerResource):
 
 
 def test_a_declaration_that_fails_ends_the_attempt_and_frees_the_lease(
-    dagster_env: DagsterTestEnv, ledger: BothFaces, provider: FakeProviders
+    dagster_env: DagsterTestEnv,
+    ledger: HarnessLedger,
+    operator: LedgerAdmin,
+    provider: FakeProviders,
 ) -> None:
     defs = dg.Definitions(
         jobs=[JOB],
@@ -111,7 +118,7 @@ def test_a_declaration_that_fails_ends_the_attempt_and_frees_the_lease(
     job = defs.resolve_job_def(SPEC.name)
     result = job.execute_in_process(partition_key="first|2026-08-07", raise_on_error=False)
     assert not result.success
-    [run] = ledger.list_runs(job_name=SPEC.identity_job_name)
+    [run] = operator.list_runs(job_name=SPEC.identity_job_name)
     assert run.status == "failed" and run.lease_owner is None  # given back, not held
     assert "permission denied for table rate_limits" in (run.last_error or "")
     assert ledger.model_calls(run.run_id) == [] and provider.requests == []

@@ -28,7 +28,7 @@ from idempotent_jobs.models import (
     require,
 )
 from idempotent_jobs_tests.helpers import identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.fake_providers import Answer, FakeProviders, Status
 
 
@@ -84,7 +84,7 @@ def no_wait() -> RetryPolicy:
 
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_the_schema_is_asked_for_and_a_bad_first_answer_is_repaired(
-    api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    api: str, fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     provider = providers(fake)[api]
     answered_by = {"openai": "gpt-4o-2024-08-06", "anthropic": "claude-sonnet-4-5-20250929"}[api]
@@ -130,7 +130,7 @@ def test_the_schema_is_asked_for_and_a_bad_first_answer_is_repaired(
 
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_an_answer_that_stays_outside_the_schema_fails_with_every_call_paid_for(
-    api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    api: str, fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     provider = providers(fake)[api]
     fake.default = lambda request: Answer(BAD, 500, 20)
@@ -156,7 +156,7 @@ def test_an_answer_that_stays_outside_the_schema_fails_with_every_call_paid_for(
 
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_a_429_is_waited_out_as_the_provider_says_and_recorded(
-    api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    api: str, fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     provider = providers(fake)[api]
     kind = {"openai": "rate_limit_exceeded", "anthropic": "rate_limit_error"}[api]
@@ -179,7 +179,7 @@ def test_a_429_is_waited_out_as_the_provider_says_and_recorded(
 
 
 def test_transient_errors_are_retried_up_to_the_bound_then_fail_the_attempt(
-    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     provider = providers(fake)["anthropic"]
     fake.default = lambda request: Status(529, "Overloaded", "overloaded_error")
@@ -200,7 +200,7 @@ def test_transient_errors_are_retried_up_to_the_bound_then_fail_the_attempt(
 
 
 def test_a_retry_after_longer_than_the_bound_ends_the_attempt_at_once(
-    fake: FakeProviders, ledger: BothFaces
+    fake: FakeProviders, ledger: HarnessLedger
 ) -> None:
     provider = providers(fake)["openai"]
     fake.script = [Status(429, "try tomorrow", "rate_limit_exceeded", retry_after="86400")]
@@ -238,7 +238,7 @@ def test_a_retry_after_longer_than_the_bound_ends_the_attempt_at_once(
     ],
 )
 def test_errors_that_will_not_pass_are_typed_and_not_retried(
-    api: str, status: Any, error: type[Exception], fake: FakeProviders, ledger: BothFaces
+    api: str, status: Any, error: type[Exception], fake: FakeProviders, ledger: HarnessLedger
 ) -> None:
     provider = providers(fake)[api]
     fake.script = [status]
@@ -253,7 +253,7 @@ def test_errors_that_will_not_pass_are_typed_and_not_retried(
 
 
 def test_a_timeout_is_retried_and_the_slow_call_recorded(
-    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     from testkit.fake_providers import Slow
 
@@ -274,7 +274,7 @@ def test_a_timeout_is_retried_and_the_slow_call_recorded(
 
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_an_answer_cut_off_mid_way_is_retried_and_recorded(
-    api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    api: str, fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     from testkit.fake_providers import Drop
 
@@ -294,7 +294,7 @@ def test_an_answer_cut_off_mid_way_is_retried_and_recorded(
 
 
 def test_a_missing_input_key_is_refused_before_any_call(
-    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     provider = providers(fake)["openai"]
     ident = identity(subject="no-contracts")
@@ -380,7 +380,7 @@ def builder(raw: dict[str, Any], context: Any) -> Prompt:
 
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_usage_parts_are_recorded_as_the_provider_reports_them_and_priced(
-    api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    api: str, fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     from datetime import UTC, datetime
     from decimal import Decimal
@@ -430,7 +430,7 @@ def test_usage_parts_are_recorded_as_the_provider_reports_them_and_priced(
 
 
 def test_a_real_models_request_reserves_its_worst_case_before_it_is_sent(
-    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     """The request's most input tokens (its bytes) and most output tokens (max_tokens) are
     held under the budget before it is sent, then settled to what the provider reported."""

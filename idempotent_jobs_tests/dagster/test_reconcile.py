@@ -7,13 +7,14 @@ import dagster as dg
 import psycopg
 import pytest
 
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.dagster.health import dagster_findings, drift_findings, ledger_findings
 from idempotent_jobs.dagster.job_factory import build_idempotent_job
 from idempotent_jobs.dagster.reconciliation_job import build_reconciliation_job
 from idempotent_jobs.dagster.results import output_metadata
 from idempotent_jobs_tests.dagster_defs import SUMMARY_SPEC, RecordingModel, defs
 from idempotent_jobs_tests.helpers import expire_lease, identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.dagster_harness import (
     DagsterTestEnv,
     dagster_instance,
@@ -26,21 +27,24 @@ TWICE = "workspace-acme|2026-08-05"
 REOPENED = "workspace-globex|2026-08-05"
 
 
-def findings(ledger: BothFaces, instance: dg.DagsterInstance) -> set[tuple[str, str | None]]:
-    found = dagster_findings(ledger.admin, instance, [SUMMARY_SPEC]) + ledger_findings(
-        ledger.admin, outbox_older_than_seconds=600, max_attempts=3
+def findings(operator: LedgerAdmin, instance: dg.DagsterInstance) -> set[tuple[str, str | None]]:
+    found = dagster_findings(operator, instance, [SUMMARY_SPEC]) + ledger_findings(
+        operator, outbox_older_than_seconds=600, max_attempts=3
     )
     return {(f.kind, f.run_id) for f in found}
 
 
 @pytest.mark.dagster_instance
 def test_reconcile_finds_each_planted_inconsistency(
-    dagster_env: DagsterTestEnv, ledger: BothFaces, db: psycopg.Connection
+    dagster_env: DagsterTestEnv,
+    ledger: HarnessLedger,
+    operator: LedgerAdmin,
+    db: psycopg.Connection,
 ) -> None:
     with dagster_instance(dagster_env) as instance, workspace(instance) as context:
         launch_partition(context, "competitor_summary", TWICE)
         launch_partition(context, "competitor_summary", REOPENED)
-        assert findings(ledger, instance) == set(), "a clean ledger and Dagster agree"
+        assert findings(operator, instance) == set(), "a clean ledger and Dagster agree"
         job, _ = build_reconciliation_job([SUMMARY_SPEC])
         resources = {
             "ledger": ledger,
@@ -51,7 +55,7 @@ def test_reconcile_finds_each_planted_inconsistency(
 
         launch_partition(context, "competitor_summary", TWICE)  # informational duplicate
         reopened = SUMMARY_SPEC.identity_for(REOPENED).run_id
-        ledger.revise(reopened, "planted: Dagster says success, the ledger has no result")
+        operator.revise(reopened, "planted: Dagster says success, the ledger has no result")
         stuck = identity("stuck-co")
         ledger.register(stuck)
         assert ledger.claim(stuck.run_id, "vanished-worker", 600) is not None
@@ -61,11 +65,11 @@ def test_reconcile_finds_each_planted_inconsistency(
             " created_at = now() - interval '1 hour' WHERE run_id = %s",
             (SUMMARY_SPEC.identity_for(TWICE).run_id,),
         )
-        found = dagster_findings(ledger.admin, instance, [SUMMARY_SPEC])
+        found = dagster_findings(operator, instance, [SUMMARY_SPEC])
         several = [f for f in found if f.kind == "several_dagster_runs"]
         assert len(several) == 1 and several[0].severity == "info"
         assert several[0].partition == TWICE and len(several[0].dagster_run_ids) == 2
-        assert findings(ledger, instance) == {
+        assert findings(operator, instance) == {
             ("several_dagster_runs", SUMMARY_SPEC.identity_for(TWICE).run_id),
             ("success_without_result", reopened),
             ("expired_lease", stuck.run_id),
@@ -84,7 +88,7 @@ def test_reconcile_finds_each_planted_inconsistency(
 
 
 def test_configuration_drift_is_reported_never_silent(
-    dagster_env: DagsterTestEnv, ledger: BothFaces
+    dagster_env: DagsterTestEnv, ledger: HarnessLedger, operator: LedgerAdmin
 ) -> None:
     """The prompt changes without a version bump: completed runs are reused (the identity is
     deliberately job, subject, window, version), but every report says so."""
@@ -109,24 +113,24 @@ def test_configuration_drift_is_reported_never_silent(
     }
 
     [drift] = drift_findings(
-        ledger.admin, [reworded], {reworded.name: reworded.config("recording-model")}
+        operator, [reworded], {reworded.name: reworded.config("recording-model")}
     )
     assert (drift.kind, drift.severity, drift.run_id) == ("config_drift", "info", record.run_id)
     assert "another prompt" in drift.detail and "revise" in drift.detail
     assert "bump version 'v1'" in drift.detail
     assert (
         drift_findings(
-            ledger.admin,
+            operator,
             [SUMMARY_SPEC],
             {SUMMARY_SPEC.name: SUMMARY_SPEC.config("recording-model")},
         )
         == []
     )
     [model_drift] = drift_findings(
-        ledger.admin, [SUMMARY_SPEC], {SUMMARY_SPEC.name: SUMMARY_SPEC.config("other-model")}
+        operator, [SUMMARY_SPEC], {SUMMARY_SPEC.name: SUMMARY_SPEC.config("other-model")}
     )
     assert "another model" in model_drift.detail
-    assert drift_findings(ledger.admin, [reworded], {}) == [], "no known model step: not compared"
+    assert drift_findings(operator, [reworded], {}) == [], "no known model step: not compared"
 
     with dagster_instance(dagster_env) as instance:
         check, _ = build_reconciliation_job([reworded])
@@ -142,7 +146,7 @@ def test_configuration_drift_is_reported_never_silent(
 
 @pytest.mark.dagster_instance
 def test_a_failed_reconciliation_is_not_retried(
-    dagster_env: DagsterTestEnv, ledger: BothFaces, db: psycopg.Connection
+    dagster_env: DagsterTestEnv, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     """dagster.yaml retries failed runs twice; a standing problem must still give one red run
     per check, not three."""
@@ -160,7 +164,9 @@ def test_a_failed_reconciliation_is_not_retried(
         assert [r.run_id for r in instance.get_runs()] == [failed], "no retry was launched"
 
 
-def test_many_drifted_runs_are_listed_up_to_a_cap(ledger: BothFaces) -> None:
+def test_many_drifted_runs_are_listed_up_to_a_cap(
+    ledger: HarnessLedger, operator: LedgerAdmin
+) -> None:
     from datetime import UTC, datetime
 
     from idempotent_jobs import RunIdentity
@@ -175,14 +181,14 @@ def test_many_drifted_runs_are_listed_up_to_a_cap(ledger: BothFaces) -> None:
         assert lease is not None
         ledger.complete(lease, {"summary": "s"}, config=config)
     found = drift_findings(
-        ledger.admin, [SUMMARY_SPEC], {SUMMARY_SPEC.name: SUMMARY_SPEC.config("other-model")}
+        operator, [SUMMARY_SPEC], {SUMMARY_SPEC.name: SUMMARY_SPEC.config("other-model")}
     )
     assert len(found) == MAX_DRIFT_FINDINGS + 1
     assert all(f.run_id for f in found[:-1]) and found[-1].run_id is None
     assert f"more than {MAX_DRIFT_FINDINGS} runs" in found[-1].detail
     assert (
         drift_findings(
-            ledger.admin,
+            operator,
             [SUMMARY_SPEC],
             {SUMMARY_SPEC.name: SUMMARY_SPEC.config("recording-model")},
         )

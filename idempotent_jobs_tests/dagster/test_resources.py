@@ -22,7 +22,7 @@ from idempotent_jobs.dagster.resources import (
     WebhookChannel,
 )
 from idempotent_jobs_tests.helpers import claimed, identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 Handler = Callable[[BaseHTTPRequestHandler, bytes], tuple[int, dict[str, Any] | str]]
 
@@ -168,7 +168,7 @@ def test_webhook_sends_the_idempotency_key() -> None:
     assert json.loads(request["body"]) == {"summary": "s"}
 
 
-def test_webhook_errors_are_recorded_and_the_retry_reuses_the_key(ledger: BothFaces) -> None:
+def test_webhook_errors_are_recorded_and_the_retry_reuses_the_key(ledger: HarnessLedger) -> None:
     answers = iter([500, 200])
     lease = claimed(ledger, identity(), "w", 30)
     ledger.complete(lease, {"summary": "s"}, {"hook": {"summary": "s"}})

@@ -19,7 +19,7 @@ from idempotent_jobs.dagster import (
 )
 from idempotent_jobs.dagster.job_spec import default_validate
 from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.dagster_harness import DagsterTestEnv
 from testkit.fake_providers import Answer, FakeProviders
 
@@ -68,7 +68,7 @@ def test_a_subject_spelled_in_another_unicode_form_is_kept() -> None:
 
 
 def test_a_model_step_with_no_schema_answers_what_the_default_validator_accepts(
-    dagster_env: DagsterTestEnv, ledger: BothFaces, db: psycopg.Connection
+    dagster_env: DagsterTestEnv, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     """OpenAICompatibleModel with no output schema answers ``{"text": ...}``: the spec's default
     validator accepts it, and the default payload carries it, at the first call."""

@@ -13,10 +13,11 @@ from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from prometheus_client import CollectorRegistry, start_http_server
 
 from idempotent_jobs import ModelAnswer, ModelUsage, RunIdentity
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.constants import DATABASE_URL_ENV
 from idempotent_jobs.dagster import RunLedgerResource, build_idempotent_job
 from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel, ModelStep, StepContext
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.dagster_harness import DagsterTestEnv
 from testkit.otel import installed, tree
 from testkit.specs import job_spec
@@ -120,9 +121,9 @@ def test_only_a_reused_runs_steps_say_reused(dagster_env: DagsterTestEnv) -> Non
 
 @pytest.mark.slow
 def test_metrics_reach_prometheus_through_the_exporter(
-    dagster_env: DagsterTestEnv, ledger: BothFaces
+    dagster_env: DagsterTestEnv, ledger: HarnessLedger, operator: LedgerAdmin
 ) -> None:
-    ledger.set_price("gpt-test", "2.50", "10.00")
+    operator.set_price("gpt-test", "2.50", "10.00")
     registry = CollectorRegistry()
     reader = PrometheusMetricReader(registry=registry)
     server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)

@@ -15,7 +15,7 @@ import pytest
 from idempotent_jobs.dagster.results import output_metadata
 from idempotent_jobs_tests.chaos.parts import Receiver
 from idempotent_jobs_tests.helpers import JsonApi
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "ticket_triage.py"
 PARTITION = "support|2026-11-02"
@@ -51,7 +51,7 @@ def triage(
 
 
 def test_the_second_job_runs_twice_with_one_model_call(
-    triage: tuple[ModuleType, JsonApi, Receiver], ledger: BothFaces
+    triage: tuple[ModuleType, JsonApi, Receiver], ledger: HarnessLedger
 ) -> None:
     example, helpdesk, receiver = triage
     job = example.defs.resolve_job_def("ticket_triage")

@@ -12,7 +12,7 @@ from idempotent_jobs.batches import advance, open_intent
 from idempotent_jobs_tests.helpers import batch_provider
 from idempotent_jobs_tests.ledger.test_lane import _answer, _ids, _steps
 from idempotent_jobs_tests.ledger.test_operator_cli import cli_env, run  # noqa: F401
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.fake_providers import FakeProviders
 
 
@@ -24,7 +24,7 @@ def fake() -> Iterator[FakeProviders]:
 
 def test_an_operator_lists_shows_and_cancels_batches(
     cli_env: Path,  # noqa: F811
-    ledger: BothFaces,
+    ledger: HarnessLedger,
     fake: FakeProviders,
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -17,10 +17,10 @@ from idempotent_jobs import (
     run_idempotent,
 )
 from idempotent_jobs_tests.ledger.test_operator_cli import cli_env, run  # noqa: F401
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 
-def _call(ledger: BothFaces, job: str, subject: str, tokens: int = 1000) -> None:
+def _call(ledger: HarnessLedger, job: str, subject: str, tokens: int = 1000) -> None:
     run_idempotent(
         ledger,
         RunIdentity(job, subject, datetime(2026, 12, 1, 9, tzinfo=UTC), "v1"),
@@ -35,7 +35,7 @@ def _call(ledger: BothFaces, job: str, subject: str, tokens: int = 1000) -> None
 
 def test_an_operators_group_budget_caps_every_job_of_the_group(
     cli_env: Path,  # noqa: F811
-    ledger: BothFaces,
+    ledger: HarnessLedger,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     code, out = run(
@@ -87,7 +87,7 @@ def test_a_bad_budget_or_price_is_one_line_naming_the_field(
 
 def test_a_months_spend_by_kind_at_two_prices(
     cli_env: Path,  # noqa: F811
-    ledger: BothFaces,
+    ledger: HarnessLedger,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert run(capsys, "prices", "set", "m", "--input", "2", "--output", "8",

@@ -29,7 +29,7 @@ from idempotent_jobs.core.policy import CallPolicy
 from idempotent_jobs.core.records import AdvanceHold, CallOrigin
 from idempotent_jobs.core.steps import call_model
 from idempotent_jobs_tests import workers
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 SPAWN = multiprocessing.get_context("spawn")
 JOB = "budgeted-job"
@@ -40,7 +40,7 @@ def _ident(subject: str, hour: int = 9, job: str = JOB) -> RunIdentity:
 
 
 def _run(
-    ledger: BothFaces,
+    ledger: HarnessLedger,
     ident: RunIdentity,
     tokens: int | None,
     budget: BudgetSpec | None,
@@ -103,7 +103,7 @@ def _in_doubt(db: psycopg.Connection, budget_id: str) -> Any:
 
 
 def test_a_call_with_no_declared_worst_case_is_refused_once_the_days_budget_is_spent(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     budget = TokenBudget(tokens_per_day=250)
     assert _run(ledger, _ident("a"), 100, budget) == ["a"]
@@ -125,7 +125,7 @@ def test_a_call_with_no_declared_worst_case_is_refused_once_the_days_budget_is_s
     record = ledger.get(run_id)
     assert record is not None and record.status == "failed"
     assert record.lease_owner is None  # the lease was given back at once
-    assert [a.outcome for a in ledger.attempts(run_id)] == ["budget"]
+    assert [a.outcome for a in operator.attempts(run_id)] == ["budget"]
     assert ledger.model_calls(run_id) == []  # no call was made, none recorded
     assert _spent(db) == 300
     assert _counter(db, f"job:tokens/day:{JOB}") == (300, 0, 3, 0)
@@ -138,7 +138,7 @@ def test_a_call_with_no_declared_worst_case_is_refused_once_the_days_budget_is_s
 
 
 def test_a_declared_worst_case_is_reserved_so_the_budget_is_never_overshot(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     budget = Budget(amount=250)
     assert _run(ledger, _ident("a"), 100, budget, ceiling=100) == ["a"]
@@ -153,7 +153,7 @@ def test_a_declared_worst_case_is_reserved_so_the_budget_is_never_overshot(
     assert _counter(db, f"job:tokens/day:{JOB}") == (240, 0, 3, 0)
 
 
-def test_the_per_subject_budget_refuses_that_subject_only(ledger: BothFaces) -> None:
+def test_the_per_subject_budget_refuses_that_subject_only(ledger: HarnessLedger) -> None:
     budget = TokenBudget(tokens_per_subject_per_day=150)
     assert _run(ledger, _ident("acme", 9), 100, budget) == ["acme"]
     assert _run(ledger, _ident("acme", 10), 100, budget) == ["acme"]
@@ -168,7 +168,7 @@ def test_the_per_subject_budget_refuses_that_subject_only(ledger: BothFaces) -> 
 
 
 def test_only_the_periods_calls_count_and_a_refused_run_runs_once_the_day_turns(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     budget = TokenBudget(tokens_per_day=100)
     _run(ledger, _ident("a"), 100, budget)
@@ -177,11 +177,11 @@ def test_only_the_periods_calls_count_and_a_refused_run_runs_once_the_day_turns(
     # The day turns (by the database clock): yesterday's counter no longer counts.
     db.execute("UPDATE idempotent_jobs.budget_counters SET period_start = period_start - 1")
     assert _run(ledger, _ident("b"), 100, budget) == ["b"]
-    assert [a.outcome for a in ledger.attempts(_ident("b").run_id)] == ["budget", "completed"]
+    assert [a.outcome for a in operator.attempts(_ident("b").run_id)] == ["budget", "completed"]
 
 
 def test_a_monthly_group_budget_is_shared_by_every_job_of_the_group(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     team = Budget(amount=250, period="month", scope="group", group="team-a")
     assert _run(ledger, _ident("a", job="job-one"), 100, team, ceiling=100) == ["a"]
@@ -199,7 +199,7 @@ def test_a_monthly_group_budget_is_shared_by_every_job_of_the_group(
 
 
 def test_a_money_budget_caps_what_calls_cost_at_the_prices_in_force(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     with LedgerAdmin.beside(ledger) as admin:
         admin.set_price("gpt-priced", "2", "10")  # USD per million: 100 tokens ~ 0.00028
@@ -222,7 +222,7 @@ def test_a_money_budget_caps_what_calls_cost_at_the_prices_in_force(
 
 
 def test_a_call_that_reports_no_usage_keeps_its_reservation_in_doubt_and_counted(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     """A call with no usage known is in doubt: its hold stays charged, apart from spend."""
     budget = Budget(amount=10_000)
@@ -240,7 +240,7 @@ def test_a_call_that_reports_no_usage_keeps_its_reservation_in_doubt_and_counted
 
 
 def test_a_1_token_budget_lets_one_call_with_no_usage_through_not_25(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     """Calls reporting no usage used to spend nothing: a 1-token budget let 25 through."""
     budget = Budget(amount=1)
@@ -257,7 +257,7 @@ def test_a_1_token_budget_lets_one_call_with_no_usage_through_not_25(
 
 
 def test_a_spec_that_declares_another_budget_than_the_ledgers_fails_naming_both(
-    ledger: BothFaces,
+    ledger: HarnessLedger,
 ) -> None:
     with LedgerAdmin.beside(ledger) as admin:
         admin.set_budget(Budget(amount=100), job_name=JOB)
@@ -276,7 +276,7 @@ def test_a_spec_that_declares_another_budget_than_the_ledgers_fails_naming_both(
 
 
 def test_a_budget_set_by_the_operator_holds_for_a_deployment_that_declares_none(
-    ledger: BothFaces,
+    ledger: HarnessLedger,
 ) -> None:
     """Deployment A enforced 150 tokens a day; deployment B, with no budget, kept calling."""
     assert _run(ledger, _ident("a"), 100, Budget(amount=150)) == ["a"]  # A declares it
@@ -291,7 +291,7 @@ def test_a_budget_set_by_the_operator_holds_for_a_deployment_that_declares_none(
     assert _run(ledger, _ident("c"), 100, None) == ["c"]
 
 
-def test_a_completed_run_is_reused_even_when_the_budget_is_spent(ledger: BothFaces) -> None:
+def test_a_completed_run_is_reused_even_when_the_budget_is_spent(ledger: HarnessLedger) -> None:
     budget = TokenBudget(tokens_per_day=100)
     _run(ledger, _ident("a"), 100, budget)
     assert _run(ledger, _ident("a"), 100, budget) == []  # reused: no check, no call
@@ -389,7 +389,7 @@ def test_16_processes_racing_on_a_money_budget_never_overshoot_it(
 
 
 def test_a_budget_set_or_declared_mid_period_starts_where_the_period_stands(
-    ledger: BothFaces,
+    ledger: HarnessLedger,
 ) -> None:
     _run(ledger, _ident("a"), 100, None)
     _run(ledger, _ident("b"), 100, None)
@@ -403,7 +403,7 @@ def test_a_budget_set_or_declared_mid_period_starts_where_the_period_stands(
     assert declared.spent == 150 and declared.calls == 2  # the earlier call and its own
 
 
-def _statements(ledger: BothFaces, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def _statements(ledger: HarnessLedger, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the statements ``ledger``'s worker face sends from now on."""
     sent: list[str] = []
     fetch = ledger._db.fetch
@@ -417,7 +417,7 @@ def _statements(ledger: BothFaces, monkeypatch: pytest.MonkeyPatch) -> list[str]
 
 
 def test_a_budget_adds_no_statement_to_a_new_run_its_worst_case_rides_on_the_claim(
-    ledger: BothFaces, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+    ledger: HarnessLedger, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _run(ledger, _ident("warm", job="free-job"), 100, None)
     _run(ledger, _ident("warm"), 100, Budget(amount=1000), ceiling=200)  # declared once
@@ -440,7 +440,7 @@ def test_a_budget_adds_no_statement_to_a_new_run_its_worst_case_rides_on_the_cla
 
 
 def test_a_hold_made_with_the_handover_is_given_back_when_no_call_is_made(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     """A later step's takeover reserves the call's worst case; a step that then fails before
     its request (here, its drill-free ``before_call`` raising) gives the hold back."""
@@ -479,7 +479,7 @@ def test_a_hold_made_with_the_handover_is_given_back_when_no_call_is_made(
 
 
 def test_the_claim_holds_the_calls_worst_case_and_a_failed_collect_gives_it_back(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     ident = _ident("collect-fails")
     budget_id = f"job:tokens/day:{ident.job_name}"
@@ -506,7 +506,7 @@ def test_the_claim_holds_the_calls_worst_case_and_a_failed_collect_gives_it_back
 
 
 def test_a_retry_on_a_stored_checkpoint_holds_its_worst_case_with_the_claim(
-    ledger: BothFaces, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+    ledger: HarnessLedger, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ident = _ident("retried")
     with LedgerAdmin.beside(ledger) as admin:

@@ -23,7 +23,7 @@ from idempotent_jobs.core.budgets import Budget
 from idempotent_jobs.core.rate_limits import RateRequest
 from idempotent_jobs.models import OpenAIChat, Prompt, answer
 from idempotent_jobs_tests.helpers import identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.fake_providers import Answer, FakeProviders
 
 #: Two requests per 10-second window: the first goes at once, the second waits for its place.
@@ -48,7 +48,11 @@ def provider(arrivals: list[float]) -> Iterator[FakeProviders]:
 
 @pytest.mark.parametrize("given", ["keywords", "policy"])
 def test_run_idempotent_declares_its_rate_limits_and_its_calls_keep_them(
-    ledger: BothFaces, provider: FakeProviders, arrivals: list[float], given: str
+    ledger: HarnessLedger,
+    operator: LedgerAdmin,
+    provider: FakeProviders,
+    arrivals: list[float],
+    given: str,
 ) -> None:
     model = OpenAIChat(model="gpt-4o-mini", api_key="sk-test", base_url=provider.openai_url)
     for hour in range(2):
@@ -66,7 +70,7 @@ def test_run_idempotent_declares_its_rate_limits_and_its_calls_keep_them(
             ),
         )
         assert outcome.executed
-    [row] = ledger.admin.rate_limits()
+    [row] = operator.rate_limits()
     assert (row["requests_per_window"], row["declared_by"]) == (2, ident.job_name)
     # Paced under 2 per 10 s, the second request's place is seconds after the first's (with no
     # limit it would follow at once).
@@ -75,7 +79,9 @@ def test_run_idempotent_declares_its_rate_limits_and_its_calls_keep_them(
     assert len(provider.requests) == 2
 
 
-def test_a_policy_and_its_keywords_together_are_refused_naming_policy(ledger: BothFaces) -> None:
+def test_a_policy_and_its_keywords_together_are_refused_naming_policy(
+    ledger: HarnessLedger,
+) -> None:
     with pytest.raises(InvalidInputError, match="policy"):
         run_idempotent(
             ledger,
@@ -111,7 +117,7 @@ def test_a_policy_is_built_once_and_reads_as_its_parts() -> None:
     assert policy.for_job("j").for_job("k").job_name == "j"
 
 
-def test_a_policy_with_rate_limits_and_no_job_is_refused_not_skipped(ledger: BothFaces) -> None:
+def test_a_policy_with_rate_limits_and_no_job_is_refused_not_skipped(ledger: HarnessLedger) -> None:
     _, lease = ledger.begin(identity("nameless"), "w", 30)
     assert lease is not None
     with pytest.raises(InvalidInputError) as refused:
@@ -136,7 +142,7 @@ def _tat(db: psycopg.Connection) -> tuple[object, object]:
 
 
 def test_a_request_is_admitted_in_one_statement_and_each_part_only_after_the_one_before(
-    ledger: BothFaces, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+    ledger: HarnessLedger, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Lease, budget hold and rate-limit place in one round trip; a lost lease holds and places
     nothing, and a budget's refusal takes no place."""

@@ -21,11 +21,12 @@ from idempotent_jobs import (
     current_calls,
     run_idempotent,
 )
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.commits import commit
 from idempotent_jobs.core.records import JobConfig
 from idempotent_jobs.core.steps import call_model
 from idempotent_jobs_tests.helpers import Collector, claimed, expire_lease, identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 ASKED = "gpt-4o"
 ANSWERED = "gpt-4o-2024-08-06"
@@ -53,7 +54,7 @@ def repaired_once(raw: dict[str, Any]) -> ModelAnswer:
 
 
 def test_a_repair_turn_and_the_answer_are_two_calls_one_accepted(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     ident = identity(subject="repair")
     outcome = run_idempotent(ledger, ident, collect=Collector(), transform=repaired_once)
@@ -70,7 +71,7 @@ def test_a_repair_turn_and_the_answer_are_two_calls_one_accepted(
 
 
 def test_an_answer_still_outside_its_schema_is_recorded_once_with_its_cost(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     ident = identity(subject="never-repaired")
 
@@ -92,7 +93,7 @@ def test_an_answer_still_outside_its_schema_is_recorded_once_with_its_cost(
 
 
 def test_a_repair_turn_is_refused_once_the_budget_is_spent(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     ident = identity(subject="budget")
     with pytest.raises(BudgetExceededError):
@@ -105,12 +106,12 @@ def test_a_repair_turn_is_refused_once_the_budget_is_spent(
         )
     # The first request was paid for and recorded; the repair turn was never sent.
     assert calls(db, ident.run_id) == [(1, "rejected", ASKED, ANSWERED, 100, 10)]
-    [outcome] = [a.outcome for a in ledger.attempts(ident.run_id)]
+    [outcome] = [a.outcome for a in operator.attempts(ident.run_id)]
     assert outcome == "budget"
 
 
 def test_no_request_is_sent_for_a_run_another_worker_took_over(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     ident = identity(subject="taken-over")
     lease = claimed(ledger, ident, worker="slow", lease=30)
@@ -145,7 +146,7 @@ def test_no_request_is_sent_for_a_run_another_worker_took_over(
 
 
 def test_a_recorded_answer_committed_later_keeps_its_turns_apart(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     """Dagster's path: transform records its answer, persist commits it; the commit updates the
     recorded answer's row, never a turn's."""
@@ -166,10 +167,12 @@ def test_a_recorded_answer_committed_later_keeps_its_turns_apart(
     assert [row[:2] for row in calls(db, ident.run_id)] == [(1, "rejected"), (None, "accepted")]
 
 
-def test_prices_key_on_the_model_asked_for(ledger: BothFaces, db: psycopg.Connection) -> None:
+def test_prices_key_on_the_model_asked_for(
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
+) -> None:
     ident = identity(subject="priced")
-    ledger.set_price(ASKED, input_per_million=Decimal("2.50"), output_per_million=Decimal("10"))
+    operator.set_price(ASKED, input_per_million=Decimal("2.50"), output_per_million=Decimal("10"))
     run_idempotent(ledger, ident, collect=Collector(), transform=repaired_once)
-    [spend] = [s for s in ledger.spend_by_job() if s.job_name == ident.job_name]
+    [spend] = [s for s in operator.spend_by_job() if s.job_name == ident.job_name]
     assert spend.priced, "a price set for gpt-4o prices the calls gpt-4o-2024-08-06 answered"
     assert spend.cost == Decimal("0.000795")  # 230 input tokens at 2.50, 22 output at 10

@@ -16,12 +16,13 @@ from idempotent_jobs import (
     StaleCandidateError,
     run_idempotent,
 )
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.json_values import json_fingerprint
 from idempotent_jobs_tests.helpers import Collector, claimed, count, email, expire_lease, identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 
-def stalled_then_overtaken(ledger: BothFaces, db: psycopg.Connection) -> Lease:
+def stalled_then_overtaken(ledger: HarnessLedger, db: psycopg.Connection) -> Lease:
     """Worker 1 read the checkpoint and stalled; worker 2 completed the run. Returns worker 1's
     lease, whose basis is what its answer was computed on."""
     ident = identity()
@@ -34,14 +35,14 @@ def stalled_then_overtaken(ledger: BothFaces, db: psycopg.Connection) -> Lease:
 
 @pytest.mark.parametrize("recollect", [True, False])
 def test_a_stale_answer_never_becomes_a_revisions_result(
-    ledger: BothFaces, db: psycopg.Connection, recollect: bool
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection, recollect: bool
 ) -> None:
     ident = identity()
     stale_basis = stalled_then_overtaken(ledger, db).basis
     assert stale_basis == Basis(
         revision=0, input_fingerprint=json_fingerprint({"documents": ["before"]})
     )
-    ledger.revise(ident.run_id, "prompt fixed", channels=["email"], recollect=recollect)
+    operator.revise(ident.run_id, "prompt fixed", channels=["email"], recollect=recollect)
 
     # Worker 1 resumes: its handed lease is lost, so it claims the reopened run again...
     fallback = claimed(ledger, ident, "w1", 30)
@@ -55,8 +56,8 @@ def test_a_stale_answer_never_becomes_a_revisions_result(
     assert record is not None
     assert (record.status, record.output, record.lease_owner) == ("pending", None, None)
     assert record.raw_input == (None if recollect else {"documents": ["before"]})
-    assert [(o.revision, o.channel) for o in ledger.outbox(ident.run_id)] == [(0, "email")]
-    last = ledger.attempts(ident.run_id)[-1]
+    assert [(o.revision, o.channel) for o in operator.outbox(ident.run_id)] == [(0, "email")]
+    last = operator.attempts(ident.run_id)[-1]
     assert (last.lease_epoch, last.worker_id, last.outcome) == (3, "w1", "superseded")
     assert last.error is not None and last.error.startswith("stale candidate")
 
@@ -76,12 +77,12 @@ def test_a_stale_answer_never_becomes_a_revisions_result(
     assert record.raw_input["documents"] == ["doc seen on collect #1" if recollect else "before"]
     assert record.output == {"summary": f"on {record.raw_input['documents'][0]}"}
     assert record.input_fingerprint == json_fingerprint(record.raw_input)
-    keys = sorted(o.idempotency_key for o in ledger.outbox(ident.run_id))
+    keys = sorted(o.idempotency_key for o in operator.outbox(ident.run_id))
     assert keys == [f"{ident.run_id}:email", f"{ident.run_id}:email:r1"]
 
 
 def test_the_fallback_keeps_its_saving_when_nothing_moved(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     """A lost lease with no revise in between: the answer already paid for is committed."""
     ident = identity()
@@ -93,12 +94,12 @@ def test_the_fallback_keeps_its_saving_when_nothing_moved(
 
 
 def test_a_lost_answer_of_a_refused_commit_is_still_refused(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     """The retry of a COMPLETE whose answer was lost finds the refusal, not a lost lease."""
     ident = identity()
     stale_basis = stalled_then_overtaken(ledger, db).basis
-    ledger.revise(ident.run_id, "again", recollect=True)
+    operator.revise(ident.run_id, "again", recollect=True)
     fallback = claimed(ledger, ident, "w1", 30)
     with pytest.raises(StaleCandidateError):
         ledger.complete(fallback, {"summary": "stale"}, basis=stale_basis)
@@ -108,11 +109,11 @@ def test_a_lost_answer_of_a_refused_commit_is_still_refused(
 
 
 def test_the_stalled_workers_own_lease_writes_nothing_after_a_revise(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     ident = identity()
     stalled = stalled_then_overtaken(ledger, db)
-    ledger.revise(ident.run_id, "again", channels=["email"])
+    operator.revise(ident.run_id, "again", channels=["email"])
     with pytest.raises(LeaseLostError):
         ledger.complete(stalled, {"summary": "stale"}, email({"summary": "stale"}))
     record = ledger.get(ident.run_id)
@@ -121,7 +122,7 @@ def test_the_stalled_workers_own_lease_writes_nothing_after_a_revise(
 
 
 def test_the_checkpoint_fingerprint_is_stored_and_shown(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     ident = identity()
     lease = ledger.checkpoint(claimed(ledger, ident), {"b": 1, "a": [1, "é"]})
@@ -133,7 +134,7 @@ def test_the_checkpoint_fingerprint_is_stored_and_shown(
     assert record is not None and record.input_fingerprint == expected
 
 
-def test_each_accepted_result_records_its_configuration(ledger: BothFaces) -> None:
+def test_each_accepted_result_records_its_configuration(ledger: HarnessLedger) -> None:
     ident = identity()
     config = JobConfig.of(prompt="Summarise.", model="m-1", validator="mod.check")
     outcome = run_idempotent(

@@ -6,13 +6,14 @@ from pathlib import Path
 
 import psycopg
 
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs_tests.chaos.parts import Receiver, check_invariants, trial_identity
 from idempotent_jobs_tests.helpers import claimed
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 
 def test_the_invariant_checker_catches_violations(
-    ledger: BothFaces, db: psycopg.Connection, tmp_path: Path
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection, tmp_path: Path
 ) -> None:
     receiver = Receiver()
     results = tmp_path / "results.jsonl"
@@ -45,7 +46,7 @@ def test_the_invariant_checker_catches_violations(
         stale = trial_identity(4)
         first = ledger.checkpoint(claimed(ledger, stale, "w1", 30), {"documents": ["old"]})
         ledger.complete(first, {"summary": "s", "input": "old"}, {"hook": {"n": 1}})
-        ledger.revise(stale.run_id, "planted", channels=["hook"], recollect=True)
+        operator.revise(stale.run_id, "planted", channels=["hook"], recollect=True)
         second = ledger.checkpoint(claimed(ledger, stale, "w2", 30), {"documents": ["new"]})
         ledger.complete(second, {"summary": "s", "input": "old"}, {"hook": {"n": 2}})
         on_old = check_invariants(db, 4, "planted", receiver, tmp_path / "none.jsonl")

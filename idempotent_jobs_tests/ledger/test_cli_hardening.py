@@ -11,7 +11,7 @@ from idempotent_jobs import Budget, LedgerAdmin
 from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
 from idempotent_jobs_tests.helpers import claimed
 from idempotent_jobs_tests.ledger.test_operator_cli import cli_env, run  # noqa: F401 - fixture
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 PASSWORDS = [
     "correct horse battery staple",
@@ -53,10 +53,10 @@ def test_no_part_of_a_password_appears_in_any_message(
 ) -> None:
     for url in _urls(password):
         with pytest.raises(Exception) as info:
-            BothFaces(url, connect_timeout_seconds=1).open()
+            HarnessLedger(url, connect_timeout_seconds=1).open()
         assert not _leaks(password, str(info.value)), (url, str(info.value))
         with pytest.raises(Exception) as info:
-            BothFaces(url, connect_timeout_seconds=1).migrate()
+            LedgerAdmin(url, connect_timeout_seconds=1).migrate()
         assert not _leaks(password, str(info.value)), (url, str(info.value))
         monkeypatch.setenv("IDEMPOTENT_JOBS_DATABASE_URL", url)
         for argv in (["migrate"], ["doctor"], ["runs", "list"]):
@@ -97,16 +97,17 @@ def test_numbers_past_their_range_are_refused_saying_the_limit(
 @pytest.mark.slow  # recomputes through a Dagster run
 def test_revise_now_whose_recompute_fails_says_the_revision_stands_in_one_line(
     cli_env: Path,  # noqa: F811
-    ledger: BothFaces,
+    ledger: HarnessLedger,
+    operator: LedgerAdmin,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     ident = COMPETITOR_SUMMARY.identity_for("workspace-acme|2026-08-07")
     ledger.complete(claimed(ledger, ident), {"summary": "first"}, {"report_file": {"n": 1}})
-    ledger.arm_drill("*", 100, 3600)  # every model call of the recompute fails
+    operator.arm_drill("*", 100, 3600)  # every model call of the recompute fails
     try:
         code, out = run(capsys, "revise", ident.run_id, "--reason", "prompt fixed", "--now")
     finally:
-        ledger.disarm_drills()
+        operator.disarm_drills()
     assert code == 1, out
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) == 1, out
@@ -140,7 +141,7 @@ def test_the_db_commands_never_show_a_configured_password(
 )
 def test_revise_now_with_a_spent_budget_is_refused_before_the_revision_is_recorded(
     cli_env: Path,  # noqa: F811
-    ledger: BothFaces,
+    ledger: HarnessLedger,
     capsys: pytest.CaptureFixture[str],
     scope: str,
     spent_by: str,

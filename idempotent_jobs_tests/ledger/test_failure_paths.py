@@ -7,6 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.commits import commit
 from idempotent_jobs.core.error_text import MAX_ERROR_CHARS, describe_error, safe_text
 from idempotent_jobs.core.errors import LeaseLostError, StaleCandidateError
@@ -21,7 +22,7 @@ from idempotent_jobs.core.records import (
 )
 from idempotent_jobs.core.steps import BoundAnswer, end_attempt
 from idempotent_jobs_tests.helpers import claimed, email, identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 _HOURS = itertools.count()
 ANY_TEXT = st.text(st.characters(exclude_categories=()), max_size=5000)
@@ -31,7 +32,9 @@ ANY_TEXT = st.text(st.characters(exclude_categories=()), max_size=5000)
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(text=ANY_TEXT)
-def test_any_error_text_is_recorded_safely_and_frees_the_run(ledger: BothFaces, text: str) -> None:
+def test_any_error_text_is_recorded_safely_and_frees_the_run(
+    ledger: HarnessLedger, text: str
+) -> None:
     ident = identity(subject=f"hostile-{next(_HOURS)}")
     lease = claimed(ledger, ident)
     assert end_attempt(ledger, lease, RuntimeError(text)) == FenceOutcome.APPLIED
@@ -51,7 +54,7 @@ def test_safe_text_keeps_printable_text_and_escapes_the_rest(text: str) -> None:
         assert shown == text
 
 
-def test_an_exception_whose_str_raises_is_still_recorded(ledger: BothFaces) -> None:
+def test_an_exception_whose_str_raises_is_still_recorded(ledger: HarnessLedger) -> None:
     class Hostile(Exception):
         def __str__(self) -> str:
             raise RuntimeError("no")
@@ -62,7 +65,7 @@ def test_an_exception_whose_str_raises_is_still_recorded(ledger: BothFaces) -> N
     assert record is not None and record.last_error == "Hostile: <message could not be read>"
 
 
-def test_fenced_statements_say_what_happened(ledger: BothFaces) -> None:
+def test_fenced_statements_say_what_happened(ledger: HarnessLedger) -> None:
     ident = identity()
     lease = claimed(ledger, ident)
     assert ledger.fail(lease, "boom") == FenceOutcome.APPLIED
@@ -80,7 +83,9 @@ def test_fenced_statements_say_what_happened(ledger: BothFaces) -> None:
     assert info.value.run_id == ident.run_id
 
 
-def test_one_hostile_receiver_never_blocks_the_outbox(ledger: BothFaces) -> None:
+def test_one_hostile_receiver_never_blocks_the_outbox(
+    ledger: HarnessLedger, operator: LedgerAdmin
+) -> None:
     runs = [identity(hour=h) for h in range(3)]
     for ident in runs:
         ledger.complete(claimed(ledger, ident), {"summary": "s"}, {"hook": {"n": 1}})
@@ -100,7 +105,7 @@ def test_one_hostile_receiver_never_blocks_the_outbox(ledger: BothFaces) -> None
     assert sorted(r.run_id for r in report.delivered) == sorted(i.run_id for i in runs[1:])
     [(row, reason)] = report.failed
     assert row.run_id == hostile and reason == "ConnectionError: HTTP/1.1 200\\x00OK \\udc80"
-    [pending] = ledger.outbox(pending_only=True)
+    [pending] = operator.outbox(pending_only=True)
     assert pending.last_error == reason and pending.delivery_attempts == 1
     report = ledger.deliver_outbox(send)
     assert [reason for _, reason in report.failed] == [
@@ -109,12 +114,12 @@ def test_one_hostile_receiver_never_blocks_the_outbox(ledger: BothFaces) -> None
 
 
 def test_a_delivery_whose_record_fails_is_reported_and_the_pass_goes_on(
-    ledger: BothFaces, monkeypatch: pytest.MonkeyPatch
+    ledger: HarnessLedger, operator: LedgerAdmin, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runs = [identity(hour=h) for h in range(2)]
     for ident in runs:
         ledger.complete(claimed(ledger, ident), {"summary": "s"}, {"hook": {"n": 1}})
-    first = ledger.outbox(pending_only=True)[0].run_id
+    first = operator.outbox(pending_only=True)[0].run_id
     outbox = ledger._stores.outbox
     original = outbox._deliver_one
 
@@ -127,12 +132,12 @@ def test_a_delivery_whose_record_fails_is_reported_and_the_pass_goes_on(
     report = ledger.deliver_outbox(lambda row: None)
     assert [r.run_id for r in report.delivered] != [] and len(report.failed) == 1
     assert report.failed[0][1].startswith("delivery not recorded: RuntimeError")
-    [pending] = ledger.outbox(pending_only=True)
+    [pending] = operator.outbox(pending_only=True)
     assert pending.run_id == first and pending.last_error == report.failed[0][1]
 
 
 def test_an_answer_committed_again_after_a_failed_commit_is_still_one_model_call(
-    ledger: BothFaces,
+    ledger: HarnessLedger,
 ) -> None:
     """What a re-execution of `persist` does: an earlier Dagster run paid for the answer and its
     commit failed (recorded, `rejected`); the re-execution claims and commits the same answer.

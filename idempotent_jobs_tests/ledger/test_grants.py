@@ -17,12 +17,13 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from idempotent_jobs import JobConfig, ModelAnswer, ModelUsage, RunIdentity, run_idempotent
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.errors import InvalidInputError, LedgerPermissionError
 from idempotent_jobs.core.grants import WORKER_PRIVILEGES, reader_role, worker_role
 from idempotent_jobs.core.retention import RetentionPolicy, prune
 from idempotent_jobs.operator.cli import main
 from idempotent_jobs_tests.helpers import backdate, deliver_all, email, identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 SCHEMA = "idempotent_jobs"
 MakeRole = Callable[..., str]
@@ -75,26 +76,26 @@ def test_a_worker_role_runs_every_step_and_cannot_touch_the_history(
     login_role: MakeRole, db: psycopg.Connection
 ) -> None:
     as_worker = login_role(worker_role(SCHEMA))
-    with BothFaces(as_worker) as ledger:
+    with HarnessLedger(as_worker) as ledger, LedgerAdmin.beside(ledger) as as_operator:
         outcome = run_idempotent(
             ledger, identity(), collect=lambda i: {"x": 1}, transform=answer, notifications=email
         )
         assert outcome.executed
         assert len(deliver_all(ledger)) == 1
-        ledger.revise(outcome.run_id, "prompt fixed", channels=["email"])
+        as_operator.revise(outcome.run_id, "prompt fixed", channels=["email"])
         again = run_idempotent(
             ledger, identity(), collect=lambda i: {"x": 1}, transform=answer, notifications=email
         )
         assert again.executed
         backdate(db, outcome.run_id, 400)
         pruned = prune(
-            ledger.admin,
+            as_operator,
             identity().job_name,
             RetentionPolicy.of_days(attempts=1, raw_input=1),
             apply=True,
         )
         assert pruned.parts["attempts"].rows > 0
-        assert ledger.missing_privileges()[1] == []
+        assert as_operator.missing_privileges()[1] == []
     with psycopg.connect(as_worker, autocommit=True) as conn:
         for statement in (
             "DELETE FROM idempotent_jobs.schema_migrations",
@@ -109,15 +110,17 @@ def test_a_worker_role_runs_every_step_and_cannot_touch_the_history(
                 conn.execute(statement)
 
 
-def test_a_reader_role_reads_and_writes_nothing(login_role: MakeRole, ledger: BothFaces) -> None:
+def test_a_reader_role_reads_and_writes_nothing(
+    login_role: MakeRole, ledger: HarnessLedger
+) -> None:
     done = run_idempotent(ledger, identity(), collect=lambda i: {"x": 1}, transform=answer)
     as_reader = login_role(reader_role(SCHEMA))
-    with BothFaces(as_reader) as reading:
-        assert [r.run_id for r in reading.list_runs()] == [done.run_id]
+    with HarnessLedger(as_reader) as reading, LedgerAdmin.beside(reading) as read_only:
+        assert [r.run_id for r in read_only.list_runs()] == [done.run_id]
         assert reading.model_calls(done.run_id)
         with pytest.raises(LedgerPermissionError, match="GRANT idempotent_jobs_worker TO"):
             run_idempotent(reading, identity("other"), collect=lambda i: {"x": 1}, transform=answer)
-        role, missing = reading.missing_privileges()
+        role, missing = read_only.missing_privileges()
         assert "INSERT on idempotent_jobs.runs" in missing
         assert "SELECT on idempotent_jobs.runs" not in missing
 
@@ -152,11 +155,11 @@ def test_migrate_grants_again_what_a_table_lost(
     as_worker = login_role(worker_role(SCHEMA))
     db.execute("REVOKE ALL ON idempotent_jobs.model_calls FROM idempotent_jobs_worker")
     db.execute("GRANT DELETE ON idempotent_jobs.runs TO idempotent_jobs_worker")
-    with BothFaces(as_worker) as ledger:
-        assert "INSERT on idempotent_jobs.model_calls" in ledger.missing_privileges()[1]
-    BothFaces(database).migrate()
-    with BothFaces(as_worker) as ledger:
-        assert ledger.missing_privileges()[1] == []
+    with LedgerAdmin(as_worker) as as_operator:
+        assert "INSERT on idempotent_jobs.model_calls" in as_operator.missing_privileges()[1]
+    LedgerAdmin(database).migrate()
+    with HarnessLedger(as_worker) as ledger, LedgerAdmin.beside(ledger) as as_operator:
+        assert as_operator.missing_privileges()[1] == []
         run_idempotent(ledger, identity(), collect=lambda i: {"x": 1}, transform=answer)
     with psycopg.connect(as_worker, autocommit=True) as conn:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
@@ -179,7 +182,7 @@ def test_migrate_without_createrole_says_what_a_superuser_must_do(
             )
         )
     try:
-        report = BothFaces(make_conninfo(owner_url, dbname=database), schema=schema).upgrade()
+        report = LedgerAdmin(make_conninfo(owner_url, dbname=database), schema=schema).upgrade()
         assert report.applied
         assert any(f"`CREATE ROLE {schema}_worker NOLOGIN`" in line for line in report.found), (
             report.found
@@ -190,7 +193,7 @@ def test_migrate_without_createrole_says_what_a_superuser_must_do(
 
 
 def test_the_reader_role_runs_every_read_of_the_operator_face(
-    login_role: MakeRole, ledger: BothFaces
+    login_role: MakeRole, ledger: HarnessLedger
 ) -> None:
     """Each admin method that reads (every operator statement that writes nothing) works for a
     read-only role: the reader can list, show, check health, estimate and count storage."""
@@ -264,7 +267,7 @@ def test_the_reader_role_runs_every_read_of_the_operator_face(
 
 
 def test_split_roles_leave_workers_admitting_and_settling_and_operators_setting(
-    login_role: MakeRole, ledger: BothFaces, db: psycopg.Connection, database: str
+    login_role: MakeRole, ledger: HarnessLedger, db: psycopg.Connection, database: str
 ) -> None:
     """Before the split (an upgrade keeps today's grants) a worker may still set a price, and
     migrate says what to run; after `migrate --split-roles` a worker admits, settles, declares
@@ -294,8 +297,8 @@ def test_split_roles_leave_workers_admitting_and_settling_and_operators_setting(
         assert any(line.startswith("split the roles") for line in report.done)
         assert not any("--split-roles" in line for line in report.found)
         owner.set_budget(Budget(amount="5", unit="money", period="month"), job_name="money-job")
-    with BothFaces(as_worker) as worker:
-        assert worker.missing_privileges()[1] == []
+    with HarnessLedger(as_worker) as worker, LedgerAdmin.beside(worker) as worker_as_operator:
+        assert worker_as_operator.missing_privileges()[1] == []
         done = run_idempotent(
             worker,
             RunIdentity("money-job", "a", datetime(2026, 12, 1, tzinfo=UTC), "v1"),
@@ -323,8 +326,8 @@ def test_split_roles_leave_workers_admitting_and_settling_and_operators_setting(
         )
         assert admitted is not None and admitted.granted
         worker.release_budget(lease)  # never sent: its hold is given back
-        assert worker.admin.prune_spend("money-job", apply=True) == 0
-        abilities = worker.admin.role_abilities()
+        assert worker_as_operator.prune_spend("money-job", apply=True) == 0
+        abilities = worker_as_operator.role_abilities()
         assert abilities.split and abilities.may == ["runs model calls"]
         assert abilities.groups == [worker_role(SCHEMA)]
     counters = db.execute(

@@ -10,10 +10,10 @@ from idempotent_jobs import LeaseLostError
 from idempotent_jobs.core.heartbeat import LeaseHeartbeat, renewer_for
 from idempotent_jobs.core.records import AdvanceHold, Lease
 from idempotent_jobs_tests.helpers import claimed, expire_lease, identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 
-class CountingLedger(BothFaces):
+class CountingLedger(HarnessLedger):
     """A real ledger that counts its renewals and signals once ``wanted`` have been made."""
 
     def __init__(self, conninfo: str, wanted: int) -> None:
@@ -39,7 +39,7 @@ class CountingLedger(BothFaces):
         return renewed
 
 
-def renewer_threads(ledger: BothFaces) -> int:
+def renewer_threads(ledger: HarnessLedger) -> int:
     name = renewer_for(ledger).thread_name
     return sum(t.name == name for t in threading.enumerate())
 
@@ -90,7 +90,7 @@ def test_a_lease_taken_over_is_reported_lost(database: str, db: psycopg.Connecti
 
 
 def _child_renews(
-    database: str, parent_ledger: BothFaces, out: "multiprocessing.Queue[str]"
+    database: str, parent_ledger: HarnessLedger, out: "multiprocessing.Queue[str]"
 ) -> None:
     # The parent's renewer (its thread and its lock) did not survive the fork: a fresh one.
     if renewer_for(parent_ledger).held != 0:

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from idempotent_jobs import CallOrigin, InvalidInputError, ModelUsage, RunIdentity
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.json_values import MAX_JSON_DEPTH, json_fingerprint
 from idempotent_jobs_tests.helpers import Collector, claimed, identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 
 def nested(levels: int) -> dict[str, Any]:
@@ -25,7 +26,9 @@ def nested(levels: int) -> dict[str, Any]:
 # -- nesting, surrogates, colliding keys --------------------------------------------------------
 
 
-def test_nesting_is_limited_by_a_constant_not_by_the_stack(ledger: BothFaces) -> None:
+def test_nesting_is_limited_by_a_constant_not_by_the_stack(
+    ledger: HarnessLedger, operator: LedgerAdmin
+) -> None:
     ident = identity()
     lease = claimed(ledger, ident)
     with pytest.raises(InvalidInputError, match=f"more than {MAX_JSON_DEPTH} levels") as info:
@@ -43,7 +46,7 @@ def test_nesting_is_limited_by_a_constant_not_by_the_stack(ledger: BothFaces) ->
     record = ledger.get(ident.run_id)
     assert record is not None and record.status == "completed"
     assert record.output == nested(MAX_JSON_DEPTH), "what was stored reads back"
-    assert ledger.list_runs()[0].output == nested(MAX_JSON_DEPTH)
+    assert operator.list_runs()[0].output == nested(MAX_JSON_DEPTH)
 
 
 @pytest.mark.parametrize(
@@ -59,7 +62,7 @@ def test_nesting_is_limited_by_a_constant_not_by_the_stack(ledger: BothFaces) ->
     ],
 )
 def test_unreadable_text_and_colliding_keys_are_refused_before_any_write(
-    ledger: BothFaces, value: dict[Any, Any], reason: str
+    ledger: HarnessLedger, value: dict[Any, Any], reason: str
 ) -> None:
     ident = identity()
     lease = claimed(ledger, ident)
@@ -76,7 +79,7 @@ def test_unreadable_text_and_colliding_keys_are_refused_before_any_write(
 
 
 def test_scalar_keys_that_do_not_collide_are_stored_as_json_writes_them(
-    ledger: BothFaces,
+    ledger: HarnessLedger,
 ) -> None:
     lease = claimed(ledger, identity())
     keys_json_turns_into_text: dict[Any, Any] = {1: "a", 2.5: "b", False: "c", "x": {None: 1}}
@@ -93,43 +96,56 @@ def test_the_fingerprint_is_canonical() -> None:
 @pytest.mark.parametrize(
     ("field", "call"),
     [
-        ("requested_by", lambda ledger, run_id: ledger.revise(run_id, "r", requested_by="x" * 201)),
-        ("requested_by", lambda ledger, run_id: ledger.revise(run_id, "r", requested_by="a\x1bb")),
-        ("reason", lambda ledger, run_id: ledger.revise(run_id, "x" * 2001)),
-        ("channels", lambda ledger, run_id: ledger.revise(run_id, "r", channels=["c" * 101])),
-        ("worker_id", lambda ledger, run_id: ledger.claim(run_id, "w" * 201, 30)),
+        (
+            "requested_by",
+            lambda ledger, operator, run_id: operator.revise(run_id, "r", requested_by="x" * 201),
+        ),
+        (
+            "requested_by",
+            lambda ledger, operator, run_id: operator.revise(run_id, "r", requested_by="a\x1bb"),
+        ),
+        ("reason", lambda ledger, operator, run_id: operator.revise(run_id, "x" * 2001)),
+        (
+            "channels",
+            lambda ledger, operator, run_id: operator.revise(run_id, "r", channels=["c" * 101]),
+        ),
+        ("worker_id", lambda ledger, operator, run_id: ledger.claim(run_id, "w" * 201, 30)),
         (
             "caller_step",
-            lambda ledger, run_id: ledger.claim(
+            lambda ledger, operator, run_id: ledger.claim(
                 run_id, "w", 30, origin=CallOrigin(caller_step="s" * 201)
             ),
         ),
         (
             "caller_run_id",
-            lambda ledger, run_id: ledger.claim(
+            lambda ledger, operator, run_id: ledger.claim(
                 run_id, "w", 30, origin=CallOrigin(caller_run_id="d\nx")
             ),
         ),
     ],
 )
-def test_every_free_text_column_has_a_limit(ledger: BothFaces, field: str, call: Any) -> None:
+def test_every_free_text_column_has_a_limit(
+    ledger: HarnessLedger, operator: LedgerAdmin, field: str, call: Any
+) -> None:
     ident = identity()
     lease = claimed(ledger, ident)
     ledger.complete(lease, {"summary": "s"})
     with pytest.raises(InvalidInputError) as info:
-        call(ledger, ident.run_id)
+        call(ledger, operator, ident.run_id)
     assert info.value.field == field
     record = ledger.get(ident.run_id)
     assert record is not None and (record.status, record.revision) == ("completed", 0)
 
 
-def test_a_model_name_from_the_provider_is_trimmed_not_refused(ledger: BothFaces) -> None:
+def test_a_model_name_from_the_provider_is_trimmed_not_refused(
+    ledger: HarnessLedger, operator: LedgerAdmin
+) -> None:
     """It comes with an answer already paid for: refusing it would throw the answer away."""
     ident = identity()
     lease = claimed(ledger, ident)
     done = ledger.complete(lease, {"summary": "s"}, usage=ModelUsage("m\x1b" + "m" * 300, 1, 1))
     assert done.accepted
-    [attempt] = ledger.attempts(ident.run_id)
+    [attempt] = operator.attempts(ident.run_id)
     assert attempt.model_name == "m?" + "m" * 198
 
 
@@ -138,7 +154,9 @@ def test_a_model_name_from_the_provider_is_trimmed_not_refused(ledger: BothFaces
 NINE = datetime(2026, 8, 7, 9, tzinfo=UTC)
 
 
-def test_nfc_and_nfd_are_one_run_with_one_model_call(ledger: BothFaces) -> None:
+def test_nfc_and_nfd_are_one_run_with_one_model_call(
+    ledger: HarnessLedger, operator: LedgerAdmin
+) -> None:
     from idempotent_jobs import run_idempotent
 
     nfc, nfd = "caf\u00e9", "cafe\u0301"
@@ -157,7 +175,7 @@ def test_nfc_and_nfd_are_one_run_with_one_model_call(ledger: BothFaces) -> None:
 
     for ident in (first, second):
         run_idempotent(ledger, ident, collect=Collector(), transform=transform)
-    assert len(calls) == 1 and len(ledger.list_runs()) == 1
+    assert len(calls) == 1 and len(operator.list_runs()) == 1
 
 
 def test_ascii_ids_are_unchanged_by_normalisation() -> None:

@@ -26,7 +26,7 @@ from idempotent_jobs.batches import BatchSteps, advance, open_intent
 from idempotent_jobs.models import OutputSchema, Prompt, ProviderUnavailableError
 from idempotent_jobs.models.batches import BatchProvider
 from idempotent_jobs_tests.helpers import batch_provider
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.fake_providers import Answer, FakeProviders, Request, Status
 
 JOB = "batch-job"
@@ -77,7 +77,7 @@ def _ids(*subjects: str) -> list[RunIdentity]:
     return [RunIdentity(JOB, s, datetime(2026, 11, 1, tzinfo=UTC), "v1") for s in subjects]
 
 
-def _drive(ledger: BothFaces, provider: BatchProvider, batch_id: str, steps: int = 10) -> Any:
+def _drive(ledger: HarnessLedger, provider: BatchProvider, batch_id: str, steps: int = 10) -> Any:
     """Advance the batch as its worker (`w1`, restarted) until it is collected."""
     for _ in range(steps):
         progress = advance(ledger, _steps(), provider, batch_id, worker_id="w1")
@@ -86,7 +86,7 @@ def _drive(ledger: BothFaces, provider: BatchProvider, batch_id: str, steps: int
     raise AssertionError(f"batch {batch_id} not collected after {steps} steps")
 
 
-def _lapse(ledger: BothFaces, batch_id: str) -> None:
+def _lapse(ledger: HarnessLedger, batch_id: str) -> None:
     """The batch's lease lapses, as when the worker holding it died (the database's clock)."""
     with ledger.connection() as conn:
         conn.execute(
@@ -106,7 +106,7 @@ def _calls(db: psycopg.Connection) -> list[tuple[Any, ...]]:
 
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_a_backfill_through_a_batch_is_submitted_once_and_each_run_accepted_once(
-    api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    api: str, fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     fake.batches.polls_to_complete = 2
     provider = batch_provider(api, fake)
@@ -147,7 +147,7 @@ def test_a_backfill_through_a_batch_is_submitted_once_and_each_run_accepted_once
 
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_a_create_whose_answer_was_lost_is_found_and_adopted_not_submitted_again(
-    api: str, fake: FakeProviders, ledger: BothFaces
+    api: str, fake: FakeProviders, ledger: HarnessLedger
 ) -> None:
     fake.batches.lose_next_creates = 1  # the provider makes the batch, the answer is a 500
     provider = batch_provider(api, fake)
@@ -166,7 +166,7 @@ def test_a_create_whose_answer_was_lost_is_found_and_adopted_not_submitted_again
 
 
 def test_a_crash_after_the_create_before_its_id_is_recorded_adopts_the_batch(
-    fake: FakeProviders, ledger: BothFaces, monkeypatch: pytest.MonkeyPatch
+    fake: FakeProviders, ledger: HarnessLedger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     provider = batch_provider("openai", fake)
     batch = open_intent(ledger, _steps(), provider, _ids("a", "b"), worker_id="w1")
@@ -192,7 +192,7 @@ def test_a_crash_after_the_create_before_its_id_is_recorded_adopts_the_batch(
 
 
 def test_a_second_batch_for_one_intent_is_cancelled_and_reported(
-    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     """Two creates reached the provider (both answers lost): one is adopted, the other
     cancelled before its results are used, and recorded as a duplicate."""
@@ -221,7 +221,7 @@ def test_a_second_batch_for_one_intent_is_cancelled_and_reported(
 
 
 def test_two_intents_of_one_size_whose_creates_were_lost_each_adopt_their_own(
-    fake: FakeProviders, ledger: BothFaces
+    fake: FakeProviders, ledger: HarnessLedger
 ) -> None:
     """Anthropic's batches carry no metadata: a lost create is found by its size. Two intents of
     the same size, both creates made and both answers lost: the first intent's search finds
@@ -249,7 +249,11 @@ def test_two_intents_of_one_size_whose_creates_were_lost_each_adopt_their_own(
 
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_cancelling_an_intent_whose_create_answer_was_lost_cancels_what_it_made(
-    api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    api: str,
+    fake: FakeProviders,
+    ledger: HarnessLedger,
+    operator: LedgerAdmin,
+    db: psycopg.Connection,
 ) -> None:
     """An operator cancels an intent whose create reached the provider unanswered: the lane
     finds that batch and cancels it there, rather than ending the intent and leaving a batch
@@ -261,7 +265,7 @@ def test_cancelling_an_intent_whose_create_answer_was_lost_cancels_what_it_made(
     with pytest.raises(ProviderUnavailableError):
         advance(ledger, _steps(), provider, batch.batch_id, worker_id="w1")
     [made] = fake.batches.created[api]
-    ledger.admin.cancel_batch(batch.batch_id, "operator")
+    operator.cancel_batch(batch.batch_id, "operator")
     found = advance(ledger, _steps(), provider, batch.batch_id, worker_id="w1")
     assert found.provider_batch_id == made
     done = _drive(ledger, provider, batch.batch_id)
@@ -272,7 +276,7 @@ def test_cancelling_an_intent_whose_create_answer_was_lost_cancels_what_it_made(
 
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_per_item_errors_and_answers_outside_the_schema_fail_their_runs_only(
-    api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    api: str, fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     provider = batch_provider(api, fake)
     batch = open_intent(ledger, _steps(), provider, _ids("ok", "err", "bad"), worker_id="w1")
@@ -304,7 +308,7 @@ def test_per_item_errors_and_answers_outside_the_schema_fail_their_runs_only(
 
 
 def test_an_expired_batch_accepts_what_it_answered_and_releases_the_rest(
-    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     fake.batches.expire_after_items = 2
     provider = batch_provider("openai", fake)
@@ -339,7 +343,7 @@ def test_an_expired_batch_accepts_what_it_answered_and_releases_the_rest(
 
 
 def test_a_run_taken_meanwhile_keeps_its_result_the_batch_answer_is_paid_not_accepted(
-    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     provider = batch_provider("openai", fake)
     batch = open_intent(ledger, _steps(), provider, _ids("a", "b"), worker_id="w1")
@@ -369,7 +373,7 @@ def test_a_run_taken_meanwhile_keeps_its_result_the_batch_answer_is_paid_not_acc
 
 
 def test_a_batch_that_does_not_fit_its_budget_is_refused_before_it_is_submitted(
-    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     with LedgerAdmin.beside(ledger) as admin:
         admin.set_budget(Budget(amount=300), job_name=JOB)
@@ -398,7 +402,7 @@ def _open_batch_id(db: psycopg.Connection) -> str:
 
 
 def test_a_batch_holds_its_worst_case_and_settles_each_item_to_what_it_cost(
-    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     """Money at the batch tier: held for every item before the submit, settled to each item's
     recorded cost, given back for an item with no result."""
@@ -423,7 +427,10 @@ def test_a_batch_holds_its_worst_case_and_settles_each_item_to_what_it_cost(
 
 
 def test_an_opener_that_dies_before_adding_its_items_leaves_nothing_held(
-    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+    fake: FakeProviders,
+    ledger: HarnessLedger,
+    db: psycopg.Connection,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Holds are made before the items: a crash between leaves holds on an empty intent, which
     the lane gives back (never an intent that would be submitted without its holds)."""

@@ -19,7 +19,7 @@ from idempotent_jobs.core.health import batch_findings
 from idempotent_jobs.models import OutputSchema, Prompt
 from idempotent_jobs.models.batches import AnthropicBatches, BatchProvider, OpenAIBatches
 from idempotent_jobs_tests.helpers import batch_provider
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.fake_providers import Answer, FakeProviders
 
 JOB = "ending-batch"
@@ -62,7 +62,7 @@ def _held(db: psycopg.Connection) -> tuple[Any, ...]:
 
 
 def _until_collected(
-    ledger: BothFaces, provider: BatchProvider, batch_id: str, worker_id: str = "w1"
+    ledger: HarnessLedger, provider: BatchProvider, batch_id: str, worker_id: str = "w1"
 ) -> Any:
     for _ in range(8):
         progress = advance(ledger, _steps(), provider, batch_id, worker_id=worker_id)
@@ -73,7 +73,7 @@ def _until_collected(
 
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_a_cancel_the_provider_refuses_for_an_ended_batch_collects_what_it_answered(
-    api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    api: str, fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     provider = batch_provider(api, fake)
     batch = open_intent(ledger, _steps(), provider, _ids("a", "b"), worker_id="w1")
@@ -88,7 +88,7 @@ def test_a_cancel_the_provider_refuses_for_an_ended_batch_collects_what_it_answe
 
 
 def test_a_cancel_the_provider_refuses_while_it_runs_ends_it_here_and_gives_its_runs_back(
-    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     fake.batches.polls_to_complete = 50  # it runs on at the provider
     provider = batch_provider("openai", fake)
@@ -111,7 +111,7 @@ def test_a_cancel_the_provider_refuses_while_it_runs_ends_it_here_and_gives_its_
 
 
 def test_a_range_with_nothing_to_compute_records_no_batch(
-    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     for identity in _ids("a", "b"):
         run_idempotent(
@@ -125,7 +125,7 @@ def test_a_range_with_nothing_to_compute_records_no_batch(
 
 def test_a_launch_killed_while_it_held_budgets_then_cancelled_gives_everything_back(
     fake: FakeProviders,
-    ledger: BothFaces,
+    ledger: HarnessLedger,
     db: psycopg.Connection,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -159,7 +159,7 @@ def test_a_launch_killed_while_it_held_budgets_then_cancelled_gives_everything_b
 
 
 def test_a_launch_whose_claims_outlast_the_batch_lease_keeps_it_and_computes_every_run(
-    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     """A slow collector (0.4 s a run, 2.4 s in all) under a 1.2 s lease: the launch renews the
     batch's lease (and its claims') as it goes, so the sensor cannot take the intent over."""
@@ -189,7 +189,7 @@ def test_a_launch_whose_claims_outlast_the_batch_lease_keeps_it_and_computes_eve
 
 
 def test_a_launch_that_loses_its_batch_gives_its_claims_back_and_says_so(
-    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     provider = batch_provider("openai", fake)
 
@@ -204,7 +204,7 @@ def test_a_launch_that_loses_its_batch_gives_its_claims_back_and_says_so(
 
 
 def test_a_batch_whose_steps_keep_failing_is_a_doctor_problem(
-    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     provider = batch_provider("openai", fake)
     batch = open_intent(ledger, _steps(), provider, _ids("a"), worker_id="w1")
@@ -223,7 +223,7 @@ def test_a_batch_whose_steps_keep_failing_is_a_doctor_problem(
 
 
 def test_a_range_over_the_providers_byte_limit_is_split(
-    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     provider = batch_provider("openai", fake)
     line = provider.batch_line("x" * 64, Prompt.of(system="Label.", user="subject a"), SCHEMA)
@@ -251,7 +251,7 @@ def _foreign_batch(fake: FakeProviders, requests: int) -> str:
 def test_another_teams_batch_of_the_same_size_is_never_cancelled_nor_adopted(
     theirs_made: str,
     fake: FakeProviders,
-    ledger: BothFaces,
+    ledger: HarnessLedger,
     db: psycopg.Connection,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

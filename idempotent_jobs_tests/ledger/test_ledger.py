@@ -17,8 +17,9 @@ from idempotent_jobs import (
     ModelUsage,
     RunLedger,
 )
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs_tests.helpers import claimed, count, expire_lease, identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 
 def db_now(db: psycopg.Connection):  # type: ignore[no-untyped-def]
@@ -27,7 +28,7 @@ def db_now(db: psycopg.Connection):  # type: ignore[no-untyped-def]
     return row[0]
 
 
-def test_register_is_idempotent(ledger: BothFaces, db: psycopg.Connection) -> None:
+def test_register_is_idempotent(ledger: HarnessLedger, db: psycopg.Connection) -> None:
     ident = identity()
     first = ledger.register(ident)
     second = ledger.register(ident)
@@ -38,7 +39,7 @@ def test_register_is_idempotent(ledger: BothFaces, db: psycopg.Connection) -> No
     assert count(db, "runs", ident.run_id) == 1
 
 
-def test_register_never_moves_a_completed_run_back(ledger: BothFaces) -> None:
+def test_register_never_moves_a_completed_run_back(ledger: HarnessLedger) -> None:
     ident = identity()
     lease = claimed(ledger, ident, "w1", 30)
     ledger.complete(lease, {"summary": "kept"})
@@ -47,7 +48,7 @@ def test_register_never_moves_a_completed_run_back(ledger: BothFaces) -> None:
 
 
 def test_same_identity_under_another_id_is_a_conflict(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     ident = identity()
     db.execute(
@@ -59,7 +60,9 @@ def test_same_identity_under_another_id_is_a_conflict(
         ledger.register(ident)
 
 
-def test_same_id_with_other_fields_is_a_conflict(ledger: BothFaces, db: psycopg.Connection) -> None:
+def test_same_id_with_other_fields_is_a_conflict(
+    ledger: HarnessLedger, db: psycopg.Connection
+) -> None:
     ident = identity()
     db.execute(
         "INSERT INTO idempotent_jobs.runs (run_id, job_name, subject_id, scheduled_at, version)"
@@ -70,7 +73,9 @@ def test_same_id_with_other_fields_is_a_conflict(ledger: BothFaces, db: psycopg.
         ledger.register(ident)
 
 
-def test_a_held_lease_cannot_be_claimed(ledger: BothFaces, db: psycopg.Connection) -> None:
+def test_a_held_lease_cannot_be_claimed(
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
+) -> None:
     ident = identity()
     ledger.register(ident)
     lease = ledger.claim(
@@ -82,7 +87,7 @@ def test_a_held_lease_cannot_be_claimed(ledger: BothFaces, db: psycopg.Connectio
     record = ledger.get(ident.run_id)
     assert record is not None
     assert (record.status, record.lease_owner, record.lease_epoch) == ("running", "w1", 1)
-    [attempt] = ledger.attempts(ident.run_id)
+    [attempt] = operator.attempts(ident.run_id)
     assert (attempt.worker_id, attempt.caller_run_id, attempt.caller_step, attempt.outcome) == (
         "w1",
         "dr-1",
@@ -92,32 +97,36 @@ def test_a_held_lease_cannot_be_claimed(ledger: BothFaces, db: psycopg.Connectio
 
 
 def test_an_expired_lease_is_reclaimed_with_the_next_epoch(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     ident = identity()
     old = claimed(ledger, ident, "w1", 30)
     expire_lease(db, ident.run_id)
     new = ledger.claim(ident.run_id, "w2", 30)
     assert new is not None and new.epoch == old.epoch + 1
-    first, second = ledger.attempts(ident.run_id)
+    first, second = operator.attempts(ident.run_id)
     assert (first.lease_epoch, first.outcome) == (1, "lease_lost")
     assert first.ended_at is not None
     assert (second.lease_epoch, second.worker_id, second.outcome) == (2, "w2", None)
 
 
-def test_the_owner_reclaiming_supersedes_its_own_attempt(ledger: BothFaces) -> None:
+def test_the_owner_reclaiming_supersedes_its_own_attempt(
+    ledger: HarnessLedger, operator: LedgerAdmin
+) -> None:
     ident = identity()
     ledger.register(ident)
     first = ledger.claim(ident.run_id, "w1", 30)
     second = ledger.claim(ident.run_id, "w1", 30)
     assert first is not None and second is not None
     assert second.epoch == first.epoch + 1
-    assert [a.outcome for a in ledger.attempts(ident.run_id)] == ["superseded", None]
+    assert [a.outcome for a in operator.attempts(ident.run_id)] == ["superseded", None]
     with pytest.raises(LeaseLostError):
         ledger.save_raw_input(first, {"stale": True})
 
 
-def test_lease_expiry_follows_the_database_clock(ledger: BothFaces, db: psycopg.Connection) -> None:
+def test_lease_expiry_follows_the_database_clock(
+    ledger: HarnessLedger, db: psycopg.Connection
+) -> None:
     ident = identity()
     held = claimed(ledger, ident, "w1", 0.5)
     attempts = 0
@@ -133,7 +142,7 @@ def test_lease_expiry_follows_the_database_clock(ledger: BothFaces, db: psycopg.
     assert taken.epoch == 2 and attempts > 0
 
 
-def test_renew_extends_by_the_database_clock(ledger: BothFaces, db: psycopg.Connection) -> None:
+def test_renew_extends_by_the_database_clock(ledger: HarnessLedger, db: psycopg.Connection) -> None:
     ident = identity()
     lease = claimed(ledger, ident, "w1", 5)
     renewed = ledger.renew(lease)
@@ -145,7 +154,7 @@ def test_renew_extends_by_the_database_clock(ledger: BothFaces, db: psycopg.Conn
     assert ledger.renew(lease).expires_at > db_now(db)
 
 
-def test_raw_input_checkpoint_keeps_the_first_value(ledger: BothFaces) -> None:
+def test_raw_input_checkpoint_keeps_the_first_value(ledger: HarnessLedger) -> None:
     ident = identity()
     lease = claimed(ledger, ident, "w1", 30)
     assert ledger.save_raw_input(lease, {"docs": ["first"]}) == {"docs": ["first"]}
@@ -156,7 +165,7 @@ def test_raw_input_checkpoint_keeps_the_first_value(ledger: BothFaces) -> None:
 
 
 def test_complete_commits_output_attempt_and_outbox_together(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     ident = identity()
     lease = claimed(ledger, ident, "w1", 30)
@@ -171,14 +180,14 @@ def test_complete_commits_output_attempt_and_outbox_together(
     assert record is not None
     assert (record.status, record.lease_owner, record.lease_expires_at) == ("completed", None, None)
     assert record.completed_at is not None
-    [attempt] = ledger.attempts(ident.run_id)
+    [attempt] = operator.attempts(ident.run_id)
     assert (attempt.outcome, attempt.model_name, attempt.input_tokens, attempt.output_tokens) == (
         "completed",
         "local",
         120,
         30,
     )
-    assert [(r.channel, r.payload) for r in ledger.outbox(ident.run_id)] == [
+    assert [(r.channel, r.payload) for r in operator.outbox(ident.run_id)] == [
         ("email", {"to": "ops"}),
         ("webhook", {"n": 1}),
     ]
@@ -187,7 +196,7 @@ def test_complete_commits_output_attempt_and_outbox_together(
 
 
 def test_complete_retried_after_it_landed_resolves_to_the_same_outcome(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     """The caller lost the answer of its commit and retries it with the same lease."""
     ident = identity()
@@ -196,17 +205,23 @@ def test_complete_retried_after_it_landed_resolves_to_the_same_outcome(
     retry = ledger.complete(lease, {"summary": "two"}, {"email": {"n": 2}})
     assert retry.accepted and retry.output == first.output == {"summary": "one"}
     assert count(db, "notification_outbox", ident.run_id) == 1
-    assert ledger.outbox(ident.run_id)[0].payload == {"n": 1}
+    assert operator.outbox(ident.run_id)[0].payload == {"n": 1}
 
 
-def test_a_stale_worker_can_write_nothing(ledger: BothFaces, db: psycopg.Connection) -> None:
+def test_a_stale_worker_can_write_nothing(
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
+) -> None:
     ident = identity()
     stale = claimed(ledger, ident, "paused-worker", 30)
     expire_lease(db, ident.run_id)
     fresh = ledger.claim(ident.run_id, "new-worker", 30)
     assert fresh is not None
     ledger.save_raw_input(fresh, {"docs": ["fresh"]})
-    before = ledger.get(ident.run_id), ledger.attempts(ident.run_id), ledger.outbox(ident.run_id)
+    before = (
+        ledger.get(ident.run_id),
+        operator.attempts(ident.run_id),
+        operator.outbox(ident.run_id),
+    )
 
     for write in (
         lambda: ledger.save_raw_input(stale, {"docs": ["stale"]}),
@@ -217,7 +232,7 @@ def test_a_stale_worker_can_write_nothing(ledger: BothFaces, db: psycopg.Connect
     ):
         with pytest.raises(LeaseLostError):
             write()
-    after = ledger.get(ident.run_id), ledger.attempts(ident.run_id), ledger.outbox(ident.run_id)
+    after = ledger.get(ident.run_id), operator.attempts(ident.run_id), operator.outbox(ident.run_id)
     assert after == before
 
     done = ledger.complete(fresh, {"summary": "fresh"}, {"email": {"fresh": True}})
@@ -226,11 +241,11 @@ def test_a_stale_worker_can_write_nothing(ledger: BothFaces, db: psycopg.Connect
     # (success, nothing new) and changes nothing.
     late = ledger.complete(stale, {"summary": "stale"}, {"email": {"stale": True}})
     assert (late.accepted, late.output) == (False, {"summary": "fresh"})
-    assert [r.payload for r in ledger.outbox(ident.run_id)] == [{"fresh": True}]
+    assert [r.payload for r in operator.outbox(ident.run_id)] == [{"fresh": True}]
 
 
 def test_a_failed_run_is_retried_without_duplicate_outbox_rows(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     ident = identity()
     first = claimed(ledger, ident, "w1", 30)
@@ -248,14 +263,16 @@ def test_a_failed_run_is_retried_without_duplicate_outbox_rows(
     assert second is not None and second.stored_raw_input == {"docs": ["d"]}
     ledger.complete(second, {"summary": "ok"}, {"email": {"n": 1}})
     ledger.complete(second, {"summary": "ok"}, {"email": {"n": 1}})
-    assert [a.outcome for a in ledger.attempts(ident.run_id)] == ["failed", "completed"]
-    assert ledger.attempts(ident.run_id)[0].input_tokens == 10
+    assert [a.outcome for a in operator.attempts(ident.run_id)] == ["failed", "completed"]
+    assert operator.attempts(ident.run_id)[0].input_tokens == 10
     assert count(db, "notification_outbox", ident.run_id) == 1
     final = ledger.get(ident.run_id)
     assert final is not None and final.last_error is None and final.attempts == 2
 
 
-def test_release_frees_the_run_for_another_worker(ledger: BothFaces) -> None:
+def test_release_frees_the_run_for_another_worker(
+    ledger: HarnessLedger, operator: LedgerAdmin
+) -> None:
     ident = identity()
     lease = claimed(ledger, ident, "w1", 300)
     ledger.release(lease)
@@ -264,7 +281,7 @@ def test_release_frees_the_run_for_another_worker(ledger: BothFaces) -> None:
     assert record is not None and (record.status, record.lease_owner) == ("pending", None)
     other = ledger.claim(ident.run_id, "w2", 30)
     assert other is not None and other.epoch == 2
-    assert [a.outcome for a in ledger.attempts(ident.run_id)] == ["superseded", None]
+    assert [a.outcome for a in operator.attempts(ident.run_id)] == ["superseded", None]
 
 
 @pytest.mark.parametrize(
@@ -279,7 +296,7 @@ def test_release_frees_the_run_for_another_worker(ledger: BothFaces) -> None:
     ],
 )
 def test_unstorable_output_is_refused_and_nothing_changes(
-    ledger: BothFaces, output: object, field: str, reason: str
+    ledger: HarnessLedger, output: object, field: str, reason: str
 ) -> None:
     ident = identity()
     lease = claimed(ledger, ident, "w1", 30)
@@ -291,7 +308,7 @@ def test_unstorable_output_is_refused_and_nothing_changes(
     assert ledger.complete(lease, {"summary": "fine"}).accepted
 
 
-def test_deeply_nested_output_is_refused(ledger: BothFaces) -> None:
+def test_deeply_nested_output_is_refused(ledger: HarnessLedger) -> None:
     deep: dict[str, object] = {}
     node = deep
     for _ in range(100_000):
@@ -303,7 +320,7 @@ def test_deeply_nested_output_is_refused(ledger: BothFaces) -> None:
         ledger.complete(lease, deep)
 
 
-def test_bad_arguments_are_refused_naming_the_field(ledger: BothFaces) -> None:
+def test_bad_arguments_are_refused_naming_the_field(ledger: HarnessLedger) -> None:
     ident = identity()
     ledger.register(ident)
     for kwargs, field in (
@@ -332,7 +349,7 @@ def test_bad_arguments_are_refused_naming_the_field(ledger: BothFaces) -> None:
 
 
 def test_a_connection_dropped_during_commit_resolves_to_one_outcome(
-    ledger: BothFaces, db: psycopg.Connection, database: str
+    ledger: HarnessLedger, db: psycopg.Connection, database: str
 ) -> None:
     """The backend running the commit is terminated; the ledger's retry gives one result."""
     ident = identity()
@@ -373,7 +390,7 @@ def test_a_connection_dropped_during_commit_resolves_to_one_outcome(
     assert record is not None and record.status == "completed"
 
 
-def test_outbox_delivery_sends_each_row_once(ledger: BothFaces) -> None:
+def test_outbox_delivery_sends_each_row_once(ledger: HarnessLedger, operator: LedgerAdmin) -> None:
     runs = [identity(hour=h) for h in range(4)]
     for ident in runs:
         lease = claimed(ledger, ident, "w", 30)
@@ -396,12 +413,14 @@ def test_outbox_delivery_sends_each_row_once(ledger: BothFaces) -> None:
     for t in threads:
         t.join()
     assert sorted(sent) == sorted(f"{i.run_id}:{c}" for i in runs for c in ("email", "hook"))
-    assert ledger.outbox(pending_only=True) == []
+    assert operator.outbox(pending_only=True) == []
     assert ledger.deliver_outbox(send).delivered == []
-    assert all(r.delivery_attempts == 1 and r.delivered_at for r in ledger.outbox())
+    assert all(r.delivery_attempts == 1 and r.delivered_at for r in operator.outbox())
 
 
-def test_a_failed_delivery_is_recorded_and_retried(ledger: BothFaces) -> None:
+def test_a_failed_delivery_is_recorded_and_retried(
+    ledger: HarnessLedger, operator: LedgerAdmin
+) -> None:
     ident = identity()
     lease = claimed(ledger, ident, "w", 30)
     ledger.complete(lease, {"summary": "s"}, {"hook": {"n": 1}})
@@ -411,7 +430,7 @@ def test_a_failed_delivery_is_recorded_and_retried(ledger: BothFaces) -> None:
 
     report = ledger.deliver_outbox(refuse)
     assert [reason for _, reason in report.failed] == ["ConnectionError: receiver answered 500"]
-    [row] = ledger.outbox(ident.run_id)
+    [row] = operator.outbox(ident.run_id)
     assert (row.delivered_at, row.delivery_attempts, row.last_error) == (
         None,
         1,
@@ -420,13 +439,13 @@ def test_a_failed_delivery_is_recorded_and_retried(ledger: BothFaces) -> None:
     keys: list[str] = []
     assert len(ledger.deliver_outbox(lambda r: keys.append(r.idempotency_key)).delivered) == 1
     assert keys == [f"{ident.run_id}:hook"]
-    [row] = ledger.outbox(ident.run_id)
+    [row] = operator.outbox(ident.run_id)
     assert row.delivered_at is not None and row.delivery_attempts == 2 and row.last_error is None
 
 
 def test_secrets_stay_out_of_errors_and_repr() -> None:
     url = "postgresql://ledger:s3cr3t-pw@127.0.0.1:9/ledger"
-    ledger = BothFaces(url, connect_timeout_seconds=1)
+    ledger = HarnessLedger(url, connect_timeout_seconds=1)
     assert "s3cr3t" not in repr(ledger)
     with pytest.raises(LedgerConnectionError) as info:
         ledger.open()
@@ -435,7 +454,7 @@ def test_secrets_stay_out_of_errors_and_repr() -> None:
 
 
 def test_begin_registers_and_claims_in_one_statement(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     ident = identity()
     record, lease = ledger.begin(
@@ -448,7 +467,7 @@ def test_begin_registers_and_claims_in_one_statement(
         1,
         1,
     )
-    [attempt] = ledger.attempts(ident.run_id)
+    [attempt] = operator.attempts(ident.run_id)
     assert (attempt.lease_epoch, attempt.caller_run_id, attempt.caller_step) == (1, "dr", "collect")
 
     held, none = ledger.begin(ident, "w2", 30)
@@ -457,12 +476,12 @@ def test_begin_registers_and_claims_in_one_statement(
         "w1",
         1,
     )
-    assert len(ledger.attempts(ident.run_id)) == 1
+    assert len(operator.attempts(ident.run_id)) == 1
 
     expire_lease(db, ident.run_id)
     taken, lease2 = ledger.begin(ident, "w2", 30)
     assert lease2 is not None and lease2.epoch == 2 and taken.attempts == 2
-    assert [a.outcome for a in ledger.attempts(ident.run_id)] == ["lease_lost", None]
+    assert [a.outcome for a in operator.attempts(ident.run_id)] == ["lease_lost", None]
     with pytest.raises(LeaseLostError):
         ledger.save_raw_input(lease, {"stale": True})
 
@@ -475,7 +494,7 @@ def test_begin_registers_and_claims_in_one_statement(
     )
 
 
-def test_begin_refuses_a_mismatched_identity(ledger: BothFaces, db: psycopg.Connection) -> None:
+def test_begin_refuses_a_mismatched_identity(ledger: HarnessLedger, db: psycopg.Connection) -> None:
     ident = identity()
     db.execute(
         "INSERT INTO idempotent_jobs.runs (run_id, job_name, subject_id, scheduled_at, version)"
@@ -500,7 +519,7 @@ def _xmax(db: psycopg.Connection, run_id: str) -> str:
 
 
 def test_a_claim_writes_one_row_and_the_attempt_when_it_ends(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     ident = identity()
     ledger.register(ident)
@@ -510,14 +529,14 @@ def test_a_claim_writes_one_row_and_the_attempt_when_it_ends(
     assert lease is not None
     # While the claim is open its details live on the run; no attempt row is written yet.
     assert count(db, "run_attempts", ident.run_id) == 0
-    [open_attempt] = ledger.attempts(ident.run_id)
+    [open_attempt] = operator.attempts(ident.run_id)
     assert (open_attempt.caller_run_id, open_attempt.caller_step, open_attempt.outcome) == (
         "d-1",
         "collect",
         None,
     )
     ledger.complete(lease, {"summary": "s"}, usage=ModelUsage("m", 3, 4))
-    [ended] = ledger.attempts(ident.run_id)
+    [ended] = operator.attempts(ident.run_id)
     assert (ended.caller_run_id, ended.caller_step, ended.outcome) == (
         "d-1",
         "collect",
@@ -529,7 +548,7 @@ def test_a_claim_writes_one_row_and_the_attempt_when_it_ends(
 
 
 def test_the_claim_that_supersedes_a_vanished_holder_records_its_attempt(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     ident = identity()
     ledger.register(ident)
@@ -539,7 +558,7 @@ def test_the_claim_that_supersedes_a_vanished_holder_records_its_attempt(
     assert gone is not None
     expire_lease(db, ident.run_id)
     assert ledger.claim(ident.run_id, "w2", 30, origin=CallOrigin(caller_run_id="d-2")) is not None
-    lost, current = ledger.attempts(ident.run_id)
+    lost, current = operator.attempts(ident.run_id)
     assert (lost.worker_id, lost.caller_run_id, lost.caller_step, lost.outcome) == (
         "gone",
         "d-1",
@@ -550,7 +569,7 @@ def test_the_claim_that_supersedes_a_vanished_holder_records_its_attempt(
     assert (current.worker_id, current.caller_run_id, current.outcome) == ("w2", "d-2", None)
 
 
-def test_polling_a_held_run_writes_nothing(ledger: BothFaces, db: psycopg.Connection) -> None:
+def test_polling_a_held_run_writes_nothing(ledger: HarnessLedger, db: psycopg.Connection) -> None:
     ident = identity()
     claimed(ledger, ident, "holder", 30)
     before = _xmax(db, ident.run_id)
@@ -564,7 +583,7 @@ def test_polling_a_held_run_writes_nothing(ledger: BothFaces, db: psycopg.Connec
 def test_lease_commit_mode_stays_inside_its_statement(database: str, durable: bool) -> None:
     """Lease writes may commit without waiting for the flush; the setting never leaks into the
     pooled connection's session, where the final commit must wait."""
-    with BothFaces(
+    with HarnessLedger(
         database, pool_min_size=1, pool_max_size=1, durable_lease_commits=durable
     ) as ledger:
         pool = ledger._db._pool_or_open()
@@ -582,7 +601,7 @@ def test_lease_commit_mode_stays_inside_its_statement(database: str, durable: bo
         assert stored is not None and stored.raw_input == {"documents": ["d"]}
 
 
-def test_the_ledger_has_two_faces_the_worker_and_the_operator(ledger: BothFaces) -> None:
+def test_the_ledger_has_two_faces_the_worker_and_the_operator(ledger: HarnessLedger) -> None:
     """Listings, health checks, storage, revisions, drills, prices and retention are the
     operator face's (LedgerAdmin); RunLedger keeps what a worker does, and its executor is
     private."""

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from idempotent_jobs import CallOrigin, RunIdentity, run_idempotent
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.health import MAX_FINDINGS_PER_CHECK
 from idempotent_jobs.core.testing import ScriptedModel
 from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
@@ -24,7 +25,7 @@ from idempotent_jobs_tests.helpers import (
     expire_lease,
     identity,
 )
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 
 @pytest.fixture
@@ -50,7 +51,7 @@ def as_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
 
 
 @pytest.fixture
-def planted(ledger: BothFaces, db: psycopg.Connection) -> dict[str, str]:
+def planted(ledger: HarnessLedger, db: psycopg.Connection) -> dict[str, str]:
     """One run per state; returns {state: run_id}."""
     runs = {
         "pending": identity("pending-co", 1),
@@ -119,7 +120,7 @@ def test_runs_list_as_table_and_json_with_filters(
 
 
 def test_runs_list_pages_by_keyset_through_ties(
-    cli_env: Path, ledger: BothFaces, capsys: pytest.CaptureFixture[str]
+    cli_env: Path, ledger: HarnessLedger, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Pages of --limit 3 chained by --after cover every run once, in order, even where two
     versions share a job, subject and window."""
@@ -150,7 +151,7 @@ def test_runs_list_pages_by_keyset_through_ties(
 
 
 def test_prune_counts_first_and_prunes_with_apply(
-    cli_env: Path, ledger: BothFaces, db: psycopg.Connection, capsys: pytest.CaptureFixture[str]
+    cli_env: Path, ledger: HarnessLedger, db: psycopg.Connection, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The location's policy for competitor-summary (raw input 30 days, output 365, attempts
     90, delivered payloads 30): a run completed 400 days ago loses all four."""
@@ -327,7 +328,7 @@ def test_doctor_reports_an_unreachable_database(
 
 
 def test_revise_keeps_history_and_notifies_only_named_channels(
-    cli_env: Path, ledger: BothFaces, capsys: pytest.CaptureFixture[str]
+    cli_env: Path, ledger: HarnessLedger, operator: LedgerAdmin, capsys: pytest.CaptureFixture[str]
 ) -> None:
     key = "workspace-acme|2026-08-07"
     ident = COMPETITOR_SUMMARY.identity_for(key)
@@ -339,7 +340,7 @@ def test_revise_keeps_history_and_notifies_only_named_channels(
     assert first.success
     original = ledger.get(ident.run_id)
     assert original is not None and original.status == "completed"
-    assert [o.idempotency_key for o in ledger.outbox(ident.run_id)] == [
+    assert [o.idempotency_key for o in operator.outbox(ident.run_id)] == [
         f"{ident.run_id}:report_file"
     ]
 
@@ -358,7 +359,7 @@ def test_revise_keeps_history_and_notifies_only_named_channels(
     assert code == 0, out
     revised = ledger.get(ident.run_id)
     assert revised is not None and (revised.status, revised.revision) == ("completed", 1)
-    [history] = ledger.revisions(ident.run_id)
+    [history] = operator.revisions(ident.run_id)
     assert (history.reason, history.channels, history.requested_by) == (
         "prompt fixed",
         ["report_file"],
@@ -366,15 +367,15 @@ def test_revise_keeps_history_and_notifies_only_named_channels(
     )
     assert history.previous_output == original.output
     assert history.previous_completed_at == original.completed_at
-    keys = sorted(o.idempotency_key for o in ledger.outbox(ident.run_id))
+    keys = sorted(o.idempotency_key for o in operator.outbox(ident.run_id))
     assert keys == [f"{ident.run_id}:report_file", f"{ident.run_id}:report_file:r1"]
-    assert all(o.delivered_at for o in ledger.outbox(ident.run_id))
+    assert all(o.delivered_at for o in operator.outbox(ident.run_id))
 
     # A silent revision (no channel): recomputed, kept in history, nothing sent.
     assert main(["revise", ident.run_id, "--reason", "model upgrade", "--now"]) == 0
-    assert len(ledger.revisions(ident.run_id)) == 2
-    assert len(ledger.outbox(ident.run_id)) == 2
-    assert [a.outcome for a in ledger.attempts(ident.run_id)] == ["completed"] * 3
+    assert len(operator.revisions(ident.run_id)) == 2
+    assert len(operator.outbox(ident.run_id)) == 2
+    assert [a.outcome for a in operator.attempts(ident.run_id)] == ["completed"] * 3
 
 
 def test_revise_refuses_what_is_not_completed(

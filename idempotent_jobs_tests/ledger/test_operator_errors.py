@@ -13,19 +13,20 @@ import pytest
 from psycopg import sql
 
 from idempotent_jobs import LedgerPermissionError, RunIdentity
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.database import ledger_conninfo
 from idempotent_jobs.location.jobs import COMPETITOR_SUMMARY
 from idempotent_jobs.operator.dagster_home import dagster_storage_url
 from idempotent_jobs.operator.render import escape_controls
 from idempotent_jobs_tests.helpers import claimed, identity
 from idempotent_jobs_tests.ledger.test_operator_cli import cli_env, run  # noqa: F401 - the fixture
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 HOSTILE = "\x1b[2J\x1b]0;owned\x07\rover\nnext\x9b31m\u202eevil"
 TERMINAL_ACTIONS = ["\x1b", "\x07", "\r", "\x9b", "\u202e"]
 
 
-def completed(ledger: BothFaces, ident: RunIdentity, **details: Any) -> str:
+def completed(ledger: HarnessLedger, ident: RunIdentity, **details: Any) -> str:
     lease = claimed(ledger, ident, details.pop("worker", "w"))
     ledger.complete(lease, {"summary": "done"}, {"report_file": {"n": 1}}, **details)
     return ident.run_id
@@ -44,7 +45,7 @@ def revisions(db: psycopg.Connection, run_id: str) -> int:
 
 def test_revise_with_an_unknown_channel_writes_nothing(
     cli_env: Path,  # noqa: F811
-    ledger: BothFaces,
+    ledger: HarnessLedger,
     db: psycopg.Connection,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -60,7 +61,7 @@ def test_revise_with_an_unknown_channel_writes_nothing(
 
 def test_revise_now_of_a_run_with_no_partition_here_writes_nothing(
     cli_env: Path,  # noqa: F811
-    ledger: BothFaces,
+    ledger: HarnessLedger,
     db: psycopg.Connection,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -91,7 +92,7 @@ def test_reconcile_of_an_unknown_job_and_a_negative_limit_exit_2(
 
 def test_table_cells_escape_what_a_terminal_would_act_on(
     cli_env: Path,  # noqa: F811
-    ledger: BothFaces,
+    ledger: HarnessLedger,
     db: psycopg.Connection,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -140,7 +141,7 @@ def test_escape_controls_keeps_ordinary_text() -> None:
 
 def test_cli_filters_strip_and_normalise_like_the_identity(
     cli_env: Path,  # noqa: F811
-    ledger: BothFaces,
+    ledger: HarnessLedger,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     nfc = RunIdentity(
@@ -162,9 +163,9 @@ def test_cli_filters_strip_and_normalise_like_the_identity(
 def test_migrate_and_open_accept_a_sqlalchemy_style_url(fresh_database: str) -> None:
     url = dagster_storage_url(fresh_database)
     assert url.startswith("postgresql+psycopg2://")
-    assert BothFaces(url).migrate() != []
-    with BothFaces(url) as ledger:
-        assert ledger.list_runs() == []
+    assert LedgerAdmin(url).migrate() != []
+    with HarnessLedger(url) as ledger, LedgerAdmin.beside(ledger) as operator:
+        assert ledger.get("0" * 64) is None and operator.list_runs() == []
 
 
 def test_a_malformed_url_is_one_clear_line_without_the_password(
@@ -191,7 +192,7 @@ def test_wrong_database_and_bad_sslmode_fail_at_once_with_the_real_cause(
     for url, cause in ((missing, 'database "no_such_db_ij" does not exist'), (bad_ssl, "sslmode")):
         started = time.monotonic()
         with pytest.raises(Exception) as info:
-            BothFaces(url, connect_timeout_seconds=8).open()
+            HarnessLedger(url, connect_timeout_seconds=8).open()
         assert time.monotonic() - started < 4, "reported at once, not after the timeout"
         assert cause in str(info.value)
 
@@ -220,7 +221,7 @@ def test_a_role_without_grants_is_told_which_privilege_it_lacks(
     grantless_role: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with pytest.raises(LedgerPermissionError, match="permission denied for schema idempotent_jobs"):
-        BothFaces(grantless_role).open()
+        HarnessLedger(grantless_role).open()
     monkeypatch.setenv("IDEMPOTENT_JOBS_DATABASE_URL", grantless_role)
     code, out = run(capsys, "runs", "list")
     assert code == 2 and "LedgerPermissionError" in out and "USAGE on schema" in out, out
@@ -247,9 +248,10 @@ def test_reads_are_utc_whatever_the_servers_time_zone(
         " VALUES (%s, 'job', 'far', '9999-12-31 23:00+00', 'v1')",
         ("e" * 64,),
     )
-    with BothFaces(database) as ledger:
-        [far] = ledger.list_runs()
-    assert far.scheduled_at.year == 9999 and far.scheduled_at.utcoffset().total_seconds() == 0
+    with LedgerAdmin(database) as operator:
+        [far] = operator.list_runs()
+    offset = far.scheduled_at.utcoffset()
+    assert far.scheduled_at.year == 9999 and offset is not None and offset.total_seconds() == 0
 
 
 @pytest.mark.slow

@@ -16,9 +16,10 @@ import pytest
 from psycopg import sql
 
 from idempotent_jobs import LedgerConnectionError, LedgerError, run_idempotent
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs_tests.conftest import through_pgbouncer
 from idempotent_jobs_tests.helpers import identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.pgbouncer import PgBouncer
 
 pytestmark = [pytest.mark.slow]
@@ -35,7 +36,7 @@ def test_the_ledger_finds_pgbouncer_and_runs_the_protocol_without_prepared_state
 
     def worker(number: int) -> None:
         try:
-            with BothFaces(url, pool_max_size=2) as ledger:
+            with HarnessLedger(url, pool_max_size=2) as ledger:
                 assert ledger.pooled
                 for hour in range(10):
                     outcome = run_idempotent(
@@ -57,7 +58,7 @@ def test_the_ledger_finds_pgbouncer_and_runs_the_protocol_without_prepared_state
         thread.join()
     assert errors == []
     assert sum(outcomes) == 30 and len(outcomes) == 60, "3 subjects x 10 hours, each run once"
-    with BothFaces(database) as direct:
+    with HarnessLedger(database) as direct:
         assert not direct.pooled
 
 
@@ -69,7 +70,7 @@ def test_prepared_statements_forced_through_pgbouncer_1_18_break_and_the_default
     with PgBouncer(server_url, pool_size=1) as bouncer:
         url = through_pgbouncer(bouncer, database)
         forced = [
-            BothFaces(url, pool_max_size=1, prepared_statements=True, connect_timeout_seconds=2)
+            HarnessLedger(url, pool_max_size=1, prepared_statements=True, connect_timeout_seconds=2)
             for _ in range(2)
         ]
         with pytest.raises((LedgerError, psycopg.Error)) as failed:
@@ -81,7 +82,7 @@ def test_prepared_statements_forced_through_pgbouncer_1_18_break_and_the_default
         assert "prepared statement" in str(failed.value) + caplog.text
         for ledger in forced:
             ledger.close()
-        detected = [BothFaces(url, pool_max_size=1) for _ in range(2)]
+        detected = [HarnessLedger(url, pool_max_size=1) for _ in range(2)]
         for hour in range(3):
             for ledger in detected:
                 ledger.register(identity(subject="detected", hour=hour))
@@ -91,7 +92,7 @@ def test_prepared_statements_forced_through_pgbouncer_1_18_break_and_the_default
 
 def test_migrate_refuses_a_pooler_and_names_the_reason(database: str, pgbouncer: PgBouncer) -> None:
     with pytest.raises(LedgerError, match="migrate needs a direct connection"):
-        BothFaces(through_pgbouncer(pgbouncer, database)).migrate()
+        LedgerAdmin(through_pgbouncer(pgbouncer, database)).migrate()
 
 
 @pytest.fixture
@@ -119,13 +120,13 @@ def test_timezone_advice_of_the_deployment_docs(
     # Without `options` in ignore_startup_parameters, 1.18 refuses the ledger's connection.
     with PgBouncer(server_url, users=(zoned_role,), ignore_options=False) as strict:
         with pytest.raises(LedgerConnectionError, match="unsupported startup parameter: options"):
-            BothFaces(strict.url(dbname, user=zoned_role)).open()
+            HarnessLedger(strict.url(dbname, user=zoned_role)).open()
     with PgBouncer(server_url, users=(zoned_role,)) as bouncer:
         url = bouncer.url(dbname, user=zoned_role)
         # The role's zone is what a client gets through the pooler: the startup option is gone.
         with psycopg.connect(url, autocommit=True, prepare_threshold=None) as plain:
             assert plain.execute("SHOW TimeZone").fetchone() == (ZONE,)
-        with BothFaces(url, pool_max_size=2) as ledger:
+        with HarnessLedger(url, pool_max_size=2) as ledger:
             assert ledger.pooled
             record, lease = ledger.begin(identity(subject="zoned"), "w", 30)
             assert lease is not None

@@ -15,7 +15,7 @@ from idempotent_jobs import Budget, JobConfig, LedgerAdmin, RunIdentity
 from idempotent_jobs.batches import BatchSteps, advance, open_intent
 from idempotent_jobs.models import OutputSchema, Prompt
 from idempotent_jobs_tests.helpers import batch_provider
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.fake_batches import BadLine, OddBody
 from testkit.fake_providers import Answer, FakeProviders, Request, Status
 
@@ -71,7 +71,7 @@ def _ids() -> list[RunIdentity]:
 
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_one_bad_item_ends_its_own_attempt_and_the_batch_goes_on(
-    api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    api: str, fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     with LedgerAdmin.beside(ledger) as admin:
         admin.set_budget(Budget(amount=10**9), job_name=JOB)

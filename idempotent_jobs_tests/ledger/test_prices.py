@@ -21,7 +21,7 @@ from idempotent_jobs import (
 from idempotent_jobs.models.anthropic_messages import anthropic_usage
 from idempotent_jobs.models.openai_chat import openai_usage
 from idempotent_jobs_tests.helpers import identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 LONG_AGO = datetime(2020, 1, 1, tzinfo=UTC)
 
@@ -84,7 +84,7 @@ def _golden_usages() -> tuple[ModelUsage, ModelUsage]:
     return openai_usage(completion, "gpt-4o"), anthropic_usage(message, "claude-sonnet-4-5")
 
 
-def _record(ledger: BothFaces, subject: str, usage: ModelUsage, model: str = "m") -> str:
+def _record(ledger: HarnessLedger, subject: str, usage: ModelUsage, model: str = "m") -> str:
     ident = identity(subject=subject)
     run_idempotent(
         ledger,
@@ -100,7 +100,7 @@ def _money(admin: LedgerAdmin, run_id: str) -> list[Decimal | None]:
     return list(admin.call_costs(run_id).values())
 
 
-def test_golden_payloads_of_both_providers_are_priced_to_the_cent(ledger: BothFaces) -> None:
+def test_golden_payloads_of_both_providers_are_priced_to_the_cent(ledger: HarnessLedger) -> None:
     openai_used, anthropic_used = _golden_usages()
     assert (
         openai_used.input_tokens,
@@ -147,7 +147,7 @@ def test_golden_payloads_of_both_providers_are_priced_to_the_cent(ledger: BothFa
         assert 1 - hour_at_5m / (Decimal(1500) * 6) == Decimal("0.375")
 
 
-def test_a_price_change_never_reprices_earlier_calls(ledger: BothFaces) -> None:
+def test_a_price_change_never_reprices_earlier_calls(ledger: HarnessLedger) -> None:
     with LedgerAdmin.beside(ledger) as admin:
         admin.set_price("m", "1", "1", effective_from=LONG_AGO)
         before = _record(ledger, "before", ModelUsage("m", 1000, 0))
@@ -162,7 +162,9 @@ def test_a_price_change_never_reprices_earlier_calls(ledger: BothFaces) -> None:
         assert [str(p.input_per_million) for p in admin.prices()] == ["1", "2", "100"]
 
 
-def test_a_dated_model_is_priced_by_its_prefix_and_an_exact_name_wins(ledger: BothFaces) -> None:
+def test_a_dated_model_is_priced_by_its_prefix_and_an_exact_name_wins(
+    ledger: HarnessLedger,
+) -> None:
     with LedgerAdmin.beside(ledger) as admin:
         admin.set_price("gpt-4o", "2.5", "10", prefix=True, effective_from=LONG_AGO)
         dated = _record(ledger, "dated", ModelUsage("gpt-4o-2024-08-06", 1_000_000, 0))
@@ -178,7 +180,7 @@ def test_a_dated_model_is_priced_by_its_prefix_and_an_exact_name_wins(ledger: Bo
         assert matches[None]["models"] == ["gpt-4.1"]
 
 
-def test_a_batch_tier_price_applies_to_batch_calls_only(ledger: BothFaces) -> None:
+def test_a_batch_tier_price_applies_to_batch_calls_only(ledger: HarnessLedger) -> None:
     with LedgerAdmin.beside(ledger) as admin:
         admin.set_price("m", "2", "8", effective_from=LONG_AGO)
         admin.set_price("m", "1", "4", tier="batch", effective_from=LONG_AGO)
@@ -190,7 +192,7 @@ def test_a_batch_tier_price_applies_to_batch_calls_only(ledger: BothFaces) -> No
         assert _money(admin, flex) == [Decimal(10)]  # no flex price: the standard one
 
 
-def test_tiny_prices_and_large_totals_are_kept_exactly(ledger: BothFaces) -> None:
+def test_tiny_prices_and_large_totals_are_kept_exactly(ledger: HarnessLedger) -> None:
     """``0.0000004`` used to be stored as 0."""
     with LedgerAdmin.beside(ledger) as admin:
         price = admin.set_price("tiny", "0.0000004", "0.001", effective_from=LONG_AGO)
@@ -228,7 +230,7 @@ def _race_currencies(database: str) -> tuple[list[str], list[str]]:
     return won, refused
 
 
-def test_two_currencies_racing_cannot_both_win(ledger: BothFaces, database: str) -> None:
+def test_two_currencies_racing_cannot_both_win(ledger: HarnessLedger, database: str) -> None:
     """Check-then-write let both through 29 times in 30; the database now decides."""
     for attempt in range(30):
         with ledger.connection() as conn:
@@ -241,7 +243,7 @@ def test_two_currencies_racing_cannot_both_win(ledger: BothFaces, database: str)
             assert {p.currency for p in admin.prices()} == {won[0]} == {admin.currency()}
 
 
-def test_a_call_with_no_usage_or_no_price_shows_unknown(ledger: BothFaces) -> None:
+def test_a_call_with_no_usage_or_no_price_shows_unknown(ledger: HarnessLedger) -> None:
     """A failed call with no model showed 0.000000; one with no price showed -."""
     with LedgerAdmin.beside(ledger) as admin:
         admin.set_price("m", "1", "1", effective_from=LONG_AGO)

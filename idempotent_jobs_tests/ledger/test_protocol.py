@@ -17,13 +17,14 @@ from idempotent_jobs import (
     RunOutcome,
     run_idempotent,
 )
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.records import Completion, Lease
 from idempotent_jobs.core.testing import ScriptedModel, assert_run_twice_is_idempotent
 from idempotent_jobs_tests.helpers import Collector, count, email, expire_lease, identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 
-def test_run_it_twice(ledger: BothFaces, db: psycopg.Connection) -> None:
+def test_run_it_twice(ledger: HarnessLedger, db: psycopg.Connection) -> None:
     """The published test: the model's second answer would differ, yet nothing changes."""
     model = ScriptedModel([{"summary": "first answer"}, {"summary": "a visibly different one"}])
     collector = Collector()
@@ -43,7 +44,7 @@ def test_run_it_twice(ledger: BothFaces, db: psycopg.Connection) -> None:
     assert record is not None and record.status == "completed"
 
 
-def test_the_kit_catches_an_identity_built_from_the_wall_clock(ledger: BothFaces) -> None:
+def test_the_kit_catches_an_identity_built_from_the_wall_clock(ledger: HarnessLedger) -> None:
     model = ScriptedModel()
     wall_clock = iter(
         [datetime(2026, 8, 7, 9, 0, 1, tzinfo=UTC), datetime(2026, 8, 7, 9, 0, 2, tzinfo=UTC)]
@@ -58,7 +59,9 @@ def test_the_kit_catches_an_identity_built_from_the_wall_clock(ledger: BothFaces
     assert model.calls == 2
 
 
-def test_a_timeout_after_collection_reuses_the_stored_input(ledger: BothFaces) -> None:
+def test_a_timeout_after_collection_reuses_the_stored_input(
+    ledger: HarnessLedger, operator: LedgerAdmin
+) -> None:
     model = ScriptedModel(fail_on=[1])
     collector = Collector()
     with pytest.raises(TimeoutError):
@@ -78,8 +81,8 @@ def test_a_timeout_after_collection_reuses_the_stored_input(ledger: BothFaces) -
     assert retry.executed and retry.status == "completed"
     assert collector.calls == 1, "the retry must reuse the checkpoint, not collect again"
     assert model.inputs[1] == record.raw_input
-    assert [a.outcome for a in ledger.attempts(identity().run_id)] == ["failed", "completed"]
-    assert len(ledger.outbox(identity().run_id)) == 1
+    assert [a.outcome for a in operator.attempts(identity().run_id)] == ["failed", "completed"]
+    assert len(operator.outbox(identity().run_id)) == 1
 
 
 class CommitThenLoseTheAnswer(RunLedger):
@@ -91,7 +94,7 @@ class CommitThenLoseTheAnswer(RunLedger):
 
 
 def test_a_timeout_after_the_final_commit_returns_the_stored_result(
-    ledger: BothFaces, database: str, db: psycopg.Connection
+    ledger: HarnessLedger, operator: LedgerAdmin, database: str, db: psycopg.Connection
 ) -> None:
     model = ScriptedModel()
     collector = Collector()
@@ -112,20 +115,22 @@ def test_a_timeout_after_the_final_commit_returns_the_stored_result(
     assert (retry.executed, retry.status, retry.output) == (False, "completed", stored.output)
     assert (model.calls, collector.calls) == (1, 1)
     assert count(db, "notification_outbox", identity().run_id) == 1
-    [attempt] = ledger.attempts(identity().run_id)
+    [attempt] = operator.attempts(identity().run_id)
     assert attempt.outcome == "completed"
 
 
-def test_a_completed_run_invoked_again_does_nothing(ledger: BothFaces) -> None:
+def test_a_completed_run_invoked_again_does_nothing(
+    ledger: HarnessLedger, operator: LedgerAdmin
+) -> None:
     model = ScriptedModel()
     collector = Collector()
     first = run_idempotent(ledger, identity(), collect=collector, transform=model)
-    before = ledger.get(identity().run_id), ledger.attempts(identity().run_id)
+    before = ledger.get(identity().run_id), operator.attempts(identity().run_id)
     for _ in range(3):
         again = run_idempotent(ledger, identity(), collect=collector, transform=model)
         assert (again.executed, again.output) == (False, first.output)
     assert (model.calls, collector.calls) == (1, 1)
-    after = ledger.get(identity().run_id), ledger.attempts(identity().run_id)
+    after = ledger.get(identity().run_id), operator.attempts(identity().run_id)
     assert before[0] is not None and after[0] is not None
     assert (before[0].output, before[0].completed_at, before[1]) == (
         after[0].output,
@@ -152,7 +157,7 @@ class DedupQueue:
         self.keys.clear()
 
 
-def test_an_expired_queue_dedup_key_still_finds_the_durable_run(ledger: BothFaces) -> None:
+def test_an_expired_queue_dedup_key_still_finds_the_durable_run(ledger: HarnessLedger) -> None:
     queue = DedupQueue()
     model = ScriptedModel()
     assert queue.submit(identity())
@@ -168,7 +173,7 @@ def test_an_expired_queue_dedup_key_still_finds_the_durable_run(ledger: BothFace
 
 
 def test_the_heartbeat_keeps_the_lease_through_a_long_model_call(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     in_model = threading.Event()
     finish = threading.Event()
@@ -209,7 +214,7 @@ def test_the_heartbeat_keeps_the_lease_through_a_long_model_call(
 
 
 def test_a_lease_lost_during_the_model_call_never_commits(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     def model_paused_past_its_lease(raw: dict[str, Any]) -> dict[str, Any]:
         # While this worker is "paused", its lease expires and another worker claims the run.
@@ -233,11 +238,11 @@ def test_a_lease_lost_during_the_model_call_never_commits(
         "new-owner",
         2,
     )
-    assert ledger.outbox(identity().run_id) == []
-    assert [a.outcome for a in ledger.attempts(identity().run_id)] == ["lease_lost", None]
+    assert operator.outbox(identity().run_id) == []
+    assert [a.outcome for a in operator.attempts(identity().run_id)] == ["lease_lost", None]
 
 
-def test_a_rejected_output_fails_the_attempt_and_a_retry_succeeds(ledger: BothFaces) -> None:
+def test_a_rejected_output_fails_the_attempt_and_a_retry_succeeds(ledger: HarnessLedger) -> None:
     model = ScriptedModel([{"summary": ""}, {"summary": "good"}])
     collector = Collector()
 
@@ -253,7 +258,7 @@ def test_a_rejected_output_fails_the_attempt_and_a_retry_succeeds(ledger: BothFa
     assert done.output == {"summary": "good"} and collector.calls == 1
 
 
-def test_a_collector_error_is_recorded_and_nothing_is_checkpointed(ledger: BothFaces) -> None:
+def test_a_collector_error_is_recorded_and_nothing_is_checkpointed(ledger: HarnessLedger) -> None:
     def broken_collector(ident: RunIdentity) -> dict[str, Any]:
         raise ConnectionError("source unavailable")
 
@@ -270,12 +275,12 @@ def test_a_collector_error_is_recorded_and_nothing_is_checkpointed(ledger: BothF
     assert model.calls == 0
 
 
-def test_usage_is_recorded_on_the_attempt(ledger: BothFaces) -> None:
+def test_usage_is_recorded_on_the_attempt(ledger: HarnessLedger, operator: LedgerAdmin) -> None:
     def model(raw: dict[str, Any]) -> ModelAnswer:
         return ModelAnswer({"summary": "s"}, ModelUsage("local-extractive", 321, 12))
 
     run_idempotent(ledger, identity(), collect=Collector(), transform=model)
-    [attempt] = ledger.attempts(identity().run_id)
+    [attempt] = operator.attempts(identity().run_id)
     assert (attempt.model_name, attempt.input_tokens, attempt.output_tokens) == (
         "local-extractive",
         321,
@@ -283,7 +288,7 @@ def test_usage_is_recorded_on_the_attempt(ledger: BothFaces) -> None:
     )
 
 
-def test_a_run_held_by_another_worker_is_left_alone(ledger: BothFaces) -> None:
+def test_a_run_held_by_another_worker_is_left_alone(ledger: HarnessLedger) -> None:
     ledger.register(identity())
     assert ledger.claim(identity().run_id, "someone-else", 60) is not None
     model = ScriptedModel()

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from idempotent_jobs import CallBook, CallOrigin, InvalidInputError, RateLimit, RunIdentity
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.rate_limits import (
     BURST_SHARE,
     PACE_SHARE,
@@ -17,7 +18,7 @@ from idempotent_jobs.core.rate_limits import (
 )
 from idempotent_jobs.operator.cli import main
 from idempotent_jobs_tests.helpers import claimed
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.fake_providers import Limit
 
 WINDOW = 1
@@ -25,7 +26,7 @@ RATE = 10  # requests per window
 REQUEST = RateRequest("openai", "gpt-4o", tokens=0)
 
 
-def place(ledger: BothFaces, subject: str, n: int, request: RateRequest = REQUEST) -> float:
+def place(ledger: HarnessLedger, subject: str, n: int, request: RateRequest = REQUEST) -> float:
     """One request's wait for its place (a fresh claim of run ``n`` of ``subject``: a first
     request)."""
     window = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(hours=n)
@@ -38,14 +39,14 @@ def place(ledger: BothFaces, subject: str, n: int, request: RateRequest = REQUES
 
 
 @pytest.fixture
-def limited(ledger: BothFaces) -> BothFaces:
-    ledger.admin.set_rate_limit(
+def limited(ledger: HarnessLedger, operator: LedgerAdmin) -> HarnessLedger:
+    operator.set_rate_limit(
         RateLimit("openai", "gpt-4o", requests_per_minute=RATE, window_seconds=WINDOW)
     )
     return ledger
 
 
-def test_racing_workers_keep_the_limit_at_its_rate(limited: BothFaces) -> None:
+def test_racing_workers_keep_the_limit_at_its_rate(limited: HarnessLedger) -> None:
     provider = Limit(requests=RATE, window=WINDOW)  # the provider's own bucket
     lock = threading.Lock()
     threads, per_thread = 4, 6
@@ -77,11 +78,13 @@ def test_racing_workers_keep_the_limit_at_its_rate(limited: BothFaces) -> None:
     assert elapsed <= (total - burst) * WINDOW / (RATE * 0.9) + 0.5, "under 90% of the limit"
 
 
-def test_a_subject_behind_a_backfill_is_served_within_a_window(ledger: BothFaces) -> None:
+def test_a_subject_behind_a_backfill_is_served_within_a_window(
+    ledger: HarnessLedger, operator: LedgerAdmin
+) -> None:
     """Big requests (three tenths of a window's tokens each): six backfill workers in a queue
     would hold almost two windows of reservations; a subject pending may hold half a window,
     so another subject's request goes within a window."""
-    ledger.admin.set_rate_limit(
+    operator.set_rate_limit(
         RateLimit("openai", "gpt-4o-mini", tokens_per_minute=1000, window_seconds=WINDOW)
     )
     big = RateRequest("openai", "gpt-4o-mini", tokens=300)
@@ -116,7 +119,7 @@ def test_a_subject_behind_a_backfill_is_served_within_a_window(ledger: BothFaces
 
 
 def test_a_model_without_a_limit_costs_no_statement(
-    ledger: BothFaces, monkeypatch: pytest.MonkeyPatch
+    ledger: HarnessLedger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     asked: list[Any] = []
     monkeypatch.setattr(type(ledger), "acquire_rate", lambda self, *a: asked.append(a))
@@ -126,12 +129,15 @@ def test_a_model_without_a_limit_costs_no_statement(
 
 
 def test_a_spec_declares_and_an_operator_setting_stands_over_it(
-    ledger: BothFaces, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ledger: HarnessLedger,
+    operator: LedgerAdmin,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     declared = RateLimit("anthropic", "claude-haiku-4-5", tokens_per_minute=40_000)
     ledger.declare_rate_limits([declared], "lead-scoring")
     ledger.declare_rate_limits([declared], "lead-scoring")  # once per process: no statement
-    [row] = ledger.admin.rate_limits()
+    [row] = operator.rate_limits()
     assert (row["tokens_per_window"], row["declared_by"]) == (40_000, "lead-scoring")
     monkeypatch.setenv("IDEMPOTENT_JOBS_DATABASE_URL", ledger.settings.conninfo)
     args = ["limits", "set", "anthropic", "claude-haiku-4-5"]
@@ -143,7 +149,7 @@ def test_a_spec_declares_and_an_operator_setting_stands_over_it(
     assert main(["limits", "list"]) == 0
     assert "operator" in capsys.readouterr().out
     assert main(["limits", "delete", "anthropic", "claude-haiku-4-5"]) == 0
-    assert ledger.admin.rate_limits() == []
+    assert operator.rate_limits() == []
     assert main([*args, "--window-seconds", "0", "--tokens-per-minute", "5"]) == 2
     assert "window_seconds: must be 1 to 86400" in capsys.readouterr().err
 

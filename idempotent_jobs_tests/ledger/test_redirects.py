@@ -16,7 +16,7 @@ from idempotent_jobs import run_idempotent
 from idempotent_jobs.models import AnthropicMessages, OpenAIChat, Prompt, RetryPolicy, answer
 from idempotent_jobs.models.errors import RedirectRefusedError
 from idempotent_jobs_tests.helpers import identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.fake_providers import Answer, FakeProviders
 
 
@@ -56,7 +56,7 @@ def test_a_redirect_is_refused_naming_the_host_and_nothing_reaches_it(
     api: str,
     status: int,
     other_host: FakeProviders,
-    ledger: BothFaces,
+    ledger: HarnessLedger,
     db: psycopg.Connection,
 ) -> None:
     target = other_host.openai_url if api == "openai" else other_host.anthropic_url

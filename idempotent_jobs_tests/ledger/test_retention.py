@@ -10,6 +10,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from idempotent_jobs import InvalidInputError, run_idempotent
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.retention import PARTS, RetentionPolicy, prune
 from idempotent_jobs.core.testing import ScriptedModel
 from idempotent_jobs_tests.helpers import (
@@ -20,7 +21,7 @@ from idempotent_jobs_tests.helpers import (
     email,
     identity,
 )
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from idempotent_jobs_tests.workers import live_runs_while_pruning
 
 MONTH = timedelta(days=30)
@@ -28,7 +29,7 @@ EVERYTHING_AFTER_A_MONTH = RetentionPolicy(MONTH, MONTH, MONTH, MONTH)
 JOB = "competitor-summary"
 
 
-def complete_one(ledger: BothFaces, subject: str, hour: int, model: ScriptedModel) -> str:
+def complete_one(ledger: HarnessLedger, subject: str, hour: int, model: ScriptedModel) -> str:
     outcome = run_idempotent(
         ledger,
         identity(subject, hour),
@@ -41,7 +42,7 @@ def complete_one(ledger: BothFaces, subject: str, hour: int, model: ScriptedMode
 
 
 def test_dry_run_and_apply_agree_and_only_old_payloads_of_finished_work_go(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     model = ScriptedModel([{"summary": f"answer {n}"} for n in range(10)])
     old = complete_one(ledger, "old-co", 1, model)
@@ -53,8 +54,8 @@ def test_dry_run_and_apply_agree_and_only_old_payloads_of_finished_work_go(
     running = claimed(ledger, identity("running-co", 4))
     ledger.checkpoint(running, {"documents": ["being worked on"]})
 
-    dry = prune(ledger.admin, JOB, EVERYTHING_AFTER_A_MONTH)
-    applied = prune(ledger.admin, JOB, EVERYTHING_AFTER_A_MONTH, apply=True, batch_size=2)
+    dry = prune(operator, JOB, EVERYTHING_AFTER_A_MONTH)
+    applied = prune(operator, JOB, EVERYTHING_AFTER_A_MONTH, apply=True, batch_size=2)
     assert not dry.applied and applied.applied
     assert {p: (dry.parts[p].rows, dry.parts[p].bytes) for p in PARTS} == {
         p: (applied.parts[p].rows, applied.parts[p].bytes) for p in PARTS
@@ -74,31 +75,31 @@ def test_dry_run_and_apply_agree_and_only_old_payloads_of_finished_work_go(
     assert gone.raw_input_pruned_at is not None and gone.output_pruned_at is not None
     assert gone.attempts_pruned_at is not None and len(gone.pruned) == 3
     assert gone.input_fingerprint is not None and gone.config_fingerprint is None
-    assert ledger.attempts(old) == []
-    [row] = ledger.outbox(old)
+    assert operator.attempts(old) == []
+    [row] = operator.outbox(old)
     assert row.delivered_at is not None and row.payload is None and row.payload_pruned_at
 
     kept = ledger.get(recent)
     assert kept is not None and kept.output == {"summary": "answer 1"} and not kept.pruned
-    [queued] = ledger.outbox(undelivered)
+    [queued] = operator.outbox(undelivered)
     assert queued.delivered_at is None and queued.payload is not None
     busy = ledger.get(running.run_id)
     assert busy is not None and busy.raw_input == {"documents": ["being worked on"]}
 
-    again = prune(ledger.admin, JOB, EVERYTHING_AFTER_A_MONTH)
+    again = prune(operator, JOB, EVERYTHING_AFTER_A_MONTH)
     assert again.rows == 0, "a second prune finds nothing left"
-    other_job = prune(ledger.admin, "another-job", EVERYTHING_AFTER_A_MONTH, apply=True)
+    other_job = prune(operator, "another-job", EVERYTHING_AFTER_A_MONTH, apply=True)
     assert other_job.rows == 0
 
 
 def test_a_pruned_run_invoked_again_calls_no_model_and_sends_nothing(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     model = ScriptedModel([{"summary": "first"}, {"summary": "second"}])
     run_id = complete_one(ledger, "workspace-acme", 9, model)
     assert len(deliver_all(ledger)) == 1
     backdate(db, run_id, 400)
-    prune(ledger.admin, JOB, EVERYTHING_AFTER_A_MONTH, apply=True)
+    prune(operator, JOB, EVERYTHING_AFTER_A_MONTH, apply=True)
 
     collector = Collector()
     outcome = run_idempotent(
@@ -108,19 +109,19 @@ def test_a_pruned_run_invoked_again_calls_no_model_and_sends_nothing(
     assert outcome.output_pruned_at is not None
     assert (model.calls, collector.calls) == (1, 0)
     assert deliver_all(ledger) == []
-    assert len(ledger.outbox(run_id)) == 1
+    assert len(operator.outbox(run_id)) == 1
 
 
 def test_revising_a_run_whose_input_was_pruned_needs_recollect(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     model = ScriptedModel([{"summary": "first"}, {"summary": "recomputed"}])
     run_id = complete_one(ledger, "workspace-acme", 9, model)
     backdate(db, run_id, 400)
-    prune(ledger.admin, JOB, RetentionPolicy(raw_input=MONTH), apply=True)
+    prune(operator, JOB, RetentionPolicy(raw_input=MONTH), apply=True)
     with pytest.raises(InvalidInputError, match=r"recollect.*raw input .* was pruned"):
-        ledger.revise(run_id, "prompt fixed")
-    reopened = ledger.revise(run_id, "prompt fixed", recollect=True)
+        operator.revise(run_id, "prompt fixed")
+    reopened = operator.revise(run_id, "prompt fixed", recollect=True)
     assert (reopened.status, reopened.raw_input_pruned_at, reopened.revision) == (
         "pending",
         None,
@@ -130,24 +131,24 @@ def test_revising_a_run_whose_input_was_pruned_needs_recollect(
     outcome = run_idempotent(ledger, identity(), collect=collector, transform=model)
     assert outcome.executed and outcome.output == {"summary": "recomputed"}
     assert collector.calls == 1
-    [history] = ledger.revisions(run_id)
+    [history] = operator.revisions(run_id)
     assert history.previous_output == {"summary": "first"}  # the output itself was kept
 
 
 def test_a_replaced_result_loses_its_output_by_the_output_policy(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     model = ScriptedModel([{"summary": "first"}, {"summary": "recomputed"}])
     run_id = complete_one(ledger, "workspace-acme", 9, model)
-    ledger.revise(run_id, "prompt fixed")
+    operator.revise(run_id, "prompt fixed")
     run_idempotent(ledger, identity(), collect=Collector(), transform=model)
     db.execute(
         "UPDATE idempotent_jobs.run_revisions"
         " SET previous_completed_at = previous_completed_at - interval '400 days'"
     )
-    report = prune(ledger.admin, JOB, RetentionPolicy(output=MONTH), apply=True)
+    report = prune(operator, JOB, RetentionPolicy(output=MONTH), apply=True)
     assert report.parts["output"].rows == 1  # the replaced one; the current result is new
-    [history] = ledger.revisions(run_id)
+    [history] = operator.revisions(run_id)
     assert history.previous_output is None and history.reason == "prompt fixed"
     current = ledger.get(run_id)
     assert current is not None and current.output == {"summary": "recomputed"}
@@ -163,7 +164,7 @@ def test_a_policy_must_keep_something_for_some_time() -> None:
 
 
 def test_payloads_over_the_size_limit_are_refused_before_any_write(
-    ledger: BothFaces, database: str
+    ledger: HarnessLedger, database: str
 ) -> None:
     lease = claimed(ledger, identity())
     big: dict[str, Any] = {"documents": ["x" * (1024 * 1024)]}
@@ -177,10 +178,10 @@ def test_payloads_over_the_size_limit_are_refused_before_any_write(
         None,
         None,
     )
-    with BothFaces(database, max_raw_input_bytes=4 * 1024 * 1024) as roomy:
+    with HarnessLedger(database, max_raw_input_bytes=4 * 1024 * 1024) as roomy:
         assert roomy.save_raw_input(lease, big) == big
     with pytest.raises(InvalidInputError, match="max_output_bytes: must be 1 to"):
-        BothFaces(database, max_output_bytes=0)
+        HarnessLedger(database, max_output_bytes=0)
 
 
 SEEDED_OLD_RUNS = 20_000
@@ -261,7 +262,7 @@ class LockWaits:
 
 @pytest.mark.slow
 def test_prune_runs_beside_live_claims_and_completions_in_other_processes(
-    ledger: BothFaces, database: str, db: psycopg.Connection
+    ledger: HarnessLedger, operator: LedgerAdmin, database: str, db: psycopg.Connection
 ) -> None:
     """Two processes claim and complete runs of the current windows of the same job while a
     prune of 20,000 old runs goes by in batches of 500: no statement of theirs is ever seen
@@ -286,7 +287,7 @@ def test_prune_runs_beside_live_claims_and_completions_in_other_processes(
         assert event.wait(60), "a live worker did not start"
     waits = LockWaits(database)
     try:
-        report = prune(ledger.admin, JOB, EVERYTHING_AFTER_A_MONTH, apply=True, batch_size=500)
+        report = prune(operator, JOB, EVERYTHING_AFTER_A_MONTH, apply=True, batch_size=500)
     finally:
         waits.stop()
     stop.set()
@@ -315,7 +316,7 @@ def test_prune_runs_beside_live_claims_and_completions_in_other_processes(
 
 
 def test_prune_during_a_revise_skips_the_run_whole_and_reports_rows_changed(
-    ledger: BothFaces, db: psycopg.Connection, database: str
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection, database: str
 ) -> None:
     """A revise holds the run's row while prune runs: prune waits, rechecks, and leaves every
     part of the run, its attempt rows included, as they were; --apply counts what it changed."""
@@ -334,7 +335,7 @@ def test_prune_during_a_revise_skips_the_run_whole_and_reports_rows_changed(
         )
         worker = threading.Thread(
             target=lambda: applied.append(
-                prune(ledger.admin, JOB, EVERYTHING_AFTER_A_MONTH, apply=True)
+                prune(operator, JOB, EVERYTHING_AFTER_A_MONTH, apply=True)
             )
         )
         worker.start()
@@ -360,11 +361,11 @@ def test_prune_during_a_revise_skips_the_run_whole_and_reports_rows_changed(
     record = ledger.get(run_id)
     assert record is not None and record.revision == 1 and record.raw_input is not None
     assert record.attempts_pruned_at is None and record.raw_input_pruned_at is None
-    assert [a.outcome for a in ledger.attempts(run_id)] == ["completed"], "revision 0's attempt"
+    assert [a.outcome for a in operator.attempts(run_id)] == ["completed"], "revision 0's attempt"
 
 
 def test_spend_rows_older_than_the_longest_budget_period_are_pruned(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     """``spend_days`` and budget counters used to be kept forever."""
     from idempotent_jobs import Budget, LedgerAdmin, ModelAnswer, ModelUsage

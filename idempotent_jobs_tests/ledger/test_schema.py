@@ -7,9 +7,10 @@ import psycopg
 import pytest
 
 from idempotent_jobs import InvalidInputError, LedgerError, SchemaNotMigratedError
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.schema import shipped_migrations
 from idempotent_jobs_tests.helpers import identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 EXPECTED_COLUMNS = {
     "runs": (
@@ -63,7 +64,7 @@ def constraints(conninfo: str, schema: str) -> set[str]:
 
 
 def test_migrations_create_the_designed_tables(fresh_database: str) -> None:
-    applied = BothFaces(fresh_database).migrate()
+    applied = LedgerAdmin(fresh_database).migrate()
     assert applied == [f"{m.version:04d}_{m.name}" for m in shipped_migrations()]
     found = columns(fresh_database, "idempotent_jobs")
     assert {t: found[t] for t in EXPECTED_COLUMNS} == EXPECTED_COLUMNS
@@ -73,10 +74,10 @@ def test_migrations_create_the_designed_tables(fresh_database: str) -> None:
 
 
 def test_migrating_twice_is_a_no_op(fresh_database: str) -> None:
-    ledger = BothFaces(fresh_database)
-    assert ledger.migrate() != []
+    admin = LedgerAdmin(fresh_database)
+    assert admin.migrate() != []
     before = columns(fresh_database, "idempotent_jobs")
-    assert ledger.migrate() == []
+    assert admin.migrate() == []
     assert columns(fresh_database, "idempotent_jobs") == before
 
 
@@ -87,7 +88,7 @@ def _migrate_in_child(
 ) -> None:
     barrier.wait()
     try:
-        out.put(BothFaces(conninfo).migrate())
+        out.put(LedgerAdmin(conninfo).migrate())
     except Exception as exc:  # reported to the parent, which fails the test
         out.put(repr(exc))
 
@@ -114,10 +115,10 @@ def test_concurrent_migrations_apply_once(fresh_database: str) -> None:
 
 
 def test_an_unmigrated_database_is_refused_at_open(fresh_database: str) -> None:
-    ledger = BothFaces(fresh_database)
+    ledger = HarnessLedger(fresh_database)
     with pytest.raises(SchemaNotMigratedError, match="idempotent-jobs migrate"):
         ledger.open()
-    ledger.migrate()
+    LedgerAdmin(fresh_database).migrate()
     with ledger:
         assert ledger.get("0" * 64) is None
 
@@ -126,14 +127,14 @@ def test_a_missing_migration_is_refused_at_open(database: str) -> None:
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("DELETE FROM idempotent_jobs.schema_migrations")
     with pytest.raises(SchemaNotMigratedError, match="lacks migrations 0001_initial"):
-        BothFaces(database).open()
+        HarnessLedger(database).open()
 
 
 def test_an_edited_migration_is_detected(database: str) -> None:
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("UPDATE idempotent_jobs.schema_migrations SET checksum = 'edited'")
     with pytest.raises(LedgerError, match="changed after it was applied"):
-        BothFaces(database).migrate()
+        LedgerAdmin(database).migrate()
 
 
 def test_a_newer_schema_than_the_code_is_refused(database: str) -> None:
@@ -144,7 +145,7 @@ def test_a_newer_schema_than_the_code_is_refused(database: str) -> None:
         )
     # No kind recorded (a release that did not say): taken for a contracting change.
     with pytest.raises(SchemaNotMigratedError, match=r"newer than the code: migration 9999_future"):
-        BothFaces(database).open()
+        HarnessLedger(database).open()
 
 
 def _future_migration(conn: psycopg.Connection, change: str) -> None:
@@ -164,14 +165,15 @@ def test_a_worker_runs_on_a_newer_additive_schema_and_refuses_a_contracting_one(
 
     with psycopg.connect(database, autocommit=True) as conn:
         _future_migration(conn, "additive")
-    with BothFaces(database) as ledger:  # opens: the newer migration is additive
+    # Both open: the newer migration is additive.
+    with HarnessLedger(database) as ledger, LedgerAdmin.beside(ledger) as admin:
         record, lease = ledger.begin(identity(subject="expanded"), "w", 30)
         assert lease is not None
         ledger.complete(ledger.checkpoint(lease, {"n": 1}), {"summary": "s"})
-        ledger.migrate()  # the older code's migrate is a no-op on the newer schema
+        admin.migrate()  # the older code's migrate is a no-op on the newer schema
         from idempotent_jobs.core.health import ledger_findings
 
-        findings = ledger_findings(ledger.admin, outbox_older_than_seconds=60, max_attempts=3)
+        findings = ledger_findings(admin, outbox_older_than_seconds=60, max_attempts=3)
         [ahead] = [f for f in findings if f.kind == "schema_ahead"]
         assert ahead.severity == "info" and "9001_future_note (additive)" in ahead.detail
         assert "mixed window is over when every worker runs that release" in ahead.detail
@@ -185,13 +187,13 @@ def test_a_worker_runs_on_a_newer_additive_schema_and_refuses_a_contracting_one(
         rf"{__version__} \(schema {shipped_migrations()[-1].version:04d}_"
     )
     with pytest.raises(SchemaNotMigratedError, match=expected):
-        BothFaces(database).open()
+        HarnessLedger(database).open()
 
 
 def test_a_running_worker_survives_a_migrate_under_it(database: str) -> None:
     """Its prepared statements are invalidated by the new column ("cached plan must not change
     result type"): each is prepared afresh once, and the calls go on."""
-    with BothFaces(database) as ledger:
+    with HarnessLedger(database) as ledger:
         ident = identity(subject="long-lived")
         for _ in range(8):  # past psycopg's prepare threshold: the reads are prepared
             ledger.begin(ident, "w", 30)
@@ -248,13 +250,13 @@ def _code_of_the_next_release(monkeypatch: pytest.MonkeyPatch) -> str:
 def test_new_code_deployed_before_migrate_waits_for_it_and_runs(
     fresh_database: str, monkeypatch: pytest.MonkeyPatch, announced: _Announced
 ) -> None:
-    BothFaces(fresh_database).migrate()
+    LedgerAdmin(fresh_database).migrate()
     newest = _code_of_the_next_release(monkeypatch)
     opened: list[object] = []
 
     def worker() -> None:
         try:
-            with BothFaces(fresh_database, schema_wait_seconds=120) as ledger:
+            with HarnessLedger(fresh_database, schema_wait_seconds=120) as ledger:
                 _, lease = ledger.begin(identity(subject="deployed-first"), "w", 30)
                 assert lease is not None
                 opened.append(ledger.complete(ledger.checkpoint(lease, {"n": 1}), {"s": "s"}))
@@ -266,7 +268,7 @@ def test_new_code_deployed_before_migrate_waits_for_it_and_runs(
     assert announced.waiting.wait(60), announced.messages
     assert not opened, "the worker must not run before the migrate"
     assert newest in announced.messages[0]
-    BothFaces(fresh_database).migrate()
+    LedgerAdmin(fresh_database).migrate()
     thread.join(60)
     [completion] = opened
     assert getattr(completion, "accepted", False), completion
@@ -276,27 +278,25 @@ def test_new_code_deployed_before_migrate_waits_for_it_and_runs(
 def test_a_worker_waits_only_as_long_as_it_is_told(
     fresh_database: str, monkeypatch: pytest.MonkeyPatch, announced: _Announced
 ) -> None:
-    BothFaces(fresh_database).migrate()
+    LedgerAdmin(fresh_database).migrate()
     newest = _code_of_the_next_release(monkeypatch)
     with pytest.raises(SchemaNotMigratedError, match=rf"lacks migrations {newest}.*\(waited 0\.2s"):
-        BothFaces(fresh_database, schema_wait_seconds=0.2).open()
+        HarnessLedger(fresh_database, schema_wait_seconds=0.2).open()
     with pytest.raises(SchemaNotMigratedError, match=rf"lacks migrations {newest}") as at_once:
-        BothFaces(fresh_database, schema_wait_seconds=0).open()
+        HarnessLedger(fresh_database, schema_wait_seconds=0).open()
     assert "waited" not in str(at_once.value)
     # The operator's face never waits: `runs list` on a ledger behind the CLI says so at once.
-    from idempotent_jobs import LedgerAdmin
-
     with pytest.raises(SchemaNotMigratedError, match="run `idempotent-jobs migrate`$"):
         LedgerAdmin(fresh_database, schema_wait_seconds=60).open()
     # Nor does a worker on a ledger that was never migrated: that is no rollout.
     with pytest.raises(SchemaNotMigratedError, match="does not exist"):
-        BothFaces(fresh_database, schema="never_migrated", schema_wait_seconds=60).open()
+        HarnessLedger(fresh_database, schema="never_migrated", schema_wait_seconds=60).open()
 
 
 @pytest.mark.parametrize("wait", [-1, float("nan"), float("inf"), "10", True])
 def test_a_bad_schema_wait_is_refused_naming_it(wait: object) -> None:
     with pytest.raises(InvalidInputError) as info:
-        BothFaces("postgresql://unused", schema_wait_seconds=wait)
+        HarnessLedger("postgresql://unused", schema_wait_seconds=wait)
     assert info.value.field == "schema_wait_seconds"
 
 
@@ -308,11 +308,11 @@ def test_every_shipped_migration_declares_its_kind_of_change(fresh_database: str
     assert kinds["0015_answered_calls"] == "additive"
     with pytest.raises(LedgerError, match="0099_x does not start with '-- change: additive'"):
         Migration.parse(99, "x", "ALTER TABLE t ADD COLUMN c text;\n")
-    BothFaces(fresh_database).migrate()
+    LedgerAdmin(fresh_database).migrate()
     with psycopg.connect(fresh_database, autocommit=True) as conn:
         # A ledger migrated before kinds existed: its rows get them at the next migrate.
         conn.execute("UPDATE idempotent_jobs.schema_migrations SET change = NULL")
-    BothFaces(fresh_database).migrate()
+    LedgerAdmin(fresh_database).migrate()
     with psycopg.connect(fresh_database, autocommit=True) as conn:
         stored: dict[str, str] = dict(
             conn.execute(
@@ -324,7 +324,7 @@ def test_every_shipped_migration_declares_its_kind_of_change(fresh_database: str
 
 
 def test_a_custom_schema_is_independent(database: str) -> None:
-    other = BothFaces(database, schema="tenant_b_ledger")
+    other = LedgerAdmin(database, schema="tenant_b_ledger")
     assert other.migrate() == [f"{m.version:04d}_{m.name}" for m in shipped_migrations()]
     found = columns(database, "tenant_b_ledger")
     assert {t: found[t] for t in EXPECTED_COLUMNS} == EXPECTED_COLUMNS
@@ -333,7 +333,7 @@ def test_a_custom_schema_is_independent(database: str) -> None:
 @pytest.mark.parametrize("name", ["Ledger", "a-b", "x; DROP TABLE y", "", "9abc"])
 def test_bad_schema_names_are_refused(name: str) -> None:
     with pytest.raises(InvalidInputError) as info:
-        BothFaces("postgresql://unused", schema=name).migrate()
+        LedgerAdmin("postgresql://unused", schema=name).migrate()
     assert info.value.field == "schema_name"
 
 
@@ -346,7 +346,7 @@ def test_the_lean_claims_migration_moves_open_attempts_onto_their_runs(
 
     shipped = shipped_migrations()
     monkeypatch.setattr(schema, "shipped_migrations", lambda: shipped[:2])
-    BothFaces(fresh_database).migrate()
+    LedgerAdmin(fresh_database).migrate()
     run_id, abandoned = "a" * 64, "b" * 64
     with psycopg.connect(fresh_database, autocommit=True) as conn:
         for rid, status in ((run_id, "running"), (abandoned, "failed")):
@@ -369,18 +369,18 @@ def test_the_lean_claims_migration_moves_open_attempts_onto_their_runs(
                 (rid,),
             )
     monkeypatch.setattr(schema, "shipped_migrations", lambda: shipped)
-    assert BothFaces(fresh_database).migrate()[0] == "0003_lean_claims"
-    with BothFaces(fresh_database) as ledger:
-        [open_attempt] = ledger.attempts(run_id)
+    assert LedgerAdmin(fresh_database).migrate()[0] == "0003_lean_claims"
+    with HarnessLedger(fresh_database) as ledger, LedgerAdmin.beside(ledger) as admin:
+        [open_attempt] = admin.attempts(run_id)
         assert (open_attempt.worker_id, open_attempt.caller_run_id, open_attempt.caller_step) == (
             "old",
             "d1",
             "collect",
         )
         assert open_attempt.outcome is None and open_attempt.started_at.year == 2026
-        assert [a.outcome for a in ledger.attempts(abandoned)] == ["lease_lost"]
+        assert [a.outcome for a in admin.attempts(abandoned)] == ["lease_lost"]
         assert ledger.claim(run_id, "new", 30) is not None
-        assert [(a.worker_id, a.outcome) for a in ledger.attempts(run_id)] == [
+        assert [(a.worker_id, a.outcome) for a in admin.attempts(run_id)] == [
             ("old", "lease_lost"),
             ("new", None),
         ]

@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from idempotent_jobs import Budget, JobConfig, RunIdentity, run_idempotent
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.errors import InvalidInputError, LeaseLostError, OutputRejectedError
 from idempotent_jobs.models import OutputSchema, Prompt, ProviderUnavailableError
 from idempotent_jobs.shadows import (
@@ -27,7 +28,7 @@ from idempotent_jobs.shadows import (
     start,
 )
 from idempotent_jobs_tests.helpers import batch_provider
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.fake_providers import Answer, FakeProviders, Request, Status
 
 JOB = "shadow-job"
@@ -72,7 +73,7 @@ def _steps(**changes: Any) -> ShadowSteps:
     )
 
 
-def _completed_at_v1(ledger: BothFaces) -> list[str]:
+def _completed_at_v1(ledger: HarnessLedger) -> list[str]:
     """A completed v1 run per subject (label ``L<n>``), delivered once each."""
     ids = []
     for subject in SUBJECTS:
@@ -95,7 +96,7 @@ def _completed_at_v1(ledger: BothFaces) -> list[str]:
     return ids
 
 
-def _until_compared(ledger: BothFaces, provider: Any, shadow_id: str, steps: int = 10) -> Any:
+def _until_compared(ledger: HarnessLedger, provider: Any, shadow_id: str, steps: int = 10) -> Any:
     for _ in range(steps):
         found = advance(ledger, _steps(), provider, shadow_id, worker_id="w1")
         if found.compared:
@@ -122,13 +123,17 @@ def _outbox(db: psycopg.Connection) -> list[tuple[Any, ...]]:
 
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_a_shadow_is_paid_once_compared_and_promoted_through_revisions(
-    api: str, fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    api: str,
+    fake: FakeProviders,
+    ledger: HarnessLedger,
+    operator: LedgerAdmin,
+    db: psycopg.Connection,
 ) -> None:
     fake.batches.polls_to_complete = 1
     provider = batch_provider(api, fake)
     _completed_at_v1(ledger)
     before = _outbox(db)
-    shadow_id, count = start(ledger, _steps(), provider=provider.name, model=provider.model)
+    shadow_id, count = start(operator, _steps(), provider=provider.name, model=provider.model)
     assert count == len(SUBJECTS)
     found = _until_compared(ledger, provider, shadow_id)
     assert len(fake.batches.created[api]) == 1
@@ -155,7 +160,7 @@ def test_a_shadow_is_paid_once_compared_and_promoted_through_revisions(
     # each under revision 1; no model call is made and none added.
     total = db.execute("SELECT count(*) FROM idempotent_jobs.model_calls").fetchone()
     done = promote(
-        ledger, ledger, _steps(), shadow_id, worker_id="op", revise=True, channels=["webhook"]
+        ledger, operator, _steps(), shadow_id, worker_id="op", revise=True, channels=["webhook"]
     )
     assert (done["revised"], done["stale"], done["unchanged"]) == (4, 0, 6)
     assert db.execute("SELECT count(*) FROM idempotent_jobs.model_calls").fetchone() == total
@@ -168,16 +173,16 @@ def test_a_shadow_is_paid_once_compared_and_promoted_through_revisions(
     assert accepted == (4,)
     # Promoting again does nothing more.
     with pytest.raises(LeaseLostError):
-        promote(ledger, ledger, _steps(), shadow_id, worker_id="op", revise=True)
+        promote(ledger, operator, _steps(), shadow_id, worker_id="op", revise=True)
     assert gate_reason(ledger.shadow_gate(JOB, "v2"), ShadowRule(), "v2") is None
 
 
 def test_a_create_whose_answer_was_lost_is_found_not_made_again(
-    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    fake: FakeProviders, ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     provider = batch_provider("openai", fake)
     _completed_at_v1(ledger)
-    shadow_id, _ = start(ledger, _steps(), sample=3)
+    shadow_id, _ = start(operator, _steps(), sample=3)
     fake.batches.lose_next_creates = 1
     with pytest.raises(ProviderUnavailableError):
         advance(ledger, _steps(), provider, shadow_id, worker_id="w1")
@@ -187,12 +192,12 @@ def test_a_create_whose_answer_was_lost_is_found_not_made_again(
 
 
 def test_budgets_hold_and_count_a_shadows_calls(
-    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    fake: FakeProviders, ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     provider = batch_provider("openai", fake)
-    ledger.set_price(provider.model, Decimal(10), Decimal(10))
+    operator.set_price(provider.model, Decimal(10), Decimal(10))
     _completed_at_v1(ledger)
-    ledger.set_budget(Budget(amount=10_000_000, period="month"), job_name=JOB)
+    operator.set_budget(Budget(amount=10_000_000, period="month"), job_name=JOB)
     # The shadow's own budget has room for two requests' worst case, not three.
     steps = _steps()
     prompt = steps.prompt(
@@ -200,7 +205,7 @@ def test_budgets_hold_and_count_a_shadows_calls(
     )
     most_in, most_out = provider.worst_case(prompt, SCHEMA)
     worst = (Decimal(most_in) + Decimal(most_out or 0)) * 10 / 1_000_000
-    shadow_id, _ = start(ledger, steps, sample=5, budget=worst * Decimal("2.5"))
+    shadow_id, _ = start(operator, steps, sample=5, budget=worst * Decimal("2.5"))
     found = _until_compared(ledger, provider, shadow_id)
     assert found.calls == 2
     assert found.money is not None and found.money <= worst * Decimal("2.5")
@@ -212,7 +217,7 @@ def test_budgets_hold_and_count_a_shadows_calls(
     assert unsent == (3,)
     # The job's budget counted the shadow's tokens (v1's answers reported none), and nothing
     # stays held.
-    [standing] = ledger.budgets(JOB)
+    [standing] = operator.budgets(JOB)
     tokens = db.execute(
         "SELECT sum(input_tokens + output_tokens) FROM idempotent_jobs.model_calls"
         " WHERE shadow_id = %s",
@@ -231,28 +236,28 @@ def test_budgets_hold_and_count_a_shadows_calls(
 
 
 def test_a_shadow_is_not_promoted_below_its_rule_and_a_drop_gives_back_its_holds(
-    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    fake: FakeProviders, ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     provider = batch_provider("openai", fake)
-    ledger.set_price(provider.model, Decimal(1), Decimal(1))
+    operator.set_price(provider.model, Decimal(1), Decimal(1))
     _completed_at_v1(ledger)
-    ledger.set_budget(Budget(amount="100", unit="money", period="month"), job_name=JOB)
+    operator.set_budget(Budget(amount="100", unit="money", period="month"), job_name=JOB)
     strict = _steps(rule=ShadowRule(min_agreement=0.95))
-    shadow_id, _ = start(ledger, strict)
+    shadow_id, _ = start(operator, strict)
     found = _until_compared(ledger, provider, shadow_id)
     with pytest.raises(InvalidInputError, match="does not meet the job's rule"):
-        promote(ledger, ledger, strict, shadow_id, worker_id="op", revise=True)
+        promote(ledger, operator, strict, shadow_id, worker_id="op", revise=True)
     reason = gate_reason(ledger.shadow_gate(JOB, "v2"), strict.rule, "v2")
     assert reason is not None and "agree" in reason
     # A second shadow, submitted and dropped before it ends: its holds are given back.
     fake.batches.polls_to_complete = 100
-    second, _ = start(ledger, strict, sample=4)
+    second, _ = start(operator, strict, sample=4)
     advance(ledger, strict, provider, second, worker_id="w1")
-    [standing] = ledger.budgets(JOB)
+    [standing] = operator.budgets(JOB)
     assert standing.reserved > 0
     dropped = drop(ledger, provider, second, worker_id="op")
     assert dropped.state == "dropped"
-    [standing] = ledger.budgets(JOB)
+    [standing] = operator.budgets(JOB)
     assert standing.reserved == 0
     assert found.state == "compared"
 
@@ -272,7 +277,7 @@ def test_the_verdicts_of_a_scorer() -> None:
 
 
 def test_the_quarantine_lists_invalid_answers_online_and_in_shadows_and_reruns_them(
-    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    fake: FakeProviders, ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     provider = batch_provider("openai", fake)
     _completed_at_v1(ledger)
@@ -291,20 +296,20 @@ def test_the_quarantine_lists_invalid_answers_online_and_in_shadows_and_reruns_t
             )
         except OutputRejectedError:
             pass  # the first answer: refused, its call recorded `rejected`
-    shadow_id, _ = start(ledger, _steps())
+    shadow_id, _ = start(operator, _steps())
     _until_compared(ledger, provider, shadow_id)
-    listed = ledger.quarantine(job_name=JOB)
+    listed = operator.quarantine(job_name=JOB)
     assert {(r["source"], r["subject_id"]) for r in listed} == {("online", "s1"), ("shadow", "bad")}
-    [bad] = ledger.quarantine(shadow_id=shadow_id)
+    [bad] = operator.quarantine(shadow_id=shadow_id)
     assert bad["raw_input"] == {"s": "bad"} and "schema" in (bad["error"] or "")
     # Re-run in bulk at a version: a shadow of only the quarantined runs.
-    again, count = start(ledger, _steps(), quarantined=True)
+    again, count = start(operator, _steps(), quarantined=True)
     assert count == 2
     assert {i["subject_id"] for i in ledger.shadow_items(again)} == {"s1", "bad"}
 
 
 def test_the_online_lane_admits_each_request_and_records_every_paid_one_once(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     from idempotent_jobs.models import answer
     from idempotent_jobs.models.openai_chat import OpenAIChat
@@ -331,7 +336,7 @@ def test_the_online_lane_admits_each_request_and_records_every_paid_one_once(
                 ),
             }
         )
-        shadow_id, count = start(ledger, online, lane="online")
+        shadow_id, count = start(operator, online, lane="online")
         found = advance(ledger, online, None, shadow_id, worker_id="w1")
         assert found.state == "collected"
         found = advance(ledger, online, None, shadow_id, worker_id="w1")
@@ -351,7 +356,7 @@ def test_the_online_lane_admits_each_request_and_records_every_paid_one_once(
 
 
 def test_an_answer_with_unbelievable_usage_is_invalid_and_recorded_with_what_can_be(
-    ledger: BothFaces, db: psycopg.Connection
+    ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     from idempotent_jobs import ModelAnswer, ModelUsage
 
@@ -365,7 +370,7 @@ def test_an_answer_with_unbelievable_usage_is_invalid_and_recorded_with_what_can
             ),
         }
     )
-    shadow_id, count = start(ledger, odd, lane="online", subjects=["s0"])
+    shadow_id, count = start(operator, odd, lane="online", subjects=["s0"])
     assert count == 1
     advance(ledger, odd, None, shadow_id, worker_id="w1")
     found = advance(ledger, odd, None, shadow_id, worker_id="w1")
@@ -379,7 +384,7 @@ def test_an_answer_with_unbelievable_usage_is_invalid_and_recorded_with_what_can
 
 
 def test_a_quarantined_run_that_failed_gets_its_first_answer_from_a_promoted_shadow(
-    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    fake: FakeProviders, ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     provider = batch_provider("openai", fake)
     _completed_at_v1(ledger)
@@ -394,13 +399,13 @@ def test_a_quarantined_run_that_failed_gets_its_first_answer_from_a_promoted_sha
             notifications=lambda output: {"webhook": {"label": output["label"]}},
             worker_id="v1",
         )
-    assert [r["run_id"] for r in ledger.quarantine(job_name=JOB)] == [failed.run_id]
-    shadow_id, count = start(ledger, _steps(), quarantined=True)
+    assert [r["run_id"] for r in operator.quarantine(job_name=JOB)] == [failed.run_id]
+    shadow_id, count = start(operator, _steps(), quarantined=True)
     assert count == 1
     found = _until_compared(ledger, provider, shadow_id)
     assert found.summary is not None and found.summary["new"] == 1
     assert found.summary["agreement"] is None and found.summary["compared"] == 1
-    done = promote(ledger, ledger, _steps(), shadow_id, worker_id="op", revise=True)
+    done = promote(ledger, operator, _steps(), shadow_id, worker_id="op", revise=True)
     assert done["revised"] == 1
     record = ledger.get(failed.run_id)
     assert record is not None and record.status == "completed" and record.revision == 0
@@ -414,11 +419,11 @@ def test_a_quarantined_run_that_failed_gets_its_first_answer_from_a_promoted_sha
 
 
 def test_a_promotion_goes_on_past_a_run_whose_commit_fails(
-    fake: FakeProviders, ledger: BothFaces, db: psycopg.Connection
+    fake: FakeProviders, ledger: HarnessLedger, operator: LedgerAdmin, db: psycopg.Connection
 ) -> None:
     provider = batch_provider("openai", fake)
     _completed_at_v1(ledger)
-    shadow_id, _ = start(ledger, _steps())
+    shadow_id, _ = start(operator, _steps())
     _until_compared(ledger, provider, shadow_id)
 
     def payload(identity: RunIdentity, output: dict[str, Any]) -> dict[str, Any]:
@@ -427,7 +432,7 @@ def test_a_promotion_goes_on_past_a_run_whose_commit_fails(
         return {"webhook": {"label": output["label"]}}
 
     done = promote(
-        ledger, ledger, _steps(notifications=payload), shadow_id, worker_id="op", revise=True
+        ledger, operator, _steps(notifications=payload), shadow_id, worker_id="op", revise=True
     )
     assert (done["revised"], done["failed"], done["stale"]) == (3, 1, 0)
     held = db.execute(

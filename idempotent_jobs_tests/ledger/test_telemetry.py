@@ -12,8 +12,9 @@ from opentelemetry.trace import StatusCode
 
 from idempotent_jobs import JobConfig, ModelAnswer, ModelUsage, RunLedger, run_idempotent
 from idempotent_jobs.core import metrics, telemetry
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs_tests.helpers import Collector, email, identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.otel import installed, tree
 
 CONFIG = JobConfig.of(prompt="Summarise.", model="gpt-test", validator="any")
@@ -27,8 +28,10 @@ def _timeout(raw: dict[str, Any]) -> ModelAnswer:
     raise TimeoutError("the model did not answer in time")
 
 
-def test_a_failed_then_an_accepted_call_as_spans_and_metrics(ledger: BothFaces) -> None:
-    ledger.set_price("gpt-test", "2.50", "10.00")
+def test_a_failed_then_an_accepted_call_as_spans_and_metrics(
+    ledger: HarnessLedger, operator: LedgerAdmin
+) -> None:
+    operator.set_price("gpt-test", "2.50", "10.00")
     ident = identity()
     collect = Collector()
     with installed() as otel:
@@ -95,7 +98,7 @@ def test_a_failed_then_an_accepted_call_as_spans_and_metrics(ledger: BothFaces) 
         assert otel.points("idempotent_jobs.tokens.not_accepted") == []  # a raised call: none
 
 
-def test_tokens_of_a_rejected_answer_are_counted_as_not_accepted(ledger: BothFaces) -> None:
+def test_tokens_of_a_rejected_answer_are_counted_as_not_accepted(ledger: HarnessLedger) -> None:
     with installed() as otel:
         with pytest.raises(Exception, match="rejected"):
             run_idempotent(
@@ -115,7 +118,7 @@ def test_tokens_of_a_rejected_answer_are_counted_as_not_accepted(ledger: BothFac
         }
 
 
-def test_without_an_sdk_nothing_is_made(ledger: BothFaces) -> None:
+def test_without_an_sdk_nothing_is_made(ledger: HarnessLedger) -> None:
     assert not telemetry.tracing() and not telemetry.metering()
     assert metrics.instruments() is None
     with telemetry.span("anything") as span:
@@ -125,7 +128,7 @@ def test_without_an_sdk_nothing_is_made(ledger: BothFaces) -> None:
 
 
 def test_the_switch_turns_it_off_even_with_an_sdk(
-    ledger: BothFaces, monkeypatch: pytest.MonkeyPatch
+    ledger: HarnessLedger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(telemetry, "enabled", False)  # IDEMPOTENT_JOBS_TELEMETRY=off
     with installed() as otel:
@@ -152,7 +155,7 @@ def test_a_wait_for_another_workers_lease_is_measured(database: str) -> None:
         assert go.wait(timeout=60)
         return _answer(raw)
 
-    with installed() as otel, BothFaces(database) as holder, WatchedLedger(database) as waiter:
+    with installed() as otel, HarnessLedger(database) as holder, WatchedLedger(database) as waiter:
         first = threading.Thread(
             target=lambda: run_idempotent(holder, ident, collect=collect, transform=held)
         )
@@ -194,9 +197,10 @@ FULL_USAGE = ModelUsage(
 
 
 def test_every_emitted_genai_name_is_in_the_conventions_registry_and_a_reuse_reports_nothing(
-    ledger: BothFaces,
+    ledger: HarnessLedger,
+    operator: LedgerAdmin,
 ) -> None:
-    ledger.set_price("claude-test", "3", "15")
+    operator.set_price("claude-test", "3", "15")
     ident = identity(subject="registry")
     config = JobConfig.of(prompt="p", model="claude-test", validator="v")
     with installed() as otel:

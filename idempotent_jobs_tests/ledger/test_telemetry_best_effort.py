@@ -24,9 +24,10 @@ from idempotent_jobs import (
     run_idempotent,
 )
 from idempotent_jobs.core import telemetry
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.telemetry import redact_secrets
 from idempotent_jobs_tests.helpers import Collector, email, identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.otel import installed, reset_globals
 
 PROMPT = "PROMPT-SENTINEL-7731"
@@ -89,56 +90,58 @@ def _timeout(raw: dict[str, Any]) -> ModelAnswer:
     raise TimeoutError("the model did not answer in time")
 
 
-def outcome(ledger: BothFaces, run_id: str) -> tuple[Any, ...]:
+def outcome(ledger: HarnessLedger, operator: LedgerAdmin, run_id: str) -> tuple[Any, ...]:
     record = ledger.get(run_id)
     assert record is not None
     calls = [(c.outcome, c.input_tokens, c.output_tokens) for c in ledger.model_calls(run_id)]
-    attempts = [a.outcome for a in ledger.attempts(run_id)]
+    attempts = [a.outcome for a in operator.attempts(run_id)]
     return record.status, record.lease_owner, record.output, calls, attempts
 
 
-def scenario(ledger: BothFaces, subject: str) -> tuple[Any, ...]:
+def scenario(ledger: HarnessLedger, operator: LedgerAdmin, subject: str) -> tuple[Any, ...]:
     """A failed call then an accepted one, then a reuse: the ledger's state after each."""
     ident = identity(subject)
     states = []
     with pytest.raises(TimeoutError):
         run_idempotent(ledger, ident, collect=Collector(), transform=_timeout, config=CONFIG)
-    states.append(outcome(ledger, ident.run_id))
+    states.append(outcome(ledger, operator, ident.run_id))
     run_idempotent(
         ledger, ident, collect=Collector(), transform=_answer, notifications=email, config=CONFIG
     )
-    states.append(outcome(ledger, ident.run_id))
+    states.append(outcome(ledger, operator, ident.run_id))
     run_idempotent(ledger, ident, collect=Collector(), transform=_answer, config=CONFIG)
-    states.append(outcome(ledger, ident.run_id))
+    states.append(outcome(ledger, operator, ident.run_id))
     return tuple(states)
 
 
 @pytest.mark.parametrize("kind", ["span processor", "meter"])
 def test_a_raising_sdk_part_leaves_every_outcome_as_without_telemetry(
-    ledger: BothFaces, kind: str
+    ledger: HarnessLedger, operator: LedgerAdmin, kind: str
 ) -> None:
-    without = scenario(ledger, "plain")
+    without = scenario(ledger, operator, "plain")
     with hostile(kind):
-        hostile_states = scenario(ledger, f"hostile-{kind.replace(' ', '-')}")
+        hostile_states = scenario(ledger, operator, f"hostile-{kind.replace(' ', '-')}")
     assert hostile_states == without
     assert without[1][0] == "completed" and without[1][1] is None  # the lease was given back
     assert [c[0] for c in without[1][3]] == ["failed", "accepted"]
 
 
-def test_a_raising_sdk_is_reported_once_as_a_warning(ledger: BothFaces) -> None:
+def test_a_raising_sdk_is_reported_once_as_a_warning(
+    ledger: HarnessLedger, operator: LedgerAdmin
+) -> None:
     reset_globals()
     telemetry._failures_reported.clear()  # as in a fresh process
     metrics.set_meter_provider(RaisingMeterProvider())
     try:
         with pytest.warns(RuntimeWarning, match="telemetry failed") as caught:
-            scenario(ledger, "warned")
-            scenario(ledger, "warned-again")
+            scenario(ledger, operator, "warned")
+            scenario(ledger, operator, "warned-again")
     finally:
         reset_globals()
     assert len({str(w.message) for w in caught}) == len(caught)  # once per place and kind
 
 
-def test_no_prompt_input_answer_or_secret_is_exported(ledger: BothFaces) -> None:
+def test_no_prompt_input_answer_or_secret_is_exported(ledger: HarnessLedger) -> None:
     ident = identity("sentinels")
 
     def collect(ident: RunIdentity) -> dict[str, Any]:

@@ -12,12 +12,13 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.operator.cli import main
 from idempotent_jobs.operator.code_location import load_workspace
 from idempotent_jobs.operator.location_targets import CODE_LOCATION_ENV
 from idempotent_jobs_tests.chaos.parts import Receiver
 from idempotent_jobs_tests.dagster.test_your_own_job import EXAMPLE, Helpdesk
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 PARTITIONS = ("support|2026-11-02", "sales|2026-11-02")
 # The user's own instance configuration: the CLI must leave it as it is, byte for byte.
@@ -111,8 +112,8 @@ def test_every_command_finds_the_users_job(
     assert code == 0, out
     assert "ticket-triage  runs.output" in out and "dry run" in out
 
-    with BothFaces(database) as ledger:
-        [first, _] = ledger.list_runs(job_name="ticket-triage")
+    with LedgerAdmin(database) as operator:
+        [first, _] = operator.list_runs(job_name="ticket-triage")
     code, out = cli(
         capsys,
         "revise",
@@ -124,7 +125,7 @@ def test_every_command_finds_the_users_job(
         "--now",
     )
     assert code == 0, out
-    with BothFaces(database) as ledger:
+    with HarnessLedger(database) as ledger:
         record = ledger.get(first.run_id)
         assert record is not None and (record.status, record.revision) == ("completed", 1)
         assert [c.outcome for c in ledger.model_calls(first.run_id)] == ["accepted", "accepted"]

@@ -22,7 +22,7 @@ import pytest
 
 from idempotent_jobs import LedgerAdmin
 from idempotent_jobs.operator.cli import main as cli
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.dagster_harness import (
     LOCATION,
     PROJECT_ROOT,
@@ -95,7 +95,7 @@ def _batch(db: psycopg.Connection) -> tuple[Any, ...] | None:
 
 def test_a_backfill_through_the_batch_lane_survives_a_killed_daemon_and_ends_green(
     dagster_env: DagsterTestEnv,
-    ledger: BothFaces,
+    ledger: HarnessLedger,
     db: psycopg.Connection,
     fake: FakeProviders,
     capsys: pytest.CaptureFixture[str],

@@ -5,11 +5,11 @@ the page's (ids and times aside)."""
 from pathlib import Path
 
 from idempotent_jobs_tests.helpers import doc_example
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 
 def test_the_batch_page_shows_what_the_example_prints(
-    ledger: BothFaces, database: str, tmp_path: Path
+    ledger: HarnessLedger, database: str, tmp_path: Path
 ) -> None:
     printed, shown = doc_example("batch_backfill.py", "batch.md", database, tmp_path)
     assert printed == shown

@@ -18,9 +18,10 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.operator.dagster_home import dagster_storage_url
 from idempotent_jobs_tests.dagster_defs import CELERY_SPEC
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.dagster_harness import (
     PROJECT_ROOT,
     DagsterTestEnv,
@@ -131,7 +132,11 @@ def wait_for_workers(tmp: Path, workers: list[subprocess.Popen[bytes]]) -> None:
 
 
 def test_celery_workers_run_the_steps_and_a_killed_worker_changes_nothing(
-    dagster_env: DagsterTestEnv, ledger: BothFaces, celery: tuple[str, str, str], tmp_path: Path
+    dagster_env: DagsterTestEnv,
+    ledger: HarnessLedger,
+    operator: LedgerAdmin,
+    celery: tuple[str, str, str],
+    tmp_path: Path,
 ) -> None:
     kind, broker, backend = celery
     dagster_env.script("slow")
@@ -183,8 +188,8 @@ def test_celery_workers_run_the_steps_and_a_killed_worker_changes_nothing(
     ident = CELERY_SPEC.identity_for(PARTITION)
     record = ledger.get(ident.run_id)
     assert record is not None and record.status == "completed"
-    assert len(ledger.outbox(ident.run_id)) == 1 and len(dagster_env.delivered()) == 1
+    assert len(operator.outbox(ident.run_id)) == 1 and len(dagster_env.delivered()) == 1
     assert dagster_env.model_calls() == 2, "the killed call and the one that completed"
-    outcomes = [a.outcome for a in ledger.attempts(ident.run_id)]
+    outcomes = [a.outcome for a in operator.attempts(ident.run_id)]
     assert outcomes[-1] == "completed" and outcomes.count("completed") == 1, outcomes
     print(f"broker={kind} runs={len(runs)} attempts={outcomes}")

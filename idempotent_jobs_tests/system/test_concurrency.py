@@ -12,16 +12,19 @@ from typing import Any
 import psycopg
 import pytest
 
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs_tests import workers
 from idempotent_jobs_tests.helpers import count, identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 pytestmark = [pytest.mark.slow]
 
 SPAWN = multiprocessing.get_context("spawn")
 
 
-def test_many_processes_claim_at_once_and_one_wins(ledger: BothFaces, racer_url: str) -> None:
+def test_many_processes_claim_at_once_and_one_wins(
+    ledger: HarnessLedger, operator: LedgerAdmin, racer_url: str
+) -> None:
     ident = identity()
     ledger.register(ident)
     racers = 16
@@ -38,11 +41,11 @@ def test_many_processes_claim_at_once_and_one_wins(ledger: BothFaces, racer_url:
         proc.join(timeout=60)
         assert proc.exitcode == 0
     assert sorted(epochs, key=lambda e: e or 0) == [None] * (racers - 1) + [1]
-    assert len(ledger.attempts(ident.run_id)) == 1
+    assert len(operator.attempts(ident.run_id)) == 1
 
 
 def test_eight_workers_run_the_same_run_and_one_does_the_model_work(
-    ledger: BothFaces, racer_url: str, db: psycopg.Connection
+    ledger: HarnessLedger, racer_url: str, db: psycopg.Connection
 ) -> None:
     racers = 8
     barrier = SPAWN.Barrier(racers)
@@ -82,7 +85,7 @@ def test_eight_workers_run_the_same_run_and_one_does_the_model_work(
 
 
 def test_a_worker_killed_holding_a_lease_blocks_others_until_expiry(
-    ledger: BothFaces, racer_url: str, db: psycopg.Connection
+    ledger: HarnessLedger, operator: LedgerAdmin, racer_url: str, db: psycopg.Connection
 ) -> None:
     ident = identity()
     ledger.register(ident)
@@ -109,7 +112,7 @@ def test_a_worker_killed_holding_a_lease_blocks_others_until_expiry(
     ).fetchone()
     assert row is not None and row[0] >= expires_at
     assert lease.epoch == 2
-    assert [a.outcome for a in ledger.attempts(ident.run_id)] == ["lease_lost", None]
+    assert [a.outcome for a in operator.attempts(ident.run_id)] == ["lease_lost", None]
 
 
 def test_first_registrations_racing_on_one_identity_all_succeed(
@@ -117,12 +120,12 @@ def test_first_registrations_racing_on_one_identity_all_succeed(
 ) -> None:
     """Racing first INSERTs can trip the identity constraint instead of ON CONFLICT (run_id)."""
     racers, rounds = 8, 15
-    ledgers = [BothFaces(racer_url, pool_max_size=1) for _ in range(racers)]
+    ledgers = [HarnessLedger(racer_url, pool_max_size=1) for _ in range(racers)]
     barrier = threading.Barrier(racers)
     errors: list[BaseException] = []
     leases: list[tuple[int, int]] = []
 
-    def race(ledger: BothFaces) -> None:
+    def race(ledger: HarnessLedger) -> None:
         for hour in range(rounds):
             barrier.wait()
             try:

@@ -10,13 +10,13 @@ import pytest
 
 from idempotent_jobs import ModelUsage
 from idempotent_jobs.operator.code_location import load_workspace
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from idempotent_jobs_tests.system.test_any_code_location import cli, project  # noqa: F401
 
 pytestmark = [pytest.mark.slow]
 
 
-def _calls(ledger: BothFaces, job: str = "ticket-triage") -> list[tuple[str, int, str]]:
+def _calls(ledger: HarnessLedger, job: str = "ticket-triage") -> list[tuple[str, int, str]]:
     """Every model call of ``job``: run id, tokens, outcome, in the order they were made."""
     with ledger.connection() as conn:
         found = conn.execute(
@@ -41,7 +41,7 @@ def test_estimate_agrees_with_the_backfill_that_follows(
     # History: two accepted runs, and one failed call of a third partition.
     for key in ("support|2026-11-02", "sales|2026-11-02"):
         assert job.execute_in_process(partition_key=key).success
-    with BothFaces(database) as ledger:
+    with HarnessLedger(database) as ledger:
         _, lease = ledger.begin(spec.identity_for("support|2026-11-03"), "w", 30)
         assert lease is not None
         ledger.fail(lease, "model timed out", ModelUsage("keyword-triage", 40, 0), call="failed")
@@ -77,7 +77,7 @@ def test_estimate_agrees_with_the_backfill_that_follows(
     # The backfill: every partition of the range, as Dagster's backfill launches them.
     for key in estimate["to_compute_keys"] + ["support|2026-11-02", "sales|2026-11-02"]:
         assert job.execute_in_process(partition_key=key).success
-    with BothFaces(database) as ledger:
+    with HarnessLedger(database) as ledger:
         made = _calls(ledger)[len(history) :]
     assert len(made) == estimate["expected_calls"]  # one call per partition computed
     assert len({run_id for run_id, _, _ in made}) == estimate["to_compute"]

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs_tests.chaos.parts import Receiver
 from idempotent_jobs_tests.helpers import JsonApi
 from idempotent_jobs_tests.installed_wheel import CHECKOUT
-from idempotent_jobs_tests.ledgers import BothFaces
 from idempotent_jobs_tests.system.test_quickstart import blocks
 from testkit.fake_providers import Answer, FakeProviders
 
@@ -150,12 +150,12 @@ def test_the_create_dagster_path_runs_as_written(
     listed = run("dg list components", project, env)
     assert listed.returncode == 0 and COMPONENT in listed.stdout, listed.stdout + listed.stderr
 
-    with BothFaces(fresh_database) as ledger:
-        runs = ledger.list_runs(job_name="churn-alerts")
+    with LedgerAdmin(fresh_database) as operator:
+        runs = operator.list_runs(job_name="churn-alerts")
         assert sorted(r.subject_id for r in runs) == ["amer", "emea"]
         for record in runs:
             assert record.status == "completed"
-            assert [c.outcome for c in ledger.model_calls(record.run_id)] == ["accepted"]
+            assert [c.outcome for c in operator.model_calls(record.run_id)] == ["accepted"]
             assert record.output == {"at_risk": ["a1", "a3"]}
             assert receiver.effects[f"{record.run_id}:alerts_webhook"] == 1
     assert sum(receiver.effects.values()) == 2
@@ -222,12 +222,12 @@ def test_the_create_dagster_path_runs_as_written(
         assert ended["steps"] and all("deliver" in step for step in ended["steps"]), ended
         assert len(fake.requests) == 2  # re-executed from failure: no model call again
 
-    with BothFaces(fresh_database) as ledger:
-        runs = ledger.list_runs(job_name="churn-alerts")
+    with LedgerAdmin(fresh_database) as operator:
+        runs = operator.list_runs(job_name="churn-alerts")
         answered = [r for r in runs if r.version == "v2"]
         assert sorted(r.subject_id for r in answered) == ["amer", "emea"]
         for record in answered:
             assert record.status == "completed" and record.output == {"at_risk": ["a2"]}
-            calls = ledger.model_calls(record.run_id)
+            calls = operator.model_calls(record.run_id)
             assert [(c.outcome, c.requested_model) for c in calls] == [("accepted", "gpt-4o-mini")]
             assert receiver.effects[f"{record.run_id}:alerts_webhook"] == 1

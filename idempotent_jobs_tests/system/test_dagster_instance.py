@@ -10,6 +10,7 @@ import dagster as dg
 import psycopg
 import pytest
 
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs_tests.dagster_defs import (
     FLAKY_IO_SPEC,
     LEDGER_IO_SPEC,
@@ -17,7 +18,7 @@ from idempotent_jobs_tests.dagster_defs import (
     NO_RETRY_SPEC,
     SUMMARY_SPEC,
 )
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.dagster_harness import (
     DagsterTestEnv,
     dagster_instance,
@@ -43,7 +44,7 @@ def status(instance: dg.DagsterInstance, run_id: str) -> dg.DagsterRunStatus:
 
 
 def test_a_backfill_submitted_twice_runs_each_partition_once(
-    dagster_env: DagsterTestEnv, ledger: BothFaces, db: psycopg.Connection
+    dagster_env: DagsterTestEnv, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     partitions = [
         f"{subject}|{day}"
@@ -70,7 +71,7 @@ def test_a_backfill_submitted_twice_runs_each_partition_once(
 
 
 def test_reexecution_from_failure_reuses_the_checkpoint_and_then_changes_nothing(
-    dagster_env: DagsterTestEnv, ledger: BothFaces
+    dagster_env: DagsterTestEnv, ledger: HarnessLedger, operator: LedgerAdmin
 ) -> None:
     job = "summary_without_op_retries"
     dagster_env.script("fail_next")
@@ -90,12 +91,12 @@ def test_reexecution_from_failure_reuses_the_checkpoint_and_then_changes_nothing
         assert step_metadata(instance, again, "persist")["result"] == "reused"
     ident = NO_RETRY_SPEC.identity_for(PARTITION)
     assert (dagster_env.collect_calls(), dagster_env.model_calls()) == (1, 2)
-    assert len(ledger.outbox(ident.run_id)) == 1 and len(dagster_env.delivered()) == 1
-    assert [a.outcome for a in ledger.attempts(ident.run_id)] == ["failed", "completed"]
+    assert len(operator.outbox(ident.run_id)) == 1 and len(dagster_env.delivered()) == 1
+    assert [a.outcome for a in operator.attempts(ident.run_id)] == ["failed", "completed"]
 
 
 def test_a_run_retry_after_transform_crashes_completes_once(
-    dagster_env: DagsterTestEnv, ledger: BothFaces
+    dagster_env: DagsterTestEnv, ledger: HarnessLedger, operator: LedgerAdmin
 ) -> None:
     job = "summary_without_op_retries"
     dagster_env.script("fail_next")
@@ -113,11 +114,11 @@ def test_a_run_retry_after_transform_crashes_completes_once(
     record = ledger.get(ident.run_id)
     assert record is not None and record.status == "completed"
     assert (dagster_env.collect_calls(), dagster_env.model_calls()) == (1, 2)
-    assert len(ledger.outbox(ident.run_id)) == 1 and len(dagster_env.delivered()) == 1
+    assert len(operator.outbox(ident.run_id)) == 1 and len(dagster_env.delivered()) == 1
 
 
 def test_the_multiprocess_executor_hands_the_lease_over_between_processes(
-    dagster_env: DagsterTestEnv, ledger: BothFaces
+    dagster_env: DagsterTestEnv, ledger: HarnessLedger, operator: LedgerAdmin
 ) -> None:
     """Dagster's multiprocess executor runs each op in its own process: one claim, one epoch."""
     with dagster_instance(dagster_env) as instance, workspace(instance) as context:
@@ -135,7 +136,7 @@ def test_the_multiprocess_executor_hands_the_lease_over_between_processes(
     assert len({pids[s] for s in ("collect", "transform", "persist")}) == 3, pids
     assert epochs == {"collect": 1, "transform": 1, "persist": 1}
     ident = MULTIPROCESS_SPEC.identity_for(PARTITION)
-    [attempt] = ledger.attempts(ident.run_id)
+    [attempt] = operator.attempts(ident.run_id)
     # One claim (collect's), taken over by transform in another process: the attempt names the
     # last step that took it over.
     assert (attempt.lease_epoch, attempt.outcome, attempt.caller_step) == (
@@ -147,7 +148,7 @@ def test_the_multiprocess_executor_hands_the_lease_over_between_processes(
 
 
 def test_ops_in_separate_processes_hand_tickets_over_through_the_ledger_alone(
-    dagster_env: DagsterTestEnv, ledger: BothFaces, db: psycopg.Connection
+    dagster_env: DagsterTestEnv, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
     """As in a pod per step: each op in a process of its own, and what one hands the next is
     kept in the ledger (``ledger_io_manager``), never in the instance's local storage."""
@@ -175,7 +176,7 @@ def test_ops_in_separate_processes_hand_tickets_over_through_the_ledger_alone(
 
 
 def test_reexecution_after_storage_failed_commits_the_recorded_answer(
-    dagster_env: DagsterTestEnv, ledger: BothFaces
+    dagster_env: DagsterTestEnv, ledger: HarnessLedger, operator: LedgerAdmin
 ) -> None:
     """``persist`` cannot load its ticket (the object store timed out): the attempt ends at
     once, the paid call is in the books, and the UI's re-execution from failure commits that
@@ -196,12 +197,12 @@ def test_reexecution_after_storage_failed_commits_the_recorded_answer(
         assert step_metadata(instance, retried, "persist")["result"] == "new"
     assert dagster_env.model_calls() == 1
     assert [c.outcome for c in ledger.model_calls(ident.run_id)] == ["accepted"]
-    assert [a.outcome for a in ledger.attempts(ident.run_id)] == ["failed", "completed"]
+    assert [a.outcome for a in operator.attempts(ident.run_id)] == ["failed", "completed"]
     assert len(dagster_env.delivered()) == 1
 
 
 def test_reexecuting_an_old_runs_persist_after_a_revise_commits_nothing(
-    dagster_env: DagsterTestEnv, ledger: BothFaces
+    dagster_env: DagsterTestEnv, ledger: HarnessLedger, operator: LedgerAdmin
 ) -> None:
     """The old run's answer was computed on revision 0: after a revise it is stale. Its
     re-executed persist claims the reopened run and is refused; nothing is stored or sent."""
@@ -209,7 +210,7 @@ def test_reexecuting_an_old_runs_persist_after_a_revise_commits_nothing(
     with dagster_instance(dagster_env) as instance, workspace(instance) as context:
         old = launch_partition(context, "summary_without_op_retries", PARTITION)
         assert status(instance, old) == dg.DagsterRunStatus.SUCCESS
-        ledger.revise(ident.run_id, "prompt fixed", channels=["report_file"], recollect=True)
+        operator.revise(ident.run_id, "prompt fixed", channels=["report_file"], recollect=True)
 
         stale = reexecute_steps(context, old, ["persist", "deliver"])
         assert status(instance, stale) == dg.DagsterRunStatus.FAILURE
@@ -221,8 +222,8 @@ def test_reexecuting_an_old_runs_persist_after_a_revise_commits_nothing(
             None,
             None,
         )
-        assert [o.revision for o in ledger.outbox(ident.run_id)] == [0]
-        attempts = ledger.attempts(ident.run_id)
+        assert [o.revision for o in operator.outbox(ident.run_id)] == [0]
+        attempts = operator.attempts(ident.run_id)
         assert attempts[-1].outcome == "superseded"
         assert attempts[-1].error is not None and "stale candidate" in attempts[-1].error
 
@@ -240,7 +241,8 @@ def test_reexecuting_an_old_runs_persist_after_a_revise_commits_nothing(
 
 def test_the_failure_drill_then_reexecution_from_failure(
     dagster_env: DagsterTestEnv,
-    ledger: BothFaces,
+    ledger: HarnessLedger,
+    operator: LedgerAdmin,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -258,16 +260,16 @@ def test_the_failure_drill_then_reexecution_from_failure(
     with dagster_instance(dagster_env) as instance, workspace(instance) as context:
         failed = launch_partition(context, "summary_without_op_retries", PARTITION)
         assert status(instance, failed) == dg.DagsterRunStatus.FAILURE
-        assert ledger.drills() == []  # used up
+        assert operator.drills() == []  # used up
         retried = reexecute(context, failed, "FROM_FAILURE")
         assert status(instance, retried) == dg.DagsterRunStatus.SUCCESS
         assert step_metadata(instance, retried, "transform")["result"] == "model called"
     ident = NO_RETRY_SPEC.identity_for(PARTITION)
     assert (dagster_env.collect_calls(), dagster_env.model_calls()) == (1, 1)
-    [failure, success] = ledger.attempts(ident.run_id)
+    [failure, success] = operator.attempts(ident.run_id)
     assert failure.outcome == "drill" and failure.error is not None
     assert failure.error.startswith("ModelOutageDrill: model outage drill")
     assert success.outcome == "completed" and len(dagster_env.delivered()) == 1
     assert ledger.model_calls(ident.run_id)[0].outcome == "accepted"  # the drill is no call
     assert len(ledger.model_calls(ident.run_id)) == 1
-    assert main(["drill", "off"]) == 0 and ledger.drills() == []
+    assert main(["drill", "off"]) == 0 and operator.drills() == []

@@ -7,10 +7,11 @@ from typing import Any
 import psycopg
 import pytest
 
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs_tests import workers
 from idempotent_jobs_tests.dagster_defs import SUMMARY_SPEC
 from idempotent_jobs_tests.helpers import count
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.dagster_harness import DagsterTestEnv
 
 pytestmark = [pytest.mark.slow, pytest.mark.dagster_instance]
@@ -32,7 +33,10 @@ def wait_for(condition: Any, what: str, tries: int = 6000) -> None:
 
 
 def test_overlapping_runs_of_one_partition_call_the_model_once(
-    dagster_env: DagsterTestEnv, ledger: BothFaces, db: psycopg.Connection
+    dagster_env: DagsterTestEnv,
+    ledger: HarnessLedger,
+    operator: LedgerAdmin,
+    db: psycopg.Connection,
 ) -> None:
     env = {k: v for k, v in os.environ.items() if k.startswith(("IDEMPOTENT_JOBS_", "IJ_TEST_"))}
     run_id = SUMMARY_SPEC.identity_for(PARTITION).run_id
@@ -75,4 +79,4 @@ def test_overlapping_runs_of_one_partition_call_the_model_once(
     assert dagster_env.model_calls() == 1 and dagster_env.collect_calls() == 1
     assert count(db, "runs", run_id) == 1 and count(db, "notification_outbox", run_id) == 1
     assert len(dagster_env.delivered()) == 1
-    assert [a.outcome for a in ledger.attempts(run_id)] == ["completed"]
+    assert [a.outcome for a in operator.attempts(run_id)] == ["completed"]

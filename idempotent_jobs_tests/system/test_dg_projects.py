@@ -13,10 +13,10 @@ import pytest
 from dagster._core.definitions.dependency import NodeHandle
 
 from idempotent_jobs import RateLimit
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.operator.cli import main
 from idempotent_jobs.operator.code_location import load_workspace
 from idempotent_jobs.operator.location_targets import CodeLocationError, find_targets
-from idempotent_jobs_tests.ledgers import BothFaces
 
 DEFINITIONS = """\
 from pathlib import Path
@@ -184,10 +184,10 @@ def test_every_command_works_in_a_create_dagster_project(
         code = main(argv)
         out = capsys.readouterr()
         assert code == 0, f"{argv}\n{out.out}\n{out.err}"
-    with BothFaces(database) as ledger:
-        runs = ledger.list_runs(job_name="alerts")
+    with LedgerAdmin(database) as operator:
+        runs = operator.list_runs(job_name="alerts")
         assert sorted(r.subject_id for r in runs) == ["north", "south"]
-        assert all(len(ledger.model_calls(r.run_id)) == 1 for r in runs)
+        assert all(len(operator.model_calls(r.run_id)) == 1 for r in runs)
     lines = (project / "notifications.jsonl").read_text().splitlines()
     assert len(lines) == 2  # one notification per partition
 

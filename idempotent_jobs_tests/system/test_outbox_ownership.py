@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from idempotent_jobs import RunIdentity
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.operator.cli import main
 from idempotent_jobs.operator.location_targets import CODE_LOCATION_ENV
 from idempotent_jobs_tests.chaos.parts import Receiver
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 DEFINITIONS = """\
 import dagster as dg
@@ -63,7 +64,7 @@ def write_project(root: Path, team: str) -> Path:
     return folder
 
 
-def plant(ledger: BothFaces, identity_job: str, days: int, first: int = 1) -> list[str]:
+def plant(ledger: HarnessLedger, identity_job: str, days: int, first: int = 1) -> list[str]:
     """Completed runs of ``identity_job``, each with a pending ``report`` row: their keys."""
     keys = []
     for day in range(first, first + days):
@@ -102,7 +103,7 @@ def deliver(folder: Path, *argv: str) -> subprocess.Popen[str]:
 
 @pytest.mark.slow
 def test_two_teams_delivering_at_once_each_reach_only_their_own_receiver(
-    teams: dict[str, tuple[Path, Receiver]], ledger: BothFaces
+    teams: dict[str, tuple[Path, Receiver]], ledger: HarnessLedger, operator: LedgerAdmin
 ) -> None:
     keys = {team: plant(ledger, TEAMS[team]["identity"], days=6) for team in TEAMS}
     # Team A alone first: B's rows stay pending, and A is told so in one line.
@@ -121,12 +122,12 @@ def test_two_teams_delivering_at_once_each_reach_only_their_own_receiver(
     for team, (_, receiver) in teams.items():
         assert set(receiver.requests) == set(keys[team] + more[team]), team
         assert all(n == 1 for n in receiver.effects.values()), team
-    assert ledger.outbox(pending_only=True) == []
+    assert operator.outbox(pending_only=True) == []
 
 
 def test_a_workspace_of_two_locations_keeps_their_channels_apart(
     teams: dict[str, tuple[Path, Receiver]],
-    ledger: BothFaces,
+    ledger: HarnessLedger,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -154,7 +155,8 @@ def test_a_workspace_of_two_locations_keeps_their_channels_apart(
 
 def test_a_missing_channel_variable_is_one_line_naming_it(
     teams: dict[str, tuple[Path, Receiver]],
-    ledger: BothFaces,
+    ledger: HarnessLedger,
+    operator: LedgerAdmin,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -165,4 +167,4 @@ def test_a_missing_channel_variable_is_one_line_naming_it(
     err = capsys.readouterr().err
     assert TEAMS["a"]["variable"] in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
-    assert len(ledger.outbox(pending_only=True)) == 2
+    assert len(operator.outbox(pending_only=True)) == 2

@@ -19,7 +19,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from idempotent_jobs_tests.helpers import identity
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.pgbouncer import PgBouncer
 
 
@@ -125,7 +125,7 @@ def fail_over_once(database: str, pgbouncer: PgBouncer, repetition: int) -> list
     )
     errors: list[str] = []
     try:
-        with BothFaces(url, pool_min_size=2, pool_max_size=4, connection_retries=3) as ledger:
+        with HarnessLedger(url, pool_min_size=2, pool_max_size=4, connection_retries=3) as ledger:
             assert not ledger.pooled  # opened on the direct host: statements prepared
             for hour in range(4):
                 _, lease = ledger.begin(identity(f"r{repetition}-before", hour), "w", 30)

@@ -20,11 +20,12 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.operator.dagster_home import dagster_storage_url
 from idempotent_jobs_tests.chaos.parts import Receiver
 from idempotent_jobs_tests.helpers import JsonApi
 from idempotent_jobs_tests.installed_wheel import CHECKOUT
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.fake_providers import Answer, FakeProviders, Request
 
 pytestmark = [pytest.mark.dagster_instance]
@@ -144,8 +145,8 @@ def test_the_quickstart_runs_as_written(
     run_id = ""
     for command in commands:
         if "<run-id>" in command:
-            with BothFaces(fresh_database) as ledger:
-                run_id = ledger.list_runs(job_name="lead-scoring", subject_id="emea")[0].run_id
+            with LedgerAdmin(fresh_database) as operator:
+                run_id = operator.list_runs(job_name="lead-scoring", subject_id="emea")[0].run_id
             command = command.replace("<run-id>", run_id[:12])
         done = subprocess.run(
             shlex.split(command),
@@ -180,22 +181,22 @@ def test_the_quickstart_runs_as_written(
     assert {r.api for r in provider.requests} == {model_provider}
     asked = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-4-5"}[model_provider]
     assert {r.body["model"] for r in provider.requests} == {asked}
-    with BothFaces(fresh_database) as ledger:
-        runs = {r.subject_id: r for r in ledger.list_runs(job_name="lead-scoring")}
+    with LedgerAdmin(fresh_database) as operator:
+        runs = {r.subject_id: r for r in operator.list_runs(job_name="lead-scoring")}
         assert sorted(runs) == ["amer", "emea"]
-        emea_calls = ledger.model_calls(runs["emea"].run_id)
+        emea_calls = operator.model_calls(runs["emea"].run_id)
         # Emea met the answer outside the schema at first: a repair turn, both paid.
         assert [(c.outcome, c.turn, c.tokens) for c in emea_calls[:2]] == [
             ("rejected", 1, 320),
             ("accepted", None, 360),
         ]
         assert all(c.requested_model == asked for c in emea_calls)
-        assert [c.outcome for c in ledger.model_calls(runs["amer"].run_id)] == ["accepted"]
+        assert [c.outcome for c in operator.model_calls(runs["amer"].run_id)] == ["accepted"]
         output = runs["amer"].output
         assert output is not None and output["scores"][0]["reason"] == LEADS[0]["note"]
         revised = runs["emea"] if model_provider == "openai" else None
         for run in runs.values():
-            delivered = [o for o in ledger.outbox(run.run_id) if o.delivered_at is not None]
+            delivered = [o for o in operator.outbox(run.run_id) if o.delivered_at is not None]
             assert run.status == "completed"
             assert len(delivered) == (2 if run is revised else 1)
             assert receiver.effects[f"{run.run_id}:sales_webhook"] == 1
@@ -204,7 +205,7 @@ def test_the_quickstart_runs_as_written(
         assert len(provider.requests) == 3
         return
     assert revised is not None and revised.run_id == run_id and revised.revision == 1
-    assert [c.outcome for c in ledger.model_calls(run_id)][2:] == ["accepted"]  # the revision
+    assert [c.outcome for c in operator.model_calls(run_id)][2:] == ["accepted"]  # the revision
     assert receiver.effects[f"{run_id}:sales_webhook:r1"] == 1
     assert sum(receiver.effects.values()) == 3
     assert len(api.asked) == 2  # collected once per partition: the revision kept its input
@@ -235,7 +236,7 @@ def test_the_installed_cli_runs_from_any_folder_given_the_url_and_the_location(
         "IDEMPOTENT_JOBS_DATABASE_URL": database,
         TEAMS["a"]["variable"]: receiver.url,
     }
-    with BothFaces(database) as ledger:
+    with HarnessLedger(database) as ledger:
         keys = plant(ledger, TEAMS["a"]["identity"], days=1)
     commands = [
         ({}, ["runs", "list"]),

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 
 from idempotent_jobs_tests.helpers import doc_example
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 
 pytestmark = [pytest.mark.slow]
 
 
 def test_the_shadow_page_shows_what_the_session_prints(
-    ledger: BothFaces, database: str, tmp_path: Path
+    ledger: HarnessLedger, database: str, tmp_path: Path
 ) -> None:
     printed, shown = doc_example("shadow_session.py", "shadow.md", database, tmp_path)
     assert printed == shown

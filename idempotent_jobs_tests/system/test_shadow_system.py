@@ -21,9 +21,10 @@ import psycopg
 import pytest
 
 from idempotent_jobs import Budget, run_idempotent
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.constants import DATABASE_URL_ENV
 from idempotent_jobs.operator.cli import main as cli
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.fake_providers import Answer, FakeProviders, Request
 
 pytestmark = [pytest.mark.slow]
@@ -152,7 +153,8 @@ def _sensor_says(defs: Any, database: str) -> str:
 
 def test_a_shadow_of_200_runs_is_compared_and_promoted_delivering_each_changed_run_once(
     project: tuple[Path, FakeProviders, Any],
-    ledger: BothFaces,
+    ledger: HarnessLedger,
+    operator: LedgerAdmin,
     db: psycopg.Connection,
     database: str,
     tmp_path: Path,
@@ -160,8 +162,8 @@ def test_a_shadow_of_200_runs_is_compared_and_promoted_delivering_each_changed_r
 ) -> None:
     folder, fake, defs = project
     spec = defs.V1
-    ledger.set_price("gpt-4o-mini", "0.15", "0.60")
-    ledger.set_price("gpt-4o-mini", "0.075", "0.30", tier="batch")
+    operator.set_price("gpt-4o-mini", "0.15", "0.60")
+    operator.set_price("gpt-4o-mini", "0.075", "0.30", tier="batch")
     keys = [
         f"{subject}|{window}"
         for window in spec.window.get_partition_keys(
@@ -182,7 +184,7 @@ def test_a_shadow_of_200_runs_is_compared_and_promoted_delivering_each_changed_r
         assert done.executed
     # A money budget from here (v1's answers reported no usage: a budget would charge them
     # all its room).
-    ledger.set_budget(Budget(amount="1", unit="money", period="month"), job_name="team-labels")
+    operator.set_budget(Budget(amount="1", unit="money", period="month"), job_name="team-labels")
     notices = tmp_path / "notices.jsonl"
     _cli(folder, "outbox", "deliver", "--limit", "1000")
     assert len(_notices(notices)) == 200
@@ -250,7 +252,7 @@ def test_a_shadow_of_200_runs_is_compared_and_promoted_delivering_each_changed_r
     ).fetchone()
     assert after == (200,)
     # One money: the budget's counter is the calls' money, under its amount, nothing held.
-    [standing] = ledger.budgets("team-labels")
+    [standing] = operator.budgets("team-labels")
     money = db.execute("SELECT sum(money) FROM idempotent_jobs.model_calls").fetchone()
     assert money is not None and standing.spent == money[0] <= Decimal(1)
     assert standing.reserved == 0
@@ -261,7 +263,7 @@ def test_a_shadow_of_200_runs_is_compared_and_promoted_delivering_each_changed_r
 
 def test_a_version_no_spec_defines_is_the_jobs_spec_with_another_model(
     project: tuple[Path, FakeProviders, Any],
-    ledger: BothFaces,
+    ledger: HarnessLedger,
     db: psycopg.Connection,
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.rate_limits import BURST_SHARE, PACE_SHARE
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.fake_providers import Answer, FakeProviders, Limit, Request
 
 pytestmark = pytest.mark.slow
@@ -55,7 +56,7 @@ def worker(conninfo: str, url: str, job: str, runs: list[tuple[str, int]], out: 
 
 
 def test_eight_workers_of_two_deployments_share_the_limit_fairly(database: str) -> None:
-    BothFaces(database).migrate()
+    LedgerAdmin(database).migrate()
     limit = Limit(requests=REQUESTS, tokens=TOKENS, window=WINDOW)
     with FakeProviders(default=lambda request: Answer("a summary", 30, 10), limit=limit) as fake:
         context = multiprocessing.get_context("spawn")
@@ -160,8 +161,8 @@ def test_a_process_per_step_keeps_the_limit_and_uses_it(database: str) -> None:
 
     from idempotent_jobs import RateLimit
 
-    with BothFaces(database) as ledger:
-        ledger.migrate()
+    LedgerAdmin(database).migrate()
+    with HarnessLedger(database) as ledger:
         limit_decl = RateLimit("openai", "gpt-4o", FRESH_REQUESTS, window_seconds=FRESH_WINDOW)
         ledger.declare_rate_limits([limit_decl], "fresh")
     limit = Limit(requests=FRESH_REQUESTS, tokens=10**9, window=FRESH_WINDOW)

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 from psycopg import sql
 
+from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.operator.dagster_home import dagster_storage_url
 from idempotent_jobs_tests import workers
 from idempotent_jobs_tests.conftest import admin_execute, database_conninfo
 from idempotent_jobs_tests.dagster_defs import SUMMARY_SPEC
-from idempotent_jobs_tests.ledgers import BothFaces
+from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.dagster_harness import DagsterTestEnv
 
 pytestmark = [pytest.mark.slow, pytest.mark.dagster_instance]
@@ -39,7 +40,8 @@ def storage_databases(server_url: str) -> Iterator[list[str]]:
 
 def test_two_deployments_ticking_the_same_schedule(
     dagster_env: DagsterTestEnv,
-    ledger: BothFaces,
+    ledger: HarnessLedger,
+    operator: LedgerAdmin,
     storage_databases: list[str],
     tmp_path: Path,
 ) -> None:
@@ -74,7 +76,7 @@ def test_two_deployments_ticking_the_same_schedule(
         assert results == ["new", "reused"], (key, results)
         record = ledger.get(SUMMARY_SPEC.identity_for(key).run_id)
         assert record is not None and record.status == "completed"
-        assert len(ledger.attempts(record.run_id)) == 1
-        assert len(ledger.outbox(record.run_id)) == 1
+        assert len(operator.attempts(record.run_id)) == 1
+        assert len(operator.outbox(record.run_id)) == 1
     assert dagster_env.model_calls() == len(partitions)
     assert len(dagster_env.delivered()) == len(partitions)

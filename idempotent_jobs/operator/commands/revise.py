@@ -2,7 +2,7 @@
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.errors import InvalidInputError, RunNotFoundError
@@ -13,6 +13,9 @@ from idempotent_jobs.operator.commands.common import (
     open_admin,
 )
 from idempotent_jobs.operator.render import escape_controls
+
+if TYPE_CHECKING:  # the CLI parses without importing psycopg
+    from idempotent_jobs.core.admin import LedgerAdmin
 
 
 def revise(args: argparse.Namespace) -> int:
@@ -93,7 +96,7 @@ def add_parser(commands: Any, shared: Shared) -> None:
     parser.set_defaults(handler=revise)
 
 
-def _check_budget_room(admin: Any, job_name: str, subject_id: str) -> None:
+def _check_budget_room(admin: "LedgerAdmin", job_name: str, subject_id: str) -> None:
     """Refuse ``--now`` before anything is written when a budget of the job (of its group, or
     of the run's subject) has no room left this period: its recompute would be refused, leaving
     the run reopened, not done."""

@@ -4,7 +4,7 @@
 import argparse
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.operator.commands.common import (
@@ -16,6 +16,9 @@ from idempotent_jobs.operator.commands.common import (
 )
 from idempotent_jobs.operator.render import escape_controls
 from idempotent_jobs.operator.shadow_engine import Overrides, engine, run_on, worker_id
+
+if TYPE_CHECKING:  # the CLI parses without importing psycopg
+    from idempotent_jobs.core.admin import LedgerAdmin
 
 
 def shadow_start(args: argparse.Namespace) -> int:
@@ -81,7 +84,7 @@ def shadow_advance(args: argparse.Namespace) -> int:
     return 0
 
 
-def _shadow_row(admin: Any, shadow_id: str) -> dict[str, Any]:
+def _shadow_row(admin: "LedgerAdmin", shadow_id: str) -> dict[str, Any]:
     row: dict[str, Any] | None = admin.shadow(shadow_id)
     if row is None:
         raise InvalidInputError("shadow_id", f"no shadow {shadow_id!r}")
