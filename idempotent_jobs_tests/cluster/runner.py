@@ -302,7 +302,9 @@ def run(
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="ij-cluster-"))
         cluster = Cluster(Path(tmp), seed, use_pgbouncer)
         try:
+            up = time.monotonic()
             cluster.start()
+            print(f"cluster up in {time.monotonic() - up:.0f}s: trial 1 starts", flush=True)
             for number in range(1, trials + 1):
                 exit_if_terminated()
                 kind = kinds[(number - 1) % len(kinds)]
