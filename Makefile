@@ -27,11 +27,19 @@ dev: install
 test: install lint chromium tools
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
-# The fast lane, on two processes: lint, then the unit tests (no database) and the ledger tests
+# The fast lane, on two processes: lint, and the unit tests (no database) and the ledger tests
 # (a real PostgreSQL, no Dagster), but those marked slow. `make test` adds idempotent_jobs_tests/
 # dagster (Dagster in process) and system (real processes, daemons, a browser, network hosts).
-check: install lint
-	$(BIN)/python -m pytest -q -n 2 -m "not slow" idempotent_jobs_tests/unit idempotent_jobs_tests/ledger
+# mypy runs beside the tests (they wait on PostgreSQL as much as they use a core); either
+# failing fails the check.
+check: install
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/lint-imports
+	typing=$$(mktemp); $(BIN)/mypy > $$typing 2>&1 & mypy=$$!; \
+	$(BIN)/python -m pytest -q -n 2 -m "not slow" idempotent_jobs_tests/unit idempotent_jobs_tests/ledger; \
+	tests=$$?; wait $$mypy; typed=$$?; cat $$typing; rm -f $$typing; \
+	test $$tests -eq 0 && test $$typed -eq 0
 
 # The whole harnesses, outside pytest, each with its seed and trial count said: chaos trials of
 # every kind, again through PgBouncer, the shadow kind alone, and the cluster harness (six hosts in
@@ -75,9 +83,10 @@ bench-peers: install
 
 # ruff (rules and format), mypy --strict on the package, tests and benchmarks, and the layer
 # contracts (import-linter, in pyproject.toml): the core imports no Dagster.
+LINTED := idempotent_jobs idempotent_jobs_tests testkit benchmarks docs/examples
 lint: install
-	$(BIN)/ruff check idempotent_jobs idempotent_jobs_tests testkit benchmarks docs/examples
-	$(BIN)/ruff format --check idempotent_jobs idempotent_jobs_tests testkit benchmarks docs/examples
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

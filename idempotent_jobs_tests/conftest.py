@@ -28,10 +28,24 @@ from testkit.pgbouncer import PgBouncer
 HEAVY_MARKERS = ("chaos", "dagster_instance", "browser")
 
 
+#: The suite's folders by what a test costs, dearest first (see :func:`by_cost`).
+COST_TIERS = ("system", "dagster", "ledger", "unit")
+
+
+def by_cost(item: pytest.Item) -> int:
+    """The cost tier of a test's folder: the dearest run first. `make test` hands whole files to
+    two processes as each frees up (pytest-xdist's ``loadfile``), so the longest files must go
+    first: collected last, a system file of two minutes keeps one process busy while the other
+    has nothing left to take."""
+    parts = item.path.parts
+    return next((n for n, tier in enumerate(COST_TIERS) if tier in parts), len(COST_TIERS))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if any(item.get_closest_marker(name) for name in HEAVY_MARKERS):
             item.add_marker(pytest.mark.slow)
+    items.sort(key=by_cost)  # stable: each file's tests stay together and in order
 
 
 @pytest.fixture(autouse=True)

@@ -140,7 +140,7 @@ CASES: dict[str, tuple[Setup, str]] = {
     "IDEMPOTENT_JOBS_HOME pointing to a file": (home("a file"), "state"),
     "a pgdata of another major version": (home("another major version"), "PostgreSQL 12"),
     "an unreadable PG_VERSION": (home("unreadable"), "PG_VERSION"),
-    "a price past the column": (prices, "input_per_million"),
+    "a price past the column": (prices, "--input: must be from 0 to below 1,000,000,000"),
     "a module calling sys.exit(3)": (exits, "sys.exit(3)"),
 }
 

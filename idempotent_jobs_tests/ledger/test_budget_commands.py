@@ -68,14 +68,25 @@ def test_an_operators_group_budget_caps_every_job_of_the_group(
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
-        (["budgets", "set", "--job", "j", "--tokens", "1.5"], "whole number of tokens"),
+        (["budgets", "set", "--job", "j", "--tokens", "1.5"], "--tokens: must be a whole number"),
         (["budgets", "set", "--job", "j", "--tokens", "1", "--money", "1"], "one"),
         (["budgets", "set", "--job", "j", "--tokens", "1000000000000000000000"], "10^18"),
+        (["budgets", "set", "--job", "j", "--money", "abc"], "--money: must be a number"),
         (["budgets", "set", "--group", "g", "--tokens", "5"], "its jobs"),
         (["prices", "set", "m", "--input", "1", "--output", "1", "--from", "soon"], "--from"),
+        (["prices", "set", "m", "--input", "-1", "--output", "1"], "--input: must be from 0"),
+        (
+            ["prices", "set", "m", "--input", "1", "--output", "1", "--reasoning", "x"],
+            "--reasoning",
+        ),
+        (
+            ["prices", "set", "m", "--input", "1", "--output", "1", "--currency", "EURO"],
+            "--currency",
+        ),
+        (["limits", "set", "p", "m", "--requests-per-minute", "0"], "--requests-per-minute"),
     ],
 )
-def test_a_bad_budget_or_price_is_one_line_naming_the_field(
+def test_a_bad_budget_price_or_limit_is_one_line_naming_the_argument(
     cli_env: Path,  # noqa: F811
     capsys: pytest.CaptureFixture[str],
     argv: list[str],

@@ -151,7 +151,7 @@ def test_a_spec_declares_and_an_operator_setting_stands_over_it(
     assert main(["limits", "delete", "anthropic", "claude-haiku-4-5"]) == 0
     assert operator.rate_limits() == []
     assert main([*args, "--window-seconds", "0", "--tokens-per-minute", "5"]) == 2
-    assert "window_seconds: must be 1 to 86400" in capsys.readouterr().err
+    assert "--window-seconds: must be 1 to 86400" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,8 @@ numeric option types, and how a result or a finding list is printed."""
 
 import argparse
 import math
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -67,6 +69,22 @@ def open_admin(args: argparse.Namespace) -> "LedgerAdmin":
     return LedgerAdmin(
         ensure_database_url(), schema=args.schema, connect_timeout_seconds=args.connect_timeout
     )
+
+
+@contextmanager
+def as_arguments(arguments: Mapping[str, str]) -> Iterator[None]:
+    """Inside, an :class:`InvalidInputError` that names a field of the library (``amount``,
+    ``input_per_million``) names the command's own argument instead (``--tokens``,
+    ``--input``): the one line a bad argument gets says which argument to change."""
+    from idempotent_jobs.core.errors import InvalidInputError
+
+    try:
+        yield
+    except InvalidInputError as exc:
+        argument = arguments.get(exc.field)
+        if argument is None or argument == exc.field:
+            raise
+        raise InvalidInputError(argument, exc.reason) from None
 
 
 def open_worker(args: argparse.Namespace) -> "RunLedger":

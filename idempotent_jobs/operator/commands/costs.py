@@ -8,7 +8,13 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from idempotent_jobs.operator.commands.common import Shared, code_location, emit, open_admin
+from idempotent_jobs.operator.commands.common import (
+    Shared,
+    as_arguments,
+    code_location,
+    emit,
+    open_admin,
+)
 from idempotent_jobs.operator.render import escape_controls, money, table
 
 if TYPE_CHECKING:
@@ -20,6 +26,18 @@ _PARTS = (
     ("cache_write_1h", "cache_write_1h_per_million", "cache writes (1-hour)"),
     ("reasoning", "reasoning_per_million", "reasoning output"),
 )
+
+
+#: The library's fields of a price, as ``prices set`` names them.
+PRICE_ARGUMENTS = {
+    "model": "model",
+    "from": "--from",
+    "tier": "--tier",
+    "currency": "--currency",
+    "input_per_million": "--input",
+    "output_per_million": "--output",
+    **{column: f"--{name.replace('_', '-')}" for name, column, _ in _PARTS},
+}
 
 
 def _when(text: str | None) -> datetime | None:
@@ -47,17 +65,18 @@ def prices_command(args: argparse.Namespace) -> int:
 
     with open_admin(args) as admin:
         if args.prices_command == "set":
-            price = admin.set_price(
-                args.model,
-                args.input,
-                args.output,
-                currency=args.currency,
-                **{column: getattr(args, name) for name, column, _ in _PARTS},
-                tier=args.tier,
-                prefix=args.prefix,
-                effective_from=_when(args.effective_from),
-                set_by=os.environ.get("USER"),
-            )
+            with as_arguments(PRICE_ARGUMENTS):
+                price = admin.set_price(
+                    args.model,
+                    args.input,
+                    args.output,
+                    currency=args.currency,
+                    **{column: getattr(args, name) for name, column, _ in _PARTS},
+                    tier=args.tier,
+                    prefix=args.prefix,
+                    effective_from=_when(args.effective_from),
+                    set_by=os.environ.get("USER"),
+                )
             parts = [
                 f"{_plain(getattr(price, column))} per million {what}"
                 for _, column, what in _PARTS
@@ -169,20 +188,22 @@ def budgets_command(args: argparse.Namespace) -> int:
             if (args.money is None) == (args.tokens is None):
                 raise InvalidInputError("budget", "give --tokens N or --money AMOUNT (one)")
             scope: Scope = "group" if args.group else ("subject" if args.per_subject else "job")
-            budget = Budget(
-                amount=args.money if unit == "money" else args.tokens,
-                unit=unit,
-                period=args.per,
-                scope=scope,
-                group=args.group,
-            )
+            with as_arguments({"amount": f"--{unit}", "group": "--group", "period": "--per"}):
+                budget = Budget(
+                    amount=args.money if unit == "money" else args.tokens,
+                    unit=unit,
+                    period=args.per,
+                    scope=scope,
+                    group=args.group,
+                )
             if scope == "group" and not args.job:
                 raise InvalidInputError("--job", "a group budget needs its jobs (--job, repeated)")
             if scope != "group" and len(args.job or ()) != 1:
                 raise InvalidInputError("--job", "name the one job (or --group for several)")
-            standing = admin.set_budget(
-                budget, job_name=(args.job or [None])[0], jobs=args.job or ()
-            )
+            with as_arguments({"job_name": "--job", "jobs": "--job", "group": "--group"}):
+                standing = admin.set_budget(
+                    budget, job_name=(args.job or [None])[0], jobs=args.job or ()
+                )
             emit(args, standing, table(BUDGET_HEADERS, budget_rows([standing])))
             return 0
         if args.budgets_command == "clear":

@@ -4,8 +4,16 @@ ledger; see :mod:`idempotent_jobs.core.rate_limits`)."""
 import argparse
 from typing import Any
 
-from idempotent_jobs.operator.commands.common import Shared, emit, open_admin
+from idempotent_jobs.operator.commands.common import Shared, as_arguments, emit, open_admin
 from idempotent_jobs.operator.render import escape_controls, table
+
+#: A rate limit's fields, as ``limits set`` names them.
+LIMIT_ARGUMENTS = {
+    "requests_per_minute": "--requests-per-minute",
+    "tokens_per_minute": "--tokens-per-minute",
+    "key_name": "--key-name",
+    "window_seconds": "--window-seconds",
+}
 
 
 def limits_command(args: argparse.Namespace) -> int:
@@ -14,15 +22,16 @@ def limits_command(args: argparse.Namespace) -> int:
 
     with open_admin(args) as admin:
         if args.limits_command == "set":
-            limit = RateLimit(
-                args.provider,
-                args.model,
-                args.requests_per_minute,
-                args.tokens_per_minute,
-                args.key_name,
-                args.window_seconds,
-            )
-            row = admin.set_rate_limit(limit)
+            with as_arguments(LIMIT_ARGUMENTS):
+                limit = RateLimit(
+                    args.provider,
+                    args.model,
+                    args.requests_per_minute,
+                    args.tokens_per_minute,
+                    args.key_name,
+                    args.window_seconds,
+                )
+                row = admin.set_rate_limit(limit)
             emit(args, row, escape_controls(_described(row)))
             return 0
         if args.limits_command == "delete":
