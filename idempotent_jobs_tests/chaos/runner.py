@@ -750,7 +750,7 @@ def summary(verdicts: list[Verdict]) -> str:
         if v.kind.startswith("budget:"):
             for part in v.kind.split(":", 1)[1].split("+"):
                 name, _, count = part.partition("=")
-                money[name] += int(count or 1)
+                money[name or "nothing to count"] += int(count or 1)
     hostile = Counter(
         part
         for v in verdicts
