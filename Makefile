@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo dev test check proof lint chromium tools bench bench-capacity bench-peers clean
+.PHONY: install demo dev test check proof style lint chromium tools bench bench-capacity bench-peers clean
 
 # uv (from PyPI, into the venv) installs what pip would, from the same pins, in seconds.
 $(STAMP): pyproject.toml
@@ -32,10 +32,7 @@ test: install lint chromium tools
 # dagster (Dagster in process) and system (real processes, daemons, a browser, network hosts).
 # mypy runs beside the tests (they wait on PostgreSQL as much as they use a core); either
 # failing fails the check.
-check: install
-	$(BIN)/ruff check $(LINTED)
-	$(BIN)/ruff format --check $(LINTED)
-	$(BIN)/lint-imports
+check: style
 	typing=$$(mktemp); $(BIN)/mypy > $$typing 2>&1 & mypy=$$!; \
 	$(BIN)/python -m pytest -q -n 2 -m "not slow" idempotent_jobs_tests/unit idempotent_jobs_tests/ledger; \
 	tests=$$?; wait $$mypy; typed=$$?; cat $$typing; rm -f $$typing; \
@@ -81,14 +78,16 @@ bench-capacity: install
 bench-peers: install
 	$(BIN)/python benchmarks/bench_peers.py
 
-# ruff (rules and format), mypy --strict on the package, tests and benchmarks, and the layer
-# contracts (import-linter, in pyproject.toml): the core imports no Dagster.
+# ruff (rules and format) and the layer contracts (import-linter, in pyproject.toml: the core
+# imports no Dagster); `lint` adds mypy --strict on the package, tests and benchmarks.
 LINTED := idempotent_jobs idempotent_jobs_tests testkit benchmarks docs/examples
-lint: install
+style: install
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
-	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+lint: style
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -30,7 +30,6 @@ _PARTS = (
 
 #: The library's fields of a price, as ``prices set`` names them.
 PRICE_ARGUMENTS = {
-    "model": "model",
     "from": "--from",
     "tier": "--tier",
     "currency": "--currency",
