@@ -148,8 +148,10 @@ def test_a_wait_for_another_workers_lease_is_measured(database: str) -> None:
 
     class WatchedLedger(RunLedger):
         def get(self, run_id: str) -> Any:  # the waiter's look at the run between claims
-            waiting.set()
-            return super().get(run_id)
+            record = super().get(run_id)
+            if record is not None and record.status == "running":
+                waiting.set()  # it saw the holder's lease: it waits now, whenever that ends
+            return record
 
     def held(raw: dict[str, Any]) -> ModelAnswer:
         assert go.wait(timeout=60)
