@@ -41,10 +41,15 @@ class Collector:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.value: dict[str, Any] | None = None  # the last value returned
 
     def __call__(self, ident: RunIdentity) -> dict[str, Any]:
         self.calls += 1
-        return {"subject": ident.subject_id, "documents": [f"doc seen on collect #{self.calls}"]}
+        self.value = {
+            "subject": ident.subject_id,
+            "documents": [f"doc seen on collect #{self.calls}"],
+        }
+        return self.value
 
 
 def email(output: dict[str, Any]) -> dict[str, dict[str, Any]]:

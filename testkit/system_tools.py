@@ -4,15 +4,32 @@ The tests never skip for a missing tool: as root on Debian (these machines, and 
 it, as `make chromium` does for the browser; elsewhere they fail saying what to install.
 """
 
+import fcntl
 import os
 import shutil
 import subprocess
+import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 #: executable -> the Debian package that provides it
 PACKAGES = {"pgbouncer": "pgbouncer", "faketime": "faketime", "ip": "iproute2", "gcc": "gcc"}
 _SBIN = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
 _install_lock = threading.Lock()
+
+
+@contextmanager
+def _installing() -> Iterator[None]:
+    """One installer at a time on this machine: the threads of one process, and the processes
+    of a parallel test run (two `apt-get install` at once: one fails on dpkg's lock)."""
+    path = os.path.join(tempfile.gettempdir(), "idempotent-jobs-apt.lock")
+    with _install_lock, open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def find(executable: str) -> str | None:
@@ -28,7 +45,7 @@ def find(executable: str) -> str | None:
 
 def require(*executables: str) -> dict[str, str]:
     """The paths of ``executables``, installing their Debian packages first when missing."""
-    with _install_lock:
+    with _installing():
         missing = [e for e in executables if find(e) is None]
         if missing:
             packages = sorted({PACKAGES[e] for e in missing})

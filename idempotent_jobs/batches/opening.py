@@ -10,6 +10,7 @@ from typing import Any
 
 from idempotent_jobs.batches.job import BatchSteps
 from idempotent_jobs.core.batch_book import BatchLease, batch_worker
+from idempotent_jobs.core.collecting import collect_once
 from idempotent_jobs.core.drills import take_drill
 from idempotent_jobs.core.errors import (
     BudgetExceededError,
@@ -20,7 +21,7 @@ from idempotent_jobs.core.errors import (
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.records import Lease
-from idempotent_jobs.core.steps import collect_once, end_attempt
+from idempotent_jobs.core.steps import end_attempt
 from idempotent_jobs.models.batches import BatchProvider
 
 

@@ -86,13 +86,22 @@ def commit(
                 config=answer.config,
                 origin=answer.origin,
                 payload=answer.payload,
+                carried_input=answer.carried_input,
             )
         except (LeaseLostError, StaleCandidateError) as exc:
             lost = isinstance(exc, LeaseLostError)
             _not_accepted(span, answer.usage, "lease_lost" if lost else "superseded")
             raise
         except BaseException as exc:
-            end_attempt(ledger, lease, exc, answer.usage, call="rejected", origin=answer.origin)
+            end_attempt(
+                ledger,
+                lease,
+                exc,
+                answer.usage,
+                call="rejected",
+                origin=answer.origin,
+                carried=answer.carried_input,
+            )
             raise
         if completion.accepted:
             telemetry.annotate(span, outcome="accepted")

@@ -5,6 +5,12 @@ its own interval. Holding a lease costs a dictionary entry, not a thread: a step
 its first interval makes no renewal and wakes nothing. The thread is created on first use, exits
 after a while with nothing held, and a forked child gets a renewer of its own (the parent's
 thread and lock do not survive a fork).
+
+The same thread stores a checkpoint that travels with a model call (``run_idempotent``'s: sent
+beside the call, not awaited before it): :data:`CARRY_SECONDS` into the call, so a call that
+lasts (any call that goes over a network) finds its input stored long before it answers, while
+a step that answers sooner leaves it to its commit, which stores it in the same statement. The
+checkpoint is never sent twice: whoever takes it (the thread, or the step ending) sends it.
 """
 
 import threading
@@ -13,6 +19,7 @@ import weakref
 from dataclasses import dataclass, field
 from types import TracebackType
 
+from idempotent_jobs.core.checks import JsonPayload
 from idempotent_jobs.core.errors import LeaseLostError, LedgerError
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.records import Lease
@@ -20,6 +27,9 @@ from idempotent_jobs.core.records import Lease
 #: How long the renewer's thread waits with nothing held before it exits (the next hold starts
 #: a new one).
 IDLE_EXIT_SECONDS = 30.0
+#: How long into a model call a checkpoint that travels with it is stored by the renewer (a
+#: call answered sooner commits it instead); far shorter than any provider's answer.
+CARRY_SECONDS = 0.01
 
 
 @dataclass(eq=False)
@@ -32,6 +42,11 @@ class LeaseHold:
     due: float
     lost: bool = False
     renewing: bool = field(default=False, repr=False)
+    #: The checkpoint travelling with the call, until the renewer stores it or the step takes
+    #: it back (:meth:`LeaseRenewer.take_checkpoint`).
+    checkpoint: JsonPayload | None = field(default=None, repr=False)
+    #: When the first renewal is due (the checkpoint, if any, is stored before).
+    renew_due: float = 0.0
 
 
 class LeaseRenewer:
@@ -51,11 +66,18 @@ class LeaseRenewer:
         with self._wake:
             return len(self._holds)
 
-    def hold(self, lease: Lease, interval_seconds: float) -> LeaseHold:
-        """Renew ``lease`` every ``interval_seconds`` until :meth:`release`."""
+    def hold(
+        self, lease: Lease, interval_seconds: float, checkpoint: JsonPayload | None = None
+    ) -> LeaseHold:
+        """Renew ``lease`` every ``interval_seconds`` until :meth:`release`; store
+        ``checkpoint`` (its collected input, not stored yet) :data:`CARRY_SECONDS` from now
+        unless :meth:`take_checkpoint` takes it back first."""
         if interval_seconds <= 0:
             raise ValueError("interval_seconds must be > 0")
-        hold = LeaseHold(lease, interval_seconds, time.monotonic() + interval_seconds)
+        now = time.monotonic()
+        renew_due = now + interval_seconds
+        due = renew_due if checkpoint is None else min(now + CARRY_SECONDS, renew_due)
+        hold = LeaseHold(lease, interval_seconds, due, checkpoint=checkpoint, renew_due=renew_due)
         with self._wake:
             soonest = min((h.due for h in self._holds), default=None)
             self._holds.add(hold)
@@ -74,6 +96,15 @@ class LeaseRenewer:
             self._holds.discard(hold)
             while hold.renewing:
                 self._wake.wait()
+
+    def take_checkpoint(self, hold: LeaseHold) -> JsonPayload | None:
+        """The hold's checkpoint if the renewer has not stored it (it no longer will), once
+        no store of it is in flight; ``None`` when it was stored (or there was none)."""
+        with self._wake:
+            while hold.renewing:
+                self._wake.wait()
+            checkpoint, hold.checkpoint = hold.checkpoint, None
+            return checkpoint
 
     def _run(self) -> None:
         idle_since: float | None = None
@@ -98,10 +129,13 @@ class LeaseRenewer:
                 self._renew(hold)
 
     def _renew(self, hold: LeaseHold) -> None:
-        lease, lost = hold.lease, False
+        lease, lost, stored = hold.lease, False, False
         ledger = self._ledger()
         try:
-            if ledger is not None:
+            if ledger is not None and hold.checkpoint is not None:
+                lease = ledger.checkpoint(hold.lease, hold.checkpoint)
+                stored = True
+            elif ledger is not None:
                 lease = ledger.renew(hold.lease)
         except LeaseLostError:
             lost = True
@@ -109,7 +143,11 @@ class LeaseRenewer:
             pass  # retried at the next beat; the fence, not the renewer, stops a stale writer
         with self._wake:
             hold.lease, hold.renewing = lease, False
-            hold.due = time.monotonic() + hold.interval_seconds
+            if stored:
+                hold.checkpoint = None
+                hold.due = max(hold.renew_due, time.monotonic())
+            else:
+                hold.due = time.monotonic() + hold.interval_seconds
             if lost:
                 hold.lost = True
                 self._holds.discard(hold)
@@ -130,12 +168,19 @@ class LeaseHeartbeat:
     next beat; the fence, not the heartbeat, keeps a stale worker from writing.
     """
 
-    def __init__(self, ledger: RunLedger, lease: Lease, interval_seconds: float) -> None:
+    def __init__(
+        self,
+        ledger: RunLedger,
+        lease: Lease,
+        interval_seconds: float,
+        checkpoint: JsonPayload | None = None,
+    ) -> None:
         if interval_seconds <= 0:
             raise ValueError("interval_seconds must be > 0")
         self._renewer = renewer_for(ledger)
         self._lease = lease
         self.interval_seconds = interval_seconds
+        self._checkpoint = checkpoint
         self._hold: LeaseHold | None = None
 
     @property
@@ -148,8 +193,16 @@ class LeaseHeartbeat:
         return self._hold is not None and self._hold.lost
 
     def __enter__(self) -> "LeaseHeartbeat":
-        self._hold = self._renewer.hold(self._lease, self.interval_seconds)
+        self._hold = self._renewer.hold(self._lease, self.interval_seconds, self._checkpoint)
         return self
+
+    def take_checkpoint(self) -> JsonPayload | None:
+        """The checkpoint travelling with the call if it is not stored yet (the caller sends
+        it: with the commit, or before ending the attempt); ``None`` once it is stored."""
+        if self._hold is None:
+            checkpoint, self._checkpoint = self._checkpoint, None
+            return checkpoint
+        return self._renewer.take_checkpoint(self._hold)
 
     def __exit__(
         self,

@@ -52,6 +52,7 @@ class RunLedger(LedgerFace):
     begin = of_store("runs", RunsStore.begin)
     claim = of_store("runs", RunsStore.claim)
     renew = of_store("runs", RunsStore.renew)
+    input_payload = of_store("runs", RunsStore.input_payload)
     checkpoint = of_store("runs", RunsStore.checkpoint)
     release = of_store("runs", RunsStore.release)
     get = of_store("runs", RunsStore.get)

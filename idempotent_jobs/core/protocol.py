@@ -15,6 +15,7 @@ from typing import Any
 
 from idempotent_jobs.core import telemetry
 from idempotent_jobs.core.budgets import BudgetSpec
+from idempotent_jobs.core.collecting import collect_to_carry
 from idempotent_jobs.core.commits import commit
 from idempotent_jobs.core.errors import InvalidInputError
 from idempotent_jobs.core.identity import RunIdentity
@@ -23,7 +24,7 @@ from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.policy import NO_POLICY, CallPolicy
 from idempotent_jobs.core.rate_limits import RateLimit
 from idempotent_jobs.core.records import AdvanceHold, CallOrigin, JobConfig, RunStatus
-from idempotent_jobs.core.steps import ModelAnswer, call_model, collect_once
+from idempotent_jobs.core.steps import ModelAnswer, call_model
 
 JSONDict = dict[str, Any]
 DEFAULT_LEASE_SECONDS = 300.0
@@ -105,7 +106,10 @@ def run_idempotent(
     - A completed run returns its stored output; nothing is collected or transformed.
     - Without the lease (another worker holds it) nothing runs; the outcome says ``running``.
       With ``wait_seconds``, the call first waits that long for the holder to finish or expire.
-    - The input is collected once: a stored checkpoint is reused by every later attempt.
+    - The input is collected once: a stored checkpoint is reused by every later attempt. One
+      collected now travels with the model call (stored a moment into it, or with the
+      commit; a failed attempt stores it as it ends), so a new run waits on two round
+      trips, the claim and the commit.
     - The lease is renewed while ``transform`` runs (every ``heartbeat_seconds``, by default a
       third of the lease); a lost lease raises :class:`LeaseLostError` and never commits.
     - ``validate`` raising, or returning ``False``, fails the attempt; so does any error in
@@ -228,7 +232,7 @@ def _run(
             config_changed=tuple(options.config.changed_since(done.config_parts)),
             output_pruned_at=done.output_pruned_at,
         )
-    lease = collect_once(ledger, lease, lambda: steps.collect(identity))
+    lease, carried = collect_to_carry(ledger, lease, lambda: steps.collect(identity))
     answer = call_model(
         ledger,
         lease,
@@ -238,6 +242,7 @@ def _run(
         origin=options.origin,
         heartbeat_seconds=options.heartbeat_seconds or options.lease_seconds / 3,
         policy=options.policy,
+        carried_input=carried,
     )
     completion = commit(ledger, lease, answer, steps.notifications)
     return RunOutcome(

@@ -85,11 +85,14 @@ class BoundAnswer:
     #: What the call cost (``0.0012 USD``) at the price in force when it was recorded, ``None``
     #: when unknown or not recorded yet (the step's metadata).
     cost: str | None = field(default=None, compare=False)
+    #: The checkpoint ``basis`` names, when it travelled with the call and is not stored yet:
+    #: the commit stores it (:func:`~idempotent_jobs.core.collecting.collect_to_carry`).
+    carried_input: JsonPayload | None = field(default=None, compare=False, repr=False)
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickled without the payload (Dagster's default IO manager pickles the answer between
+        """Pickled without the payloads (Dagster's default IO manager pickles the answer between
         steps): a step of another release unpickles it, and the commit serialises again."""
-        return {k: v for k, v in self.__dict__.items() if k != "payload"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("payload", "carried_input")}
 
 
 def end_attempt(
@@ -100,12 +103,19 @@ def end_attempt(
     *,
     call: CallOutcome | None = None,
     origin: CallOrigin | None = None,
+    carried: JsonPayload | None = None,
 ) -> FenceOutcome | None:
     """End the attempt under ``lease`` as failed because of ``exc``; the one way every step
     ends on failure. Records the model call too when ``call`` says one was made (``failed`` or
     ``rejected``) with its ``usage``. Returns what the ledger says happened, or ``None`` when
     nothing could be written (the lease was lost, or the database is out of reach): recording
-    never hides the first error."""
+    never hides the first error. ``carried``: the checkpoint the attempt collected and has not
+    stored yet, stored first, so the next attempt reuses it."""
+    if carried is not None:
+        try:
+            ledger.checkpoint(lease, carried)
+        except LedgerError:  # lost, or out of reach: the next attempt collects again
+            pass
     if isinstance(exc, UsageRejectedError):
         usage = exc.recorded
     outcome: FailedOutcome = (
@@ -170,29 +180,6 @@ def advance_hold(
     return AdvanceHold(max_tokens_per_call or 0, model_name or None)
 
 
-def collect_once(
-    ledger: RunLedger,
-    lease: Lease,
-    collect: Callable[[], JSONDict],
-    *,
-    hold: AdvanceHold | None = None,
-) -> Lease:
-    """The lease with the run's checkpoint: the stored one, else ``collect()``'s value stored
-    now (the first stored value wins), with ``hold`` reserved in the same statement. A failure
-    (the collector, an input the ledger refuses) ends the attempt, gives back what the claim
-    held for the call, and propagates."""
-    if lease.stored_raw_input is not None:
-        telemetry.annotate_current(input_reused=True)
-        return lease
-    with telemetry.span("idempotent_jobs.collect", lease_attributes(lease)):
-        try:
-            return ledger.checkpoint(lease, collect(), hold=hold)
-        except BaseException as exc:
-            end_attempt(ledger, lease, exc)
-            release_hold(ledger, lease)
-            raise
-
-
 def unpack_answer(answer: object) -> tuple[object, ModelUsage | None]:
     if isinstance(answer, ModelAnswer):
         return answer.output, answer.usage
@@ -226,6 +213,7 @@ def call_model(
     policy: CallPolicy = NO_POLICY,
     announces_requests: bool = False,
     record_answer: bool = False,
+    carried_input: JsonPayload | None = None,
 ) -> BoundAnswer:
     """Call ``model`` on the lease's checkpoint while renewing the lease, check the answer, and
     bind it to the basis it was computed on.
@@ -253,6 +241,11 @@ def call_model(
     (:meth:`RunLedger.record_answer`), for a caller whose answer crosses a step boundary
     before its commit (Dagster's ``transform``): whatever happens to it there, the call is
     in the books and a later attempt can reuse the answer (:func:`recorded_answer`).
+
+    ``carried_input``: the lease's checkpoint, collected by
+    :func:`~idempotent_jobs.core.collecting.collect_to_carry` and not
+    stored yet: sent beside the call (the lease renewer stores it) and otherwise carried by
+    the answer to its commit, or stored as the attempt ends on failure.
     """
     raw_input = lease.stored_raw_input
     if raw_input is None:
@@ -264,7 +257,7 @@ def call_model(
     book = CallBook()
     with (
         chat_span(lease, config) as span,
-        LeaseHeartbeat(ledger, lease, heartbeat_seconds) as heartbeat,
+        LeaseHeartbeat(ledger, lease, heartbeat_seconds, carried_input) as heartbeat,
     ):
         budgeted = False
         try:
@@ -314,7 +307,8 @@ def call_model(
                 mark_unsent(exc)
                 if budgeted:  # a request held and never sent gives it back
                     _release_budget(ledger, lease)
-            end_attempt(ledger, lease, exc, usage, call=outcome, origin=origin)
+            carried = heartbeat.take_checkpoint()
+            end_attempt(ledger, lease, exc, usage, call=outcome, origin=origin, carried=carried)
             raise
     if heartbeat.lost:  # the call was paid for: record it though the run moved on
         ledger.record_lost_call(lease, usage, lease.revision, origin=origin)
@@ -330,6 +324,7 @@ def call_model(
         origin=origin,
         payload=payload,
         rate_wait_seconds=book.rate_wait_seconds,
+        carried_input=heartbeat.take_checkpoint(),
     )
     if record_answer:
         try:

@@ -14,6 +14,7 @@ from typing import Any
 
 import dagster as dg
 
+from idempotent_jobs.core.collecting import collect_once
 from idempotent_jobs.core.commits import commit, recorded_answer
 from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.errors import (
@@ -40,7 +41,6 @@ from idempotent_jobs.core.steps import (
     BoundAnswer,
     advance_hold,
     call_model,
-    collect_once,
     end_attempt,
 )
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec

@@ -23,6 +23,9 @@ CRASH_POINTS = (
     "after_register",
     "after_claim",
     "during_collect",
+    # In the model call with its checkpoint still travelling beside it (not stored yet): the
+    # recovery collects again. And once the lease renewer stored it: the recovery reuses it.
+    "checkpoint_in_flight",
     "during_model",
     # Killed by the parent when the server first answers the final commit's statement: after
     # it ran, or, when the connection prepares it first (a worker's first commit), after the
@@ -53,6 +56,16 @@ def crash_embedded_postgres(data_dir: Path) -> None:
 
 def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def checkpoint_stored(ledger: Any, run_id: str) -> None:
+    """Return once the run's checkpoint is stored (a model call's lease renewer stores the one
+    travelling with it a moment into the call)."""
+    deadline = time.monotonic() + 30
+    while (record := ledger.get(run_id)) is None or record.raw_input is None:
+        if time.monotonic() > deadline:
+            raise AssertionError("the checkpoint travelling with the call was never stored")
+        time.sleep(0.005)
 
 
 def trial_identity(trial: int, hour: int = 9) -> Any:
@@ -148,10 +161,15 @@ def run_worker(spec: dict[str, Any]) -> None:
     def collect(identity: Any) -> dict[str, Any]:
         if crash == "during_collect":
             die()
-        return {"documents": [f"collected by {os.getpid()} at {time.time_ns()}"]}
+        document = f"collected by {os.getpid()} at {time.time_ns()}"
+        record({"event": "collected", "input": document})
+        return {"documents": [document]}
 
     def transform(raw: dict[str, Any]) -> Any:
+        if crash == "checkpoint_in_flight":
+            die()
         if crash == "during_model":
+            checkpoint_stored(ledger, identity.run_id)
             die()
         if spec.get("provider_url"):  # a real model step against a faulty provider
             return provider_answer(spec, raw)

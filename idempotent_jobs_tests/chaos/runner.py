@@ -305,7 +305,27 @@ class Chaos:
         self.recover(trial)
         verdict = self.verdict(trial, f"kill:{point}")
         verdict.problems += problems
+        if point in ("checkpoint_in_flight", "during_model"):
+            verdict.problems += self.collected_once(trial, point)
         return verdict
+
+    def collected_once(self, trial: int, point: str) -> list[str]:
+        """The checkpoint the run ended on: the killed worker's when the lease renewer had
+        stored it (``during_model``), a later collection's when it was still travelling with
+        the call (``checkpoint_in_flight``)."""
+        events = read_results(Path(self.spec(trial)["results"]))
+        collected = [e["input"] for e in events if e.get("event") == "collected"]
+        with self.conn() as conn:
+            row = conn.execute(
+                "SELECT raw_input FROM idempotent_jobs.runs WHERE run_id = %s",
+                (trial_identity(trial).run_id,),
+            ).fetchone()
+        stored = row[0]["documents"][0] if row and row[0] else None
+        if point == "during_model" and collected != [stored]:
+            return [f"collected {collected}; the run ended on {stored}, not the first"]
+        if point == "checkpoint_in_flight" and (len(collected) != 2 or stored != collected[1]):
+            return [f"collected {collected}; the run ended on {stored}, not the second"]
+        return []
 
     def stop(self, trial: int) -> Verdict:
         process, marker = self.pause_in_model_call(trial)
@@ -384,7 +404,7 @@ class Chaos:
         later = self.spec(trial, hour=10, results=str(self.workdir / f"later-{trial}.jsonl"))
         worker = self.start({**later, **extra})
         worker.join(timeout=60)
-        events = read_results(Path(later["results"]))
+        events = [e for e in read_results(Path(later["results"])) if e["event"] != "collected"]
         if [e["event"] for e in events] != ["error"] or "BudgetExceeded" not in events[0]["error"]:
             verdict.problems.append(f"the later run was not refused by the budget: {events}")
         with self.conn() as conn:

@@ -8,8 +8,9 @@ import psycopg
 import pytest
 
 from idempotent_jobs.core.admin import LedgerAdmin
+from idempotent_jobs.core.collecting import collect_once
 from idempotent_jobs.core.records import CallOrigin, JobConfig
-from idempotent_jobs.core.steps import call_model, collect_once
+from idempotent_jobs.core.steps import call_model
 from idempotent_jobs.dagster.drill import ModelOutageDrill, drill_for
 from idempotent_jobs_tests.helpers import claimed, identity
 from idempotent_jobs_tests.ledgers import HarnessLedger

@@ -220,10 +220,12 @@ def through_the_lane(
 
 
 def ledger_state(db: psycopg.Connection, run_id: str) -> dict[str, Any]:
-    """Everything a failure may leave, without ids, workers or times."""
+    """Everything a failure may leave, without ids, workers or times. The checkpoint too:
+    ``run_idempotent``'s travels with the model call, and every failure must still store it
+    (the retry reuses it) as the drivers that store it before the call do."""
     run = db.execute(
-        "SELECT status, lease_owner IS NULL, last_error, revision, raw_input IS NOT NULL"
-        " FROM idempotent_jobs.runs WHERE run_id = %s",
+        "SELECT status, lease_owner IS NULL, last_error, revision, raw_input IS NOT NULL,"
+        " input_fingerprint FROM idempotent_jobs.runs WHERE run_id = %s",
         (run_id,),
     ).fetchone()
     attempts = db.execute(
@@ -241,13 +243,14 @@ def ledger_state(db: psycopg.Connection, run_id: str) -> dict[str, Any]:
         (run_id,),
     ).fetchall()
     assert run is not None
-    status, lease_free, error, revision, has_input = run
+    status, lease_free, error, revision, has_input, fingerprint = run
     return {
         "status": status,
         "lease_free": lease_free,
         "error": error,
         "revision": revision,
         "checkpointed": has_input,
+        "checkpoint": fingerprint,
         "attempts": attempts,
         "model_calls": calls,
         "outbox": outbox,

@@ -426,7 +426,8 @@ def test_a_budget_adds_no_statement_to_a_new_run_its_worst_case_rides_on_the_cla
     unbudgeted = list(sent)
     sent.clear()
     _run(ledger, _ident("a"), 100, Budget(amount=1000), ceiling=200)
-    assert sent == unbudgeted == ["begin", "save_raw_input", "complete"]
+    # The checkpoint travels with the call and is stored by the commit: two statements.
+    assert sent == unbudgeted == ["begin", "complete"]
     assert _counter(db, f"job:tokens/day:{JOB}") == (200, 0, 2, 0)  # held 200, settled at 100
     # No room for the declared worst case: the checkpoint is kept, the call is refused, and
     # nothing stays held.

@@ -371,7 +371,7 @@ def test_a_connection_dropped_during_commit_resolves_to_one_outcome(
         for _ in range(10_000):
             row = db.execute(
                 "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
-                ("%WITH cur AS (\nSELECT run_id, status, lease_epoch, output%",),
+                ("%WITH cur AS (\nSELECT k.*, (lease_owner = %",),
             ).fetchone()
             if row:
                 pid = row[0]

@@ -151,7 +151,9 @@ def test_every_write_after_a_claim_carries_the_owner_and_epoch_fence() -> None:
         # Each UPDATE of a run row in the statement is fenced; inserts only follow from it.
         # Each UPDATE of a run row in the statement is fenced, either in its own WHERE or by
         # the `mine` of the row it read under lock (the statements that say what happened).
-        mine = re.search(r"COALESCE\((.*?), false\) AS mine", text)
+        mine = re.search(r"COALESCE\((.*?), false\) AS mine", text) or re.search(
+            r"\((\w+ = %\(worker_id\)s AND .*?)\) IS TRUE AS mine", text
+        )
         wheres = re.findall(r"UPDATE \{schema\}\.runs .*? WHERE (.*?)(?: RETURNING |$)", text)
         assert wheres, name
         for where in wheres:

@@ -12,7 +12,8 @@
 -- and raw-input checkpoint it was computed against (a revise moves the revision, a recollect the
 -- checkpoint; a basis without a fingerprint binds the revision only). Accepted: output, config
 -- fingerprint, the attempt's outcome and usage, the model call, and the outbox rows (one per
--- channel and revision, never twice; a revised run notifies only the channels its revision named).
+-- channel and revision, never twice: the outbox's key; a revised run notifies only the channels its
+-- revision named).
 -- Stale: nothing of it is stored or sent, the lease is given back (the run waits, pending, for an
 -- answer on its current basis), and the attempt and the model call end `superseded`/`stale`.
 -- `outcome` states what happened: `applied` (accepted now), `stale` (refused now, or by this
@@ -27,15 +28,20 @@
 -- accepted output lives on the run, under the retention policy, and nowhere else. The output
 -- returned is the row's (a stale commit left it as it was); last, the money of the call this
 -- statement recorded (NULL: none recorded here, no price, or in doubt), for the metrics.
+-- `carried` (with its fingerprint, `carried_fp`): the raw-input checkpoint the answer was
+-- computed on, when it travelled with the model call rather than before it (run_idempotent):
+-- stored here if no checkpoint is yet (the first value wins, as in `save_raw_input`), accepted
+-- or stale; a stored one is the basis the answer is checked against (`basis_fp`, the answer's,
+-- is the carried one's).
 WITH cur AS (
-  SELECT run_id, status, lease_epoch, output, revision, input_fingerprint, config_parts,
-    COALESCE(lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s AND status = 'running',
-      false) AS mine,
-    (revision = %(revision)s::integer AND input_fingerprint
-      IS NOT DISTINCT FROM COALESCE(%(input_fingerprint)s::text, input_fingerprint)) AS holds
-  FROM {schema}.runs
-  WHERE run_id = %(run_id)s
-  FOR UPDATE
+  SELECT k.*, (lease_owner = %(worker_id)s AND lease_epoch = %(epoch)s AND status = 'running')
+      IS TRUE AS mine,
+    (revision = %(revision)s::integer AND fp IS NOT DISTINCT FROM COALESCE(%(basis_fp)s, fp))
+      AS holds
+  FROM (SELECT run_id, status, lease_epoch, lease_owner, output, revision,
+      config_parts, CASE WHEN raw_input IS NULL THEN COALESCE(%(carried_fp)s, input_fingerprint)
+        ELSE input_fingerprint END AS fp
+    FROM {schema}.runs WHERE run_id = %(run_id)s FOR UPDATE) AS k
 ), done AS (
   UPDATE {schema}.runs AS r
   SET status = CASE WHEN cur.holds THEN 'completed' ELSE 'pending' END,
@@ -45,6 +51,7 @@ WITH cur AS (
       THEN %(config_fp)s ELSE r.config_fingerprint END,
     config_parts = CASE WHEN cur.holds THEN %(config_parts)s::jsonb ELSE r.config_parts END,
     last_error = CASE WHEN cur.holds THEN NULL ELSE r.last_error END,
+    raw_input = COALESCE(r.raw_input, %(carried)s::jsonb), input_fingerprint = cur.fp,
     lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
   FROM cur
   WHERE r.run_id = cur.run_id AND cur.mine
@@ -70,12 +77,12 @@ WITH cur AS (
   RETURNING c.call_id
 ), call AS (
   INSERT INTO {schema}.model_calls (run_id, lease_epoch, revision, worker_id, caller_run_id,
-    caller_step, retry_number, model_name, input_tokens, output_tokens, outcome, error,
+    caller_step, retry_number, model_name, input_tokens, output_tokens, outcome,
     requested_model, cache_read_tokens, cache_write_tokens, cache_write_1h_tokens,
     reasoning_tokens, provider_name, tier)
   SELECT run_id, lease_epoch, %(revision)s::integer, %(worker_id)s, %(c_run)s,
     %(c_step)s, %(c_retry)s, %(model_name)s, %(input_tokens)s, %(output_tokens)s,
-    CASE WHEN accepted THEN 'accepted' ELSE 'stale' END, NULL, %(u_rm)s,
+    CASE WHEN accepted THEN 'accepted' ELSE 'stale' END, %(u_rm)s,
     %(u_cr)s, %(u_cw)s, %(u_cw1h)s,
   %(u_rt)s, %(u_pn)s, %(u_tier)s
   FROM done
@@ -88,15 +95,15 @@ WITH cur AS (
   WHERE done.accepted AND (done.revision = 0 OR n.key IN (
     SELECT unnest(rv.channels) FROM {schema}.run_revisions AS rv
     WHERE rv.run_id = done.run_id AND rv.revision = done.revision))
-  ON CONFLICT (run_id, channel, revision) DO NOTHING
+  ON CONFLICT DO NOTHING
 )
 SELECT CASE
     WHEN done.run_id IS NOT NULL THEN CASE WHEN done.accepted THEN 'applied' ELSE 'stale' END
     WHEN cur.status = 'completed' THEN 'already_done'
     WHEN cur.status = 'pending' AND cur.lease_epoch = %(epoch)s AND NOT cur.holds THEN 'stale'
-    ELSE 'lease_lost' END AS outcome,
+    ELSE 'lease_lost' END,
   COALESCE(done.output, cur.output),
-  cur.revision, cur.input_fingerprint, cur.lease_epoch = %(epoch)s AS mine, cur.config_parts,
+  cur.revision, cur.fp, cur.lease_epoch = %(epoch)s, cur.config_parts,
   (SELECT money FROM call)
 FROM cur LEFT JOIN done ON true
 

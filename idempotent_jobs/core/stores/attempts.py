@@ -58,6 +58,7 @@ class AttemptsStore(Store):
         config: JobConfig | None = None,
         origin: CallOrigin | None = None,
         payload: JsonPayload | None = None,
+        carried_input: JsonPayload | None = None,
     ) -> Completion:
         """Accept ``output`` and queue ``notifications`` in one transaction.
 
@@ -77,8 +78,17 @@ class AttemptsStore(Store):
 
         ``payload``: ``output`` as :meth:`output_payload` checked and serialised it (its text is
         stored as it is, not made again).
+
+        ``carried_input``: the checkpoint ``output`` was computed on, not yet stored (it
+        travelled with the model call, :func:`~idempotent_jobs.core.steps.collect_to_carry`):
+        stored by this statement if the run has none yet, whether the answer is accepted or
+        stale. ``basis`` then names its fingerprint.
         """
         basis = basis or lease.basis
+        if carried_input is not None and carried_input.fingerprint != basis.input_fingerprint:
+            raise InvalidInputError(
+                "carried_input", "is not the checkpoint the answer's basis names"
+            )
         config = config or JobConfig()
         parts = dict(config.parts)
         params = {
@@ -88,12 +98,14 @@ class AttemptsStore(Store):
             "output": self._calls.serialised(output, payload),
             "messages": notifications_json(notifications),
             "revision": basis.revision,
-            "input_fingerprint": basis.input_fingerprint,
+            "basis_fp": basis.input_fingerprint,
             # What a stale attempt's error says the answer was computed on.
             "computed_on": f"stale candidate: computed on revision {basis.revision}, "
             f"checkpoint {(basis.input_fingerprint or 'none')[:12]}; the run is at revision ",
             "config_fp": config.fingerprint if parts else None,
             "config_parts": dump_json_object(parts, "config") if parts else None,
+            "carried": None if carried_input is None else carried_input.text,
+            "carried_fp": None if carried_input is None else carried_input.fingerprint,
         }
         [(outcome, stored, revision, fingerprint, mine, stored_parts, money)] = self._db.rows(
             "complete", params

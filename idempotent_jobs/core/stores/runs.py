@@ -206,13 +206,24 @@ class RunsStore(Store):
             held_tokens=_held(hold, held, lease.held_tokens),
         )
 
+    def input_payload(self, raw_input: object) -> JsonPayload:
+        """``raw_input`` checked and serialised once, as :meth:`checkpoint` stores it;
+        :class:`InvalidInputError` naming ``raw_input`` if it could not be (nothing is
+        written)."""
+        return JsonPayload.of(raw_input, "raw_input", self.settings.max_raw_input_bytes)
+
     def checkpoint(
-        self, lease: Lease, raw_input: dict[str, Any], *, hold: AdvanceHold | None = None
+        self,
+        lease: Lease,
+        raw_input: dict[str, Any] | JsonPayload,
+        *,
+        hold: AdvanceHold | None = None,
     ) -> Lease:
         """Checkpoint the collected input; the first stored value wins. Returns the lease with
         the stored checkpoint and its fingerprint: the :class:`Basis` of an answer computed on
-        it. ``hold``: as for :meth:`renew`."""
-        raw = JsonPayload.of(raw_input, "raw_input", self.settings.max_raw_input_bytes)
+        it. ``raw_input``: the value, or the :meth:`input_payload` made of it. ``hold``: as for
+        :meth:`renew`."""
+        raw = raw_input if isinstance(raw_input, JsonPayload) else self.input_payload(raw_input)
         params = self._hold_params(
             {**fence_params(lease), "raw_input": raw.text, "input_fingerprint": raw.fingerprint},
             hold,

@@ -1,0 +1,61 @@
+"""Collect a run's input once: the stored checkpoint, else the collector's value, stored before
+the model call (:func:`collect_once`: the Dagster ops, the batch lane) or carried with it
+(:func:`collect_to_carry`: ``run_idempotent``, whose critical path is then the claim and the
+commit)."""
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from idempotent_jobs.core import telemetry
+from idempotent_jobs.core.checks import JsonPayload
+from idempotent_jobs.core.json_values import read_json
+from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.records import AdvanceHold, Lease
+from idempotent_jobs.core.steps import JSONDict, end_attempt, lease_attributes, release_hold
+
+
+def collect_once(
+    ledger: RunLedger,
+    lease: Lease,
+    collect: Callable[[], JSONDict],
+    *,
+    hold: AdvanceHold | None = None,
+) -> Lease:
+    """The lease with the run's checkpoint: the stored one, else ``collect()``'s value stored
+    now (the first stored value wins), with ``hold`` reserved in the same statement. A failure
+    (the collector, an input the ledger refuses) ends the attempt, gives back what the claim
+    held for the call, and propagates."""
+    if lease.stored_raw_input is not None:
+        telemetry.annotate_current(input_reused=True)
+        return lease
+    with telemetry.span("idempotent_jobs.collect", lease_attributes(lease)):
+        try:
+            return ledger.checkpoint(lease, collect(), hold=hold)
+        except BaseException as exc:
+            end_attempt(ledger, lease, exc)
+            release_hold(ledger, lease)
+            raise
+
+
+def collect_to_carry(
+    ledger: RunLedger, lease: Lease, collect: Callable[[], JSONDict]
+) -> tuple[Lease, JsonPayload | None]:
+    """As :func:`collect_once`, but a checkpoint collected now is not awaited before the model
+    call: it is checked and serialised here, and returned to travel with the call
+    (:func:`call_model`'s ``carried_input``; the lease renewer stores it early in the call, the
+    commit otherwise, in its own statement). The lease names it as its basis, and its value is
+    the one the ledger would give back. A crash before either stores it loses only the
+    collection: the next attempt collects again, and nothing was accepted."""
+    if lease.stored_raw_input is not None:
+        telemetry.annotate_current(input_reused=True)
+        return lease, None
+    with telemetry.span("idempotent_jobs.collect", lease_attributes(lease)):
+        try:
+            payload = ledger.input_payload(collect())
+        except BaseException as exc:
+            end_attempt(ledger, lease, exc)
+            release_hold(ledger, lease)
+            raise
+    value = read_json(payload.text)
+    carried = replace(lease, stored_raw_input=value, input_fingerprint=payload.fingerprint)
+    return carried, payload

@@ -1,0 +1,171 @@
+"""A checkpoint collected by ``run_idempotent`` travels with the model call (issue 45).
+
+A new run waits on two statements, the claim and the commit: the checkpoint is not awaited
+before the call. The lease renewer stores it a moment into the call, the commit stores it in its
+own statement when the call answered sooner, and a failed attempt stores it as it ends. A worker
+killed before either stored it leaves the promise whole: the next attempt collects again and one
+answer is accepted; killed after, the next attempt reuses it.
+"""
+
+import multiprocessing
+import os
+import signal
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from idempotent_jobs import InvalidInputError, run_idempotent
+from idempotent_jobs.core.heartbeat import CARRY_SECONDS
+from idempotent_jobs.core.json_values import json_fingerprint
+from idempotent_jobs_tests.helpers import Collector, count, email, expire_lease, identity
+from idempotent_jobs_tests.ledgers import HarnessLedger
+
+FORK = multiprocessing.get_context("fork")
+
+
+def _statements(ledger: HarnessLedger, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the statements ``ledger`` sends from now on."""
+    sent: list[str] = []
+    fetch = ledger._db.fetch
+
+    def counted(name: str, params: Any, row_factory: Any) -> Any:
+        sent.append(name)
+        return fetch(name, params, row_factory)
+
+    monkeypatch.setattr(ledger._db, "fetch", counted)
+    return sent
+
+
+def _stored(db: psycopg.Connection, run_id: str) -> tuple[Any, Any]:
+    row = db.execute(
+        "SELECT raw_input, input_fingerprint FROM idempotent_jobs.runs WHERE run_id = %s",
+        (run_id,),
+    ).fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
+def test_a_new_run_waits_on_the_claim_and_the_commit_which_stores_its_checkpoint(
+    ledger: HarnessLedger, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent = _statements(ledger, monkeypatch)
+    collector = Collector()
+    outcome = run_idempotent(
+        ledger, identity(), collect=collector, transform=lambda raw: {"summary": "s"}
+    )
+    assert outcome.executed and sent == ["begin", "complete"]
+    raw, fingerprint = _stored(db, identity().run_id)
+    assert raw == collector.value and fingerprint == json_fingerprint(collector.value)
+    again = run_idempotent(ledger, identity(), collect=collector, transform=lambda raw: {})
+    assert again.output == {"summary": "s"} and collector.calls == 1
+
+
+def test_a_call_that_lasts_finds_its_checkpoint_stored_before_it_answers(
+    ledger: HarnessLedger, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The renewer stores it CARRY_SECONDS into the call; the commit then carries nothing."""
+    sent = _statements(ledger, monkeypatch)
+    seen: list[Any] = []
+    collector = Collector()
+
+    def transform(raw: dict[str, Any]) -> dict[str, Any]:
+        deadline = time.monotonic() + 30
+        while (stored := _stored(db, identity().run_id)[0]) is None:
+            assert time.monotonic() < deadline, "the checkpoint was never stored"
+            time.sleep(CARRY_SECONDS / 2)
+        seen.append(stored)
+        return {"summary": "after the checkpoint"}
+
+    outcome = run_idempotent(ledger, identity(), collect=collector, transform=transform)
+    assert outcome.executed and seen == [collector.value]
+    assert sent == ["begin", "save_raw_input", "complete"]
+
+
+@pytest.mark.parametrize("fails_in", ["transform", "notifications"])
+def test_a_failed_attempt_stores_its_checkpoint_and_the_retry_reuses_it(
+    ledger: HarnessLedger, db: psycopg.Connection, fails_in: str
+) -> None:
+    collector = Collector()
+
+    def transform(raw: dict[str, Any]) -> dict[str, Any]:
+        if fails_in == "transform":
+            raise RuntimeError("the model is down")
+        return {"summary": "s"}
+
+    def notifications(output: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        raise RuntimeError("no channel today")
+
+    with pytest.raises(RuntimeError):
+        run_idempotent(
+            ledger,
+            identity(),
+            collect=collector,
+            transform=transform,
+            notifications=notifications if fails_in == "notifications" else None,
+        )
+    assert _stored(db, identity().run_id)[0] == collector.value
+    done = run_idempotent(
+        ledger, identity(), collect=collector, transform=lambda raw: {"seen": raw}
+    )
+    assert done.output == {"seen": collector.value} and collector.calls == 1
+
+
+def _killed_in_the_call(database: str, wait_for_checkpoint: bool) -> None:
+    """A worker that collects, then dies (SIGKILL) in its model call: at once, or once the
+    renewer stored the checkpoint travelling with it."""
+    with HarnessLedger(database) as ledger:
+
+        def transform(raw: dict[str, Any]) -> dict[str, Any]:
+            while wait_for_checkpoint and ledger.get(identity().run_id).raw_input is None:  # type: ignore[union-attr]
+                time.sleep(CARRY_SECONDS / 2)
+            os.kill(os.getpid(), signal.SIGKILL)
+            raise AssertionError("unreachable")
+
+        run_idempotent(
+            ledger,
+            identity(),
+            collect=lambda ident: {"documents": [f"collected by {os.getpid()}"]},
+            transform=transform,
+            lease_seconds=60,
+        )
+
+
+@pytest.mark.parametrize("stored_first", [False, True], ids=["in_flight", "stored"])
+def test_a_worker_killed_in_its_call_leaves_one_answer_on_one_checkpoint(
+    ledger: HarnessLedger, db: psycopg.Connection, database: str, stored_first: bool
+) -> None:
+    worker = FORK.Process(target=_killed_in_the_call, args=(database, stored_first))
+    worker.start()
+    worker.join(timeout=60)
+    assert worker.exitcode == -signal.SIGKILL
+    run_id = identity().run_id
+    raw, _ = _stored(db, run_id)
+    victims = {"documents": [f"collected by {worker.pid}"]}
+    assert raw == (victims if stored_first else None)
+    expire_lease(db, run_id)
+    collector = Collector()
+    done = run_idempotent(
+        ledger,
+        identity(),
+        collect=collector,
+        transform=lambda raw: {"summary": "s", "seen": raw},
+        notifications=email,
+    )
+    expected = victims if stored_first else collector.value
+    assert done.executed and done.output == {"summary": "s", "seen": expected}
+    assert collector.calls == (0 if stored_first else 1)
+    assert _stored(db, run_id)[0] == expected
+    assert count(db, "notification_outbox", run_id) == 1
+
+
+def test_a_commit_refuses_a_carried_checkpoint_its_basis_does_not_name(
+    ledger: HarnessLedger,
+) -> None:
+    _, lease = ledger.begin(identity(), "w", 30)
+    assert lease is not None
+    payload = ledger.input_payload({"documents": ["d"]})
+    with pytest.raises(InvalidInputError, match="carried_input"):
+        ledger.complete(lease, {"summary": "s"}, carried_input=payload)
+    assert ledger.get(identity().run_id).raw_input is None  # type: ignore[union-attr]
