@@ -19,6 +19,8 @@ from typing import Any
 
 import psycopg
 
+from idempotent_jobs.core.sql import statement
+
 CRASH_POINTS = (
     "after_register",
     "after_claim",
@@ -480,8 +482,9 @@ class CommitProxy:
     (wait, e.g. while the parent kills the client).
     """
 
-    # The start of the `complete` statement (sql/attempts.sql), after its `WITH cur AS (`.
-    MARKER = b"SELECT run_id, status, lease_epoch, output, revision"
+    # The start of the `complete` statement (sql/attempts.sql), up to its first parameter: as
+    # the ledger sends it, whatever it says.
+    MARKER = statement("worker", "complete").split("%(", 1)[0].encode()
 
     def __init__(self, socket_path: str, on_commit_answer: Callable[[], str]) -> None:
         self.socket_path = socket_path
