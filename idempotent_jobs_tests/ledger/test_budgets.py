@@ -440,6 +440,26 @@ def test_a_budget_adds_no_statement_to_a_new_run_its_worst_case_rides_on_the_cla
     assert _counter(db, f"job:tokens/day:{JOB}") == (200, 0, 2, 0)
 
 
+def test_only_a_claim_holds_a_reused_or_busy_run_holds_nothing(
+    ledger: HarnessLedger, db: psycopg.Connection
+) -> None:
+    """``begin`` holds the call's worst case only for a run it claimed: a completed run it
+    reuses, or one another worker holds, holds nothing (each such hold would never settle)."""
+    _run(ledger, _ident("done"), 100, Budget(amount=1000), ceiling=200)
+    assert _counter(db, f"job:tokens/day:{JOB}") == (100, 0, 1, 0)
+    hold = AdvanceHold(200, "m")
+    for _ in range(3):
+        record, lease = ledger.begin(_ident("done"), "reuser", 30, hold=hold)
+        assert record.status == "completed" and lease is None
+    busy, held = ledger.begin(_ident("busy"), "holder", 30, hold=hold)
+    assert held is not None and held.held_tokens == 200
+    record, lease = ledger.begin(_ident("busy"), "other", 30, hold=hold)
+    assert record.status == "running" and lease is None
+    assert _counter(db, f"job:tokens/day:{JOB}") == (100, 200, 1, 0)  # the holder's 200 only
+    holds = db.execute("SELECT worker_id FROM idempotent_jobs.budget_holds").fetchall()
+    assert holds == [("holder",)]
+
+
 def test_a_hold_made_with_the_handover_is_given_back_when_no_call_is_made(
     ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:

@@ -384,3 +384,63 @@ def test_the_lean_claims_migration_moves_open_attempts_onto_their_runs(
             ("old", "lease_lost"),
             ("new", None),
         ]
+
+
+def test_the_claims_hold_only_migration_gives_back_what_begin_held_for_runs_it_did_not_claim(
+    fresh_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0025: a hold an earlier release's ``begin`` took for a run it reused or found busy is
+    given back (its counter too); the holds of calls that may be in flight are kept."""
+    import idempotent_jobs.core.schema as schema
+    from idempotent_jobs import Budget, run_idempotent
+
+    shipped = shipped_migrations()
+    assert shipped[-1].name == "claims_hold_only"
+    monkeypatch.setattr(schema, "shipped_migrations", lambda: shipped[:-1])
+    LedgerAdmin(fresh_database).migrate()
+    done, busy = identity("done"), identity("busy")
+    with HarnessLedger(fresh_database) as ledger, LedgerAdmin.beside(ledger) as admin:
+        admin.set_budget(Budget(amount=10_000), job_name=done.job_name)
+        run_idempotent(
+            ledger,
+            done,
+            collect=lambda _: {"x": 1},
+            transform=lambda raw: {"summary": "s"},
+            worker_id="finisher",
+        )
+        _, lease = ledger.begin(busy, "holder", 300)
+        assert lease is not None
+    held = [  # (run, epoch, worker): kept?
+        (done.run_id, 1, "reuser", False),  # what the old begin held reusing the run
+        (busy.run_id, 1, "latecomer", False),  # ... and finding it busy
+        (busy.run_id, 1, "holder", True),  # the lease's own call, in flight
+        (done.run_id, 1, "finisher", True),  # a call the completing attempt still holds
+        (done.run_id, 0, "shadow:s1", True),  # a shadow's
+    ]
+    with psycopg.connect(fresh_database, autocommit=True) as conn:
+        [(budget_id,)] = conn.execute("SELECT budget_id FROM idempotent_jobs.spend_budgets")
+        for run_id, epoch, worker, _ in held:
+            conn.execute(
+                "INSERT INTO idempotent_jobs.budget_holds (run_id, lease_epoch, worker_id,"
+                " budget_id, period_start, subject_id, amount) VALUES (%s, %s, %s, %s,"
+                " (now() AT TIME ZONE 'UTC')::date, '', 100)",
+                (run_id, epoch, worker, budget_id),
+            )
+        conn.execute(
+            "INSERT INTO idempotent_jobs.budget_counters (budget_id, period_start, subject_id,"
+            " reserved) VALUES (%s, (now() AT TIME ZONE 'UTC')::date, '', 500)"
+            " ON CONFLICT (budget_id, period_start, subject_id)"
+            " DO UPDATE SET reserved = EXCLUDED.reserved",
+            (budget_id,),
+        )
+    monkeypatch.setattr(schema, "shipped_migrations", lambda: shipped)
+    assert LedgerAdmin(fresh_database).migrate() == ["0025_claims_hold_only"]
+    with psycopg.connect(fresh_database, autocommit=True) as conn:
+        kept = conn.execute(
+            "SELECT run_id, lease_epoch, worker_id FROM idempotent_jobs.budget_holds"
+        ).fetchall()
+        [(reserved,)] = conn.execute(
+            "SELECT reserved FROM idempotent_jobs.budget_counters WHERE subject_id = ''"
+        )
+    assert sorted(kept) == sorted((r, e, w) for r, e, w, keep in held if keep)
+    assert reserved == 300

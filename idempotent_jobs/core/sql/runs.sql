@@ -37,7 +37,9 @@ WHERE (r.job_name, r.subject_id, r.scheduled_at, r.version)
 -- reserves its worst case only then. With `hold_tokens`, a claim under a budget reserves the
 -- coming model call's worst case too (`held`: the ledger's `reserve_budget`'s outcome), so a
 -- budget adds no round trip to a run, whether its checkpoint is collected now or was stored by
--- an earlier attempt.
+-- an earlier attempt. Only a claim holds: the function is called inside the CASE, which runs it
+-- only for a row this statement claimed (a function in a lateral FROM would run for every row,
+-- the filter applied after: a reused or busy run would hold the worst case and never settle).
 WITH inserted AS (
   INSERT INTO {schema}.runs AS r (run_id, job_name, subject_id, scheduled_at, version, status,
     lease_owner, lease_expires_at, lease_epoch, attempts, lease_started_at, lease_caller_run_id,
@@ -94,7 +96,11 @@ WITH inserted AS (
   WHERE claimed AND prev_status = 'running'
   ON CONFLICT (run_id, lease_epoch) DO NOTHING
 )
-SELECT u.*, h.outcome AS held FROM (
+SELECT u.*, CASE WHEN u.budgeted AND %(hold_tokens)s::bigint IS NOT NULL THEN (
+    SELECT v.outcome FROM {schema}.reserve_budget(u.run_id, u.lease_epoch::int, %(worker_id)s,
+      NULL, NULL, %(hold_tokens)s::bigint, %(requested)s, NULL, NULL, u.job_name, u.subject_id)
+      AS v) END AS held
+FROM (
   SELECT u.*, u.claimed AND EXISTS (SELECT FROM {schema}.drills AS d
       WHERE d.job_name IN (%(job_name)s, '*') AND d.remaining > 0 AND d.expires_at > now())
     AS drill_armed,
@@ -108,9 +114,6 @@ SELECT u.*, h.outcome AS held FROM (
     SELECT (run).*, claimed FROM claimed
   ) AS u
 ) AS u
-LEFT JOIN LATERAL (SELECT v.outcome FROM {schema}.reserve_budget(u.run_id, u.lease_epoch::int,
-    %(worker_id)s, NULL, NULL, %(hold_tokens)s::bigint, %(requested)s, NULL, NULL, u.job_name,
-    u.subject_id) AS v WHERE u.budgeted AND %(hold_tokens)s::bigint IS NOT NULL) AS h ON true
 
 -- name: claim
 -- Take the run's lease if it is free, bumping the fencing epoch.
