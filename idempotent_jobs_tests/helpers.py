@@ -18,6 +18,19 @@ def identity(subject: str = "workspace-acme", hour: int = 9) -> RunIdentity:
     return RunIdentity("competitor-summary", subject, datetime(2026, 8, 7, hour, tzinfo=UTC), "v1")
 
 
+def sent_statements(ledger: HarnessLedger, monkeypatch: "pytest.MonkeyPatch") -> list[str]:
+    """The names of the statements ``ledger`` sends from now on, in order."""
+    sent: list[str] = []
+    fetch = ledger._db.fetch
+
+    def counted(name: str, params: Any, row_factory: Any) -> Any:
+        sent.append(name)
+        return fetch(name, params, row_factory)
+
+    monkeypatch.setattr(ledger._db, "fetch", counted)
+    return sent
+
+
 def expire_lease(db: psycopg.Connection, run_id: str) -> None:
     """Move the lease's expiry into the past by the database clock (time passing, without sleep)."""
     db.execute(
@@ -126,6 +139,8 @@ class JsonApi:
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+    import pytest
 
     from idempotent_jobs.models.batches import BatchProvider
     from testkit.fake_providers import FakeProviders

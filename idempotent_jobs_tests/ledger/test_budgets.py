@@ -29,6 +29,7 @@ from idempotent_jobs.core.policy import CallPolicy
 from idempotent_jobs.core.records import AdvanceHold, CallOrigin
 from idempotent_jobs.core.steps import call_model
 from idempotent_jobs_tests import workers
+from idempotent_jobs_tests.helpers import sent_statements
 from idempotent_jobs_tests.ledgers import HarnessLedger
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -403,25 +404,12 @@ def test_a_budget_set_or_declared_mid_period_starts_where_the_period_stands(
     assert declared.spent == 150 and declared.calls == 2  # the earlier call and its own
 
 
-def _statements(ledger: HarnessLedger, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the statements ``ledger``'s worker face sends from now on."""
-    sent: list[str] = []
-    fetch = ledger._db.fetch
-
-    def counted(name: str, params: Any, row_factory: Any) -> Any:
-        sent.append(name)
-        return fetch(name, params, row_factory)
-
-    monkeypatch.setattr(ledger._db, "fetch", counted)
-    return sent
-
-
 def test_a_budget_adds_no_statement_to_a_new_run_its_worst_case_rides_on_the_claim(
     ledger: HarnessLedger, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _run(ledger, _ident("warm", job="free-job"), 100, None)
     _run(ledger, _ident("warm"), 100, Budget(amount=1000), ceiling=200)  # declared once
-    sent = _statements(ledger, monkeypatch)
+    sent = sent_statements(ledger, monkeypatch)
     _run(ledger, _ident("free", job="free-job"), 100, None)
     unbudgeted = list(sent)
     sent.clear()
@@ -543,7 +531,7 @@ def test_a_retry_on_a_stored_checkpoint_holds_its_worst_case_with_the_claim(
         run_idempotent(
             ledger, ident, collect=lambda i: {"x": 1}, transform=broken, max_tokens_per_call=200
         )
-    sent = _statements(ledger, monkeypatch)
+    sent = sent_statements(ledger, monkeypatch)
     run_idempotent(
         ledger, ident, collect=lambda i: {"x": 2}, transform=paid, max_tokens_per_call=200
     )

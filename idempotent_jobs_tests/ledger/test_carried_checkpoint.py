@@ -19,23 +19,17 @@ import pytest
 from idempotent_jobs import InvalidInputError, run_idempotent
 from idempotent_jobs.core.heartbeat import CARRY_SECONDS
 from idempotent_jobs.core.json_values import json_fingerprint
-from idempotent_jobs_tests.helpers import Collector, count, email, expire_lease, identity
+from idempotent_jobs_tests.helpers import (
+    Collector,
+    count,
+    email,
+    expire_lease,
+    identity,
+    sent_statements,
+)
 from idempotent_jobs_tests.ledgers import HarnessLedger
 
 FORK = multiprocessing.get_context("fork")
-
-
-def _statements(ledger: HarnessLedger, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the statements ``ledger`` sends from now on."""
-    sent: list[str] = []
-    fetch = ledger._db.fetch
-
-    def counted(name: str, params: Any, row_factory: Any) -> Any:
-        sent.append(name)
-        return fetch(name, params, row_factory)
-
-    monkeypatch.setattr(ledger._db, "fetch", counted)
-    return sent
 
 
 def _stored(db: psycopg.Connection, run_id: str) -> tuple[Any, Any]:
@@ -50,7 +44,7 @@ def _stored(db: psycopg.Connection, run_id: str) -> tuple[Any, Any]:
 def test_a_new_run_waits_on_the_claim_and_the_commit_which_stores_its_checkpoint(
     ledger: HarnessLedger, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sent = _statements(ledger, monkeypatch)
+    sent = sent_statements(ledger, monkeypatch)
     collector = Collector()
     outcome = run_idempotent(
         ledger, identity(), collect=collector, transform=lambda raw: {"summary": "s"}
@@ -66,7 +60,7 @@ def test_a_call_that_lasts_finds_its_checkpoint_stored_before_it_answers(
     ledger: HarnessLedger, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The renewer stores it CARRY_SECONDS into the call; the commit then carries nothing."""
-    sent = _statements(ledger, monkeypatch)
+    sent = sent_statements(ledger, monkeypatch)
     seen: list[Any] = []
     collector = Collector()
 
