@@ -104,6 +104,8 @@ class LeaseRenewer:
             while hold.renewing:
                 self._wake.wait()
             checkpoint, hold.checkpoint = hold.checkpoint, None
+            if checkpoint is not None:  # nothing is due before the first renewal now
+                hold.due = hold.renew_due
             return checkpoint
 
     def _run(self) -> None:
