@@ -5,6 +5,7 @@ commit)."""
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TypeVar
 
 from idempotent_jobs.core import telemetry
 from idempotent_jobs.core.checks import JsonPayload
@@ -12,6 +13,8 @@ from idempotent_jobs.core.json_values import read_json
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.records import AdvanceHold, Lease
 from idempotent_jobs.core.steps import JSONDict, end_attempt, lease_attributes, release_hold
+
+Collected = TypeVar("Collected")
 
 
 def collect_once(
@@ -28,13 +31,7 @@ def collect_once(
     if lease.stored_raw_input is not None:
         telemetry.annotate_current(input_reused=True)
         return lease
-    with telemetry.span("idempotent_jobs.collect", lease_attributes(lease)):
-        try:
-            return ledger.checkpoint(lease, collect(), hold=hold)
-        except BaseException as exc:
-            end_attempt(ledger, lease, exc)
-            release_hold(ledger, lease)
-            raise
+    return _collecting(ledger, lease, lambda: ledger.checkpoint(lease, collect(), hold=hold))
 
 
 def collect_to_carry(
@@ -49,13 +46,19 @@ def collect_to_carry(
     if lease.stored_raw_input is not None:
         telemetry.annotate_current(input_reused=True)
         return lease, None
+    payload = _collecting(ledger, lease, lambda: ledger.input_payload(collect()))
+    value = read_json(payload.text)
+    carried = replace(lease, stored_raw_input=value, input_fingerprint=payload.fingerprint)
+    return carried, payload
+
+
+def _collecting(ledger: RunLedger, lease: Lease, step: Callable[[], Collected]) -> Collected:
+    """``step()`` (collect, then store or serialise) in the collect span; a failure ends the
+    attempt, gives back what the claim held for the call, and propagates."""
     with telemetry.span("idempotent_jobs.collect", lease_attributes(lease)):
         try:
-            payload = ledger.input_payload(collect())
+            return step()
         except BaseException as exc:
             end_attempt(ledger, lease, exc)
             release_hold(ledger, lease)
             raise
-    value = read_json(payload.text)
-    carried = replace(lease, stored_raw_input=value, input_fingerprint=payload.fingerprint)
-    return carried, payload
