@@ -2,6 +2,7 @@
 
 import json
 import threading
+import time
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,17 @@ def sent_statements(ledger: HarnessLedger, monkeypatch: "pytest.MonkeyPatch") ->
 
     monkeypatch.setattr(ledger._db, "fetch", counted)
     return sent
+
+
+def wait_for_checkpoint(ledger: HarnessLedger, run_id: str) -> dict[str, Any]:
+    """The run's checkpoint once it is stored (a model call's lease renewer stores the one
+    travelling with it a moment into the call); fails after 30 s."""
+    deadline = time.monotonic() + 30
+    while (record := ledger.get(run_id)) is None or record.raw_input is None:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the checkpoint of run {run_id} was never stored")
+        time.sleep(0.005)
+    return record.raw_input
 
 
 def expire_lease(db: psycopg.Connection, run_id: str) -> None:

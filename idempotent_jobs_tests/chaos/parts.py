@@ -60,16 +60,6 @@ def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def checkpoint_stored(ledger: Any, run_id: str) -> None:
-    """Return once the run's checkpoint is stored (a model call's lease renewer stores the one
-    travelling with it a moment into the call)."""
-    deadline = time.monotonic() + 30
-    while (record := ledger.get(run_id)) is None or record.raw_input is None:
-        if time.monotonic() > deadline:
-            raise AssertionError("the checkpoint travelling with the call was never stored")
-        time.sleep(0.005)
-
-
 def trial_identity(trial: int, hour: int = 9) -> Any:
     """The logical run of ``trial`` (another ``hour``: another run of the same subject)."""
     from idempotent_jobs import RunIdentity
@@ -129,6 +119,7 @@ def run_worker(spec: dict[str, Any]) -> None:
     """
     from idempotent_jobs import ModelAnswer, ModelUsage, TokenBudget, run_idempotent
     from idempotent_jobs.dagster.resources import WebhookChannel
+    from idempotent_jobs_tests.helpers import wait_for_checkpoint
     from idempotent_jobs_tests.ledgers import HarnessLedger
 
     # A session of its own: when a process of the runner's group exits and leaves that group
@@ -171,7 +162,7 @@ def run_worker(spec: dict[str, Any]) -> None:
         if crash == "checkpoint_in_flight":
             die()
         if crash == "during_model":
-            checkpoint_stored(ledger, identity.run_id)
+            wait_for_checkpoint(ledger, identity.run_id)
             die()
         if spec.get("provider_url"):  # a real model step against a faulty provider
             return provider_answer(spec, raw)
