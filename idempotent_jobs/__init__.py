@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from idempotent_jobs.core.identity import RunIdentity, stable_run_id
     from idempotent_jobs.core.json_values import UnreadableValue
     from idempotent_jobs.core.ledger import RunLedger
+    from idempotent_jobs.core.observers import EngineObserver, FailedAttempt, add_observer
     from idempotent_jobs.core.policy import CallPolicy
     from idempotent_jobs.core.protocol import ModelAnswer, RunOutcome, run_idempotent
     from idempotent_jobs.core.rate_limits import RateLimit
@@ -69,6 +70,9 @@ _HOMES = {
     "Budget": "budgets",
     "RateLimit": "rate_limits",
     "CallPolicy": "policy",
+    "EngineObserver": "observers",
+    "FailedAttempt": "observers",
+    "add_observer": "observers",
     "CallBook": "calls",
     "current_calls": "calls",
     "RunIdentity": "identity",
@@ -110,6 +114,8 @@ __all__ = [
     "CallOrigin",
     "Completion",
     "DeliveryReport",
+    "EngineObserver",
+    "FailedAttempt",
     "IdentityConflictError",
     "InvalidInputError",
     "JobConfig",
@@ -138,6 +144,7 @@ __all__ = [
     "StaleCandidateError",
     "TokenBudget",
     "UnreadableValue",
+    "add_observer",
     "current_calls",
     "run_idempotent",
     "stable_run_id",

@@ -27,10 +27,10 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-from idempotent_jobs.core import metrics
 from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.errors import LeaseLostError
 from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.observers import watch
 from idempotent_jobs.core.rate_limits import (
     MIN_POLL_SECONDS,
     RateGrant,
@@ -141,7 +141,7 @@ class CallBook:
             grant = ledger.acquire_rate(lease, rate, tokens)
         waited = time.monotonic() - started
         self.rate_wait_seconds += waited
-        metrics.record_lease_wait(waited, "rate_limited")
+        watch.waited(waited, "rate_limited")
 
     def paid(
         self, usage: ModelUsage | None, call: CallOutcome, error: BaseException | str
@@ -152,9 +152,7 @@ class CallBook:
         claim took the run over meanwhile)."""
         text = error if isinstance(error, str) else describe_error(error)
         if usage is not None:
-            metrics.count_tokens_not_accepted(
-                (usage.input_tokens or 0) + (usage.output_tokens or 0), usage.priced_model, call
-            )
+            watch.not_accepted(usage, call)
         if self.ledger is None or self.lease is None:
             self.turns.append(call)
             return call

@@ -7,12 +7,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TypeVar
 
-from idempotent_jobs.core import telemetry
 from idempotent_jobs.core.checks import JsonPayload
 from idempotent_jobs.core.json_values import read_json
 from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.observers import watch
 from idempotent_jobs.core.records import AdvanceHold, Lease
-from idempotent_jobs.core.steps import JSONDict, end_attempt, lease_attributes, release_hold
+from idempotent_jobs.core.steps import JSONDict, end_attempt, release_hold
 
 Collected = TypeVar("Collected")
 
@@ -29,7 +29,7 @@ def collect_once(
     (the collector, an input the ledger refuses) ends the attempt, gives back what the claim
     held for the call, and propagates."""
     if lease.stored_raw_input is not None:
-        telemetry.annotate_current(input_reused=True)
+        watch.reused("input")
         return lease
     return _collecting(ledger, lease, lambda: ledger.checkpoint(lease, collect(), hold=hold))
 
@@ -44,7 +44,7 @@ def collect_to_carry(
     the one the ledger would give back. A crash before either stores it loses only the
     collection: the next attempt collects again, and nothing was accepted."""
     if lease.stored_raw_input is not None:
-        telemetry.annotate_current(input_reused=True)
+        watch.reused("input")
         return lease, None
     payload = _collecting(ledger, lease, lambda: ledger.input_payload(collect()))
     value = read_json(payload.text)
@@ -53,9 +53,9 @@ def collect_to_carry(
 
 
 def _collecting(ledger: RunLedger, lease: Lease, step: Callable[[], Collected]) -> Collected:
-    """``step()`` (collect, then store or serialise) in the collect span; a failure ends the
+    """``step()`` (collect, then store or serialise) as the ``collect`` step; a failure ends the
     attempt, gives back what the claim held for the call, and propagates."""
-    with telemetry.span("idempotent_jobs.collect", lease_attributes(lease)):
+    with watch.step("collect", lease):
         try:
             return step()
         except BaseException as exc:

@@ -5,15 +5,14 @@ batch (:func:`accept_paid_answer`). A failure ends the attempt through
 :func:`~idempotent_jobs.core.steps.end_attempt`, as every step's does."""
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
-from idempotent_jobs.core import metrics, telemetry
 from idempotent_jobs.core.errors import (
     LeaseLostError,
     PaidCallError,
     StaleCandidateError,
 )
 from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.observers import watch
 from idempotent_jobs.core.records import (
     USAGE_PARTS,
     Basis,
@@ -28,12 +27,9 @@ from idempotent_jobs.core.steps import (
     JSONDict,
     believed_usage,
     call_outcome,
-    chat_span,
     checked_payload,
     end_attempt,
-    lease_attributes,
     unpack_answer,
-    usage_tokens,
 )
 from idempotent_jobs.core.usage import recordable_usage
 
@@ -58,7 +54,7 @@ def recorded_answer(ledger: RunLedger, lease: Lease, config: JobConfig) -> Bound
         caller_run_id=row["caller_run_id"],
         retry_number=row["retry_number"],
     )
-    telemetry.annotate_current(answer_reused=True)
+    watch.reused("answer")
     return BoundAnswer(
         output=row["answer"], usage=usage, basis=lease.basis, config=config, origin=origin
     )
@@ -74,7 +70,7 @@ def commit(
     :meth:`RunLedger.complete`). A lost lease or a stale basis raise as they are (the ledger
     recorded what it could); any other failure (a payload builder, a payload the ledger
     refuses) ends the attempt with the call ``rejected``."""
-    with telemetry.span("idempotent_jobs.commit", lease_attributes(lease)) as span:
+    with watch.step("commit", lease):
         try:
             messages = notifications(answer.output) if notifications is not None else None
             completion = ledger.complete(
@@ -90,7 +86,7 @@ def commit(
             )
         except (LeaseLostError, StaleCandidateError) as exc:
             lost = isinstance(exc, LeaseLostError)
-            _not_accepted(span, answer.usage, "lease_lost" if lost else "superseded")
+            watch.committed("lease_lost" if lost else "superseded", answer.usage)
             raise
         except BaseException as exc:
             end_attempt(
@@ -103,20 +99,9 @@ def commit(
                 carried=answer.carried_input,
             )
             raise
-        if completion.accepted:
-            telemetry.annotate(span, outcome="accepted")
-            metrics.count_run("executed")
-        else:  # another answer of this run was accepted first: this one is not
-            _not_accepted(span, answer.usage, "reused")
+        # Not accepted: another answer of this run was accepted first.
+        watch.committed("accepted" if completion.accepted else "reused", answer.usage)
         return completion
-
-
-def _not_accepted(span: Any, usage: ModelUsage | None, outcome: str) -> None:
-    telemetry.annotate(span, outcome=outcome)
-    metrics.count_run(outcome)
-    if usage is not None:
-        call = "stale" if outcome in ("superseded", "reused") else outcome
-        metrics.count_tokens_not_accepted(usage_tokens(usage), usage.priced_model, call)
 
 
 def accept_paid_answer(
@@ -135,16 +120,17 @@ def accept_paid_answer(
     provider's error for it (a :class:`PaidCallError` carries its usage). From there it goes the
     way :func:`~idempotent_jobs.core.steps.call_model` and :func:`commit` take every answer: the
     usage check, the output the ledger can store, ``validate``, the payload, the fenced commit on
-    ``basis``, telemetry and cost. A failure ends the attempt through :func:`end_attempt` (the
-    call ``failed`` or ``rejected``, recorded once; the lease and the hold given back) and
-    propagates; a lost lease or a stale basis raise as :func:`commit` raises them."""
+    ``basis``, what the engine's observers are told, and cost. A failure ends the attempt
+    through :func:`end_attempt` (the call ``failed`` or ``rejected``, recorded once; the lease
+    and the hold given back) and propagates; a lost lease or a stale basis raise as
+    :func:`commit` raises them."""
     answered = False
     usage: ModelUsage | None = None
-    with chat_span(lease, config) as span:
+    with watch.step("chat", lease, model=config.parts.get("model")):
         try:
             output, reported = unpack_answer(produce())
             answered = True
-            usage = believed_usage(span, reported)
+            usage = believed_usage(reported)
             payload = checked_payload(ledger, output, validate)
         except BaseException as exc:
             if isinstance(exc, PaidCallError):

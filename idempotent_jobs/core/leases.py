@@ -7,13 +7,12 @@
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
-from idempotent_jobs.core import metrics, telemetry
 from idempotent_jobs.core.batch_book import batch_holding
 from idempotent_jobs.core.errors import LeaseLostError, RunNotFoundError
 from idempotent_jobs.core.identity import RunIdentity
 from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.observers import WaitOutcome, watch
 from idempotent_jobs.core.records import AdvanceHold, CallOrigin, Lease, RunRecord
 
 MAX_POLL_SECONDS = 2.0
@@ -41,7 +40,7 @@ def acquire(
         lease = ledger.claim(run_id, worker_id, lease_seconds, origin=origin)
         if lease is not None:
             if waited:
-                metrics.record_lease_wait(time.monotonic() - began, "claimed")
+                watch.waited(time.monotonic() - began, "claimed")
             return lease
         record = ledger.get(run_id)
         if record is None:
@@ -50,8 +49,8 @@ def acquire(
         # A batch holds its runs for hours: stepping aside at once, not after the wait.
         if record.status == "completed" or remaining <= 0 or batch_holding(record.lease_owner):
             if waited:
-                outcome = "reused" if record.status == "completed" else "busy"
-                metrics.record_lease_wait(time.monotonic() - began, outcome)
+                ended: WaitOutcome = "reused" if record.status == "completed" else "busy"
+                watch.waited(time.monotonic() - began, ended)
             return record
         waited = True
         # Waiting on another process's lease: poll the database, backing off.
@@ -111,21 +110,13 @@ def claim_or_reuse(
         origin=origin,
         hold=hold,
     )
-    if isinstance(got, Reused):  # one short span, marked reused: no step span under it
-        telemetry.annotate_current(reused=True, outcome="reused")
-        metrics.count_run("reused")
-        return got
-    if not telemetry.tracing():
-        return got
-    attributes: dict[str, Any] = {"idempotent_jobs.outcome": "busy"}
-    if isinstance(got, Lease):
-        attributes["idempotent_jobs.outcome"] = "claimed"
-        attributes["idempotent_jobs.lease_epoch"] = got.epoch
-        attributes["idempotent_jobs.revision"] = got.revision
-        attributes["idempotent_jobs.handed_over"] = handed is not None and got.epoch == handed.epoch
-    else:
-        telemetry.annotate_current(outcome="busy")
-    telemetry.past_span("idempotent_jobs.claim", started, attributes)
+    lease = got if isinstance(got, Lease) else None
+    watch.claimed(
+        "reused" if isinstance(got, Reused) else "busy" if lease is None else "claimed",
+        lease,
+        started_ns=started,
+        handed_over=lease is not None and handed is not None and lease.epoch == handed.epoch,
+    )
     return got
 
 

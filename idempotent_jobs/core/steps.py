@@ -17,11 +17,9 @@ state, because it goes through the same :func:`end_attempt`:
 """
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from idempotent_jobs.core import metrics, telemetry
 from idempotent_jobs.core.calls import CallBook, keeping
 from idempotent_jobs.core.checks import JsonPayload
 from idempotent_jobs.core.drills import take_drill
@@ -39,6 +37,7 @@ from idempotent_jobs.core.errors import (
 )
 from idempotent_jobs.core.heartbeat import LeaseHeartbeat
 from idempotent_jobs.core.ledger import RunLedger
+from idempotent_jobs.core.observers import FailedAttempt, watch
 from idempotent_jobs.core.policy import NO_POLICY, CallPolicy
 from idempotent_jobs.core.records import (
     AdvanceHold,
@@ -125,10 +124,7 @@ def end_attempt(
         if isinstance(exc, DrilledFailure)
         else "failed"
     )
-    telemetry.annotate_current(outcome=outcome, **{"error.type": type(exc).__name__})
-    metrics.count_run("failed")
-    if call is not None and usage is not None:
-        metrics.count_tokens_not_accepted(usage_tokens(usage), usage.priced_model, call)
+    watch.attempt_failed(FailedAttempt(exc, outcome, call, usage))
     try:
         return ledger.fail(
             lease,
@@ -142,31 +138,12 @@ def end_attempt(
         return None
 
 
-def usage_tokens(usage: ModelUsage | None) -> int:
-    return 0 if usage is None else (usage.input_tokens or 0) + (usage.output_tokens or 0)
-
-
 def call_outcome(called: bool, answered: bool) -> CallOutcome | None:
     """How a model call ended when its step failed: not made (``None``), raised (``failed``),
     or answered and the answer refused (``rejected``)."""
     if not called:
         return None
     return "rejected" if answered else "failed"
-
-
-def lease_attributes(lease: Lease) -> dict[str, int]:
-    return {"idempotent_jobs.lease_epoch": lease.epoch, "idempotent_jobs.revision": lease.revision}
-
-
-def chat_span(lease: Lease, config: JobConfig) -> AbstractContextManager[Any]:
-    """The client span of one model call (OpenTelemetry's GenAI ``chat <model>``)."""
-    model_name = config.parts.get("model", "")
-    attributes: dict[str, str | int] = {
-        **lease_attributes(lease),
-        "gen_ai.operation.name": "chat",
-        "gen_ai.request.model": model_name,
-    }
-    return telemetry.span(f"chat {model_name}".strip(), attributes, client=True)
 
 
 def advance_hold(
@@ -190,14 +167,6 @@ def check_output(output: JSONDict, validate: Callable[[JSONDict], object] | None
     """Raise if ``validate`` raises or returns ``False`` (:class:`OutputRejectedError`)."""
     if validate is not None and validate(output) is False:
         raise OutputRejectedError()
-
-
-def _record_usage(span: Any, usage: ModelUsage | None) -> None:
-    """The call's usage on its span (GenAI attributes) and in the metrics."""
-    if usage is None:
-        return
-    telemetry.annotate(span, **metrics.usage_attributes(usage))
-    metrics.record_usage(usage)
 
 
 def call_model(
@@ -256,7 +225,7 @@ def call_model(
     usage: ModelUsage | None = None
     book = CallBook()
     with (
-        chat_span(lease, config) as span,
+        watch.step("chat", lease, model=config.parts.get("model")),
         LeaseHeartbeat(ledger, lease, heartbeat_seconds, carried_input) as heartbeat,
     ):
         budgeted = False
@@ -288,7 +257,7 @@ def call_model(
             with keeping(book):
                 output, reported = unpack_answer(model(raw_input))
             answered = True
-            usage = believed_usage(span, reported)
+            usage = believed_usage(reported)
             payload = checked_payload(ledger, output, validate)
         except BaseException as exc:
             if isinstance(exc, PaidCallError):  # the last request's cost, as the step knew it
@@ -312,9 +281,7 @@ def call_model(
             raise
     if heartbeat.lost:  # the call was paid for: record it though the run moved on
         ledger.record_lost_call(lease, usage, lease.revision, origin=origin)
-        metrics.count_run("lease_lost")
-        if usage is not None:
-            metrics.count_tokens_not_accepted(usage_tokens(usage), usage.priced_model, "lease_lost")
+        watch.call_lost(usage)
     heartbeat.raise_if_lost()
     answer = BoundAnswer(
         output=payload.value,
@@ -339,7 +306,7 @@ def call_model(
             )
             answer = replace(answer, cost=cost)
         except LeaseLostError:
-            metrics.count_run("lease_lost")
+            watch.call_lost(usage)  # the ledger recorded the call, as ``lease_lost``
             raise
         except BaseException as exc:  # not recorded: the answer must not travel on unpaid
             end_attempt(ledger, lease, exc, usage, call="rejected", origin=origin)
@@ -357,11 +324,12 @@ def checked_payload(
     return payload
 
 
-def believed_usage(span: Any, reported: ModelUsage | None) -> ModelUsage | None:
+def believed_usage(reported: ModelUsage | None) -> ModelUsage | None:
     """The usage an answer reported, once believable (:class:`UsageRejectedError` otherwise),
-    on the call's span and in the metrics."""
+    told to the engine's observers (inside the call's ``chat`` step)."""
     usage = check_usage(reported)
-    _record_usage(span, usage)
+    if usage is not None:
+        watch.answered(usage)
     return usage
 
 

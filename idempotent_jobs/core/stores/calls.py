@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 from psycopg.rows import dict_row
 
-from idempotent_jobs.core import metrics
 from idempotent_jobs.core.checks import (
     JsonPayload,
     fence_params,
@@ -25,6 +24,7 @@ from idempotent_jobs.core.errors import (
     LeaseLostError,
 )
 from idempotent_jobs.core.json_values import dump_json_object
+from idempotent_jobs.core.observers import watch
 from idempotent_jobs.core.records import (
     Basis,
     CallOrigin,
@@ -245,20 +245,22 @@ class CallsStore(Store):
         return cast(CallOutcome, rows[0][0])
 
     def count_cost(self, money: Any, usage: ModelUsage | None, *, added: bool = False) -> None:
-        """The money a recording statement returned, in the metrics (never priced here).
+        """The money a recording statement returned, told to the engine's observers (never priced
+        here).
         ``added``: the statement added the call's row, so a call with no usage known is counted
         in doubt (the ledger's own rule, migration 0020)."""
         if usage is None or usage.unknown:
             if added:
-                metrics.count_call_in_doubt(usage.priced_model if usage else None)
+                watch.in_doubt(usage)
             return
         if money is None:
             return
         try:
             currency = self._prices.currency()
-        except Exception:  # an outage: the metric is left out, the call is recorded
+        except Exception:  # an outage: the observers are not told, the call is recorded
             return
-        metrics.record_cost(money, currency, usage.priced_model)
+        if currency is not None:
+            watch.priced(Decimal(money), currency, usage)
 
     def model_calls(self, run_id: str) -> list[ModelCallRecord]:
         """Every recorded model call of the run, oldest first (see :class:`CallCosts`)."""

@@ -4,9 +4,9 @@
 from collections.abc import Callable, Collection
 from typing import Any
 
-from idempotent_jobs.core import metrics, telemetry
 from idempotent_jobs.core.checks import check_job_names, check_limit
 from idempotent_jobs.core.error_text import describe_error, safe_text
+from idempotent_jobs.core.observers import watch
 from idempotent_jobs.core.records import DeliveryReport, OutboxRecord
 from idempotent_jobs.core.rows import record_row
 from idempotent_jobs.core.stores.base import Store
@@ -34,13 +34,12 @@ class OutboxStore(Store):
         through its channels); the report counts, by job, the pending rows it left.
         ``None`` sends every job's rows (the caller routes each row by its ``job_name``).
         """
-        with telemetry.span("idempotent_jobs.deliver") as span:
+        with watch.step("deliver", None):
             report = self._deliver(send, run_id, limit, job_names)
-            telemetry.annotate(span, delivered=len(report.delivered), failed=len(report.failed))
-        for row in report.delivered:
-            metrics.count_notification(row.channel, "delivered")
-        for row, _ in report.failed:
-            metrics.count_notification(row.channel, "failed")
+            watch.delivered(
+                [row.channel for row in report.delivered],
+                [row.channel for row, _ in report.failed],
+            )
         return report
 
     def _deliver(
