@@ -23,9 +23,10 @@ dev: install
 	$(BIN)/idempotent-jobs dev
 
 # The whole suite (unit, ledger, dagster, system) on two processes (pytest-xdist), a test file per
-# process at a time; the harnesses run whole are `make proof`'s.
+# process at a time, dearest first (conftest.py's order; xdist's own reorder by test count is
+# turned off); the harnesses run whole are `make proof`'s.
 test: install lint chromium tools
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 # The fast lane, on two processes: lint, and the unit tests (no database) and the ledger tests
 # (a real PostgreSQL, no Dagster), but those marked slow. `make test` adds idempotent_jobs_tests/

@@ -496,24 +496,32 @@ def pgbouncer_cost(url: str, runs: int) -> None:
 
 
 def telemetry_cost(url: str, runs: int) -> None:
-    """What the OpenTelemetry instrumentation costs the whole call: off
-    (``IDEMPOTENT_JOBS_TELEMETRY=off``), the API only with no SDK (what every user without
-    OpenTelemetry runs), and an SDK with an in-memory span exporter and metric reader;
-    interleaved block by block in one process."""
+    """What the OpenTelemetry instrumentation costs the whole call: no observer of the engine at
+    all (``none``: the telemetry observer removed), off (``IDEMPOTENT_JOBS_TELEMETRY=off``), the
+    API only with no SDK (what every user without OpenTelemetry runs), and an SDK with an
+    in-memory span exporter and metric reader; interleaved block by block in one process."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from idempotent_jobs.core import telemetry
+    from idempotent_jobs.core import observers, telemetry
     from testkit.otel import installed
 
     times: dict[str, dict[str, list[float]]] = {
-        k: {"new": [], "reused": []} for k in ("off", "api", "sdk")
+        k: {"new": [], "reused": []} for k in ("none", "off", "api", "sdk")
     }
     with RunLedger(url, pool_min_size=1, pool_max_size=1) as ledger:
         _timed_calls(ledger, "otel-warm", 40)
         for block in range(runs // 20):
-            for name in ("off", "api", "sdk"):
+            for name in ("none", "off", "api", "sdk"):
                 telemetry.enabled = name != "off"
                 tag = f"otel-{name}-{block}"
-                if name == "sdk":
+                if name == "none":
+                    watching = observers.current_observers()
+                    for observer in watching:  # the engine with nobody watching it
+                        observers.remove_observer(observer)
+                    times[name]["new"] += _timed_calls(ledger, tag, 20)
+                    times[name]["reused"] += _timed_calls(ledger, tag, 20)
+                    for observer in watching:
+                        observers.add_observer(observer)
+                elif name == "sdk":
                     with installed() as otel:
                         times[name]["new"] += _timed_calls(ledger, tag, 20)
                         times[name]["reused"] += _timed_calls(ledger, tag, 20)
@@ -523,7 +531,14 @@ def telemetry_cost(url: str, runs: int) -> None:
                     times[name]["reused"] += _timed_calls(ledger, tag, 20)
         telemetry.enabled = True
     for kind in ("new", "reused"):
+        none = pct(times["none"][kind], 0.5)
         base = pct(times["off"][kind], 0.5)
+        row(
+            f"whole call, {kind} run, telemetry off, its observer told (p50)",
+            f"{base * 1e3:.3f} ms = {base / none - 1:+.1%}",
+            f"no observer {none * 1e3:.3f} ms; no target",
+            "-",
+        )
         api = pct(times["api"][kind], 0.5)
         sdk = pct(times["sdk"][kind], 0.5)
         overhead = api / base - 1

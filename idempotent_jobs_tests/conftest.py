@@ -36,7 +36,9 @@ def by_cost(item: pytest.Item) -> int:
     """The cost tier of a test's folder: the dearest run first. `make test` hands whole files to
     two processes as each frees up (pytest-xdist's ``loadfile``), so the longest files must go
     first: collected last, a system file of two minutes keeps one process busy while the other
-    has nothing left to take."""
+    has nothing left to take. The Makefile passes ``--no-loadscope-reorder``: by default xdist
+    reorders the files by their number of tests, which puts the browser's one test of two
+    minutes last of all."""
     parts = item.path.parts
     return next((n for n, tier in enumerate(COST_TIERS) if tier in parts), len(COST_TIERS))
 

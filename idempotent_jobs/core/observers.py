@@ -117,12 +117,13 @@ def add_observer(observer: EngineObserver) -> Callable[[], None]:
     if not isinstance(observer, EngineObserver):
         raise TypeError(f"observer: must be an EngineObserver, got {type(observer).__name__}")
     _observers = (*_observers, observer)
+    return lambda: remove_observer(observer)
 
-    def remove() -> None:
-        global _observers
-        _observers = tuple(o for o in _observers if o is not observer)
 
-    return remove
+def remove_observer(observer: EngineObserver) -> None:
+    """Tell ``observer`` nothing more (nothing happens when it was not added)."""
+    global _observers
+    _observers = tuple(o for o in _observers if o is not observer)
 
 
 def current_observers() -> tuple[EngineObserver, ...]:
