@@ -198,8 +198,9 @@ def test_price_history_is_append_only(ledger: HarnessLedger, db: psycopg.Connect
             (Decimal(5), False),
         ]
         assert [c[2] for c in _calls(db)] == [Decimal("0.002")]
-        # A price from now on applies to later calls only.
-        admin.set_price("m1", "4", "4")
+        # A price from now on applies to later calls only. Set by no named user (no $USER, as
+        # in a container), it says which database role set it.
+        assert admin.set_price("m1", "4", "4").set_by == db.info.user
         run_idempotent(
             ledger,
             _ident("later"),

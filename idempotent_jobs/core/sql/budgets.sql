@@ -56,7 +56,7 @@ WITH added AS (
   INSERT INTO {schema}.spend_budgets AS b (budget_id, scope, scope_name, unit, period, amount,
     jobs, declared_by, set_by)
   VALUES (%(budget_id)s, %(scope)s, %(scope_name)s, %(unit)s, %(period)s, %(amount)s,
-    %(jobs)s::text[], 'operator', %(set_by)s)
+    %(jobs)s::text[], 'operator', COALESCE(%(set_by)s, session_user))
   ON CONFLICT (budget_id) DO UPDATE SET amount = EXCLUDED.amount, jobs = EXCLUDED.jobs,
     declared_by = 'operator', set_at = now(), set_by = EXCLUDED.set_by
   RETURNING b.budget_id, xmax = 0 AS inserted, CASE WHEN xmax = 0

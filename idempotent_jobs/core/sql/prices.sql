@@ -39,7 +39,7 @@ WITH currency AS (
   SELECT %(model_pattern)s, %(match_kind)s, %(tier)s, at.t, %(currency)s,
     %(input_per_million)s, %(output_per_million)s, %(cache_read_per_million)s,
     %(cache_write_per_million)s, %(cache_write_1h_per_million)s, %(reasoning_per_million)s,
-    %(set_by)s, at.past
+    COALESCE(%(set_by)s, session_user), at.past
   FROM at, blocked WHERE blocked.blocked_at IS NULL
   RETURNING p.*
 ), repriced AS (
