@@ -1,15 +1,16 @@
 """The four ops of an idempotent job: thin module-level steps around the core's.
 
-Each step function takes the op's context and the job's :class:`IdempotentJobSpec`, so it can be
-called directly in a test with ``build_op_context``; :func:`build_ops` wraps them as ops named
-for the job. The work is the core's (:mod:`idempotent_jobs.core.steps`), the same steps
+Each step function takes the op's :class:`~idempotent_jobs.dagster.op_frame.OpFrame` (its
+context, the job's :class:`IdempotentJobSpec` and the ledger, and what follows from them, worked
+out once), so it can be called directly in a test with ``build_op_context``;
+:func:`build_ops` wraps them as ops named for the job. The work is the core's
+(:mod:`idempotent_jobs.core.steps`), the same steps
 :func:`~idempotent_jobs.core.protocol.run_idempotent` composes: a failure ends the attempt the
 same way through either. :func:`~idempotent_jobs.core.leases.claim_or_reuse` decides whether a
 step works (under a lease), reports a completed run's result, or stops because another worker
 holds the run. Between ops travels a frozen :class:`Ticket`.
 """
 
-import uuid
 from typing import Any
 
 import dagster as dg
@@ -32,7 +33,6 @@ from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.records import (
     AdvanceHold,
     CallCosts,
-    CallOrigin,
     Completion,
     JobConfig,
     Lease,
@@ -44,7 +44,8 @@ from idempotent_jobs.core.steps import (
     end_attempt,
 )
 from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
-from idempotent_jobs.dagster.resources import Collector, ModelStep, NotificationChannel, StepContext
+from idempotent_jobs.dagster.op_frame import OpFrame
+from idempotent_jobs.dagster.resources import Collector, NotificationChannel, StepContext
 from idempotent_jobs.dagster.step_reports import (
     budget_metadata,
     busy_error,
@@ -57,35 +58,8 @@ from idempotent_jobs.dagster.ticket import StepResult, Ticket
 from idempotent_jobs.models.errors import ProviderError
 
 
-def _origin(context: dg.OpExecutionContext) -> CallOrigin:
-    """The Dagster run and op making a claim or a model call, and the op's retry."""
-    return CallOrigin(
-        caller_step=context.op.name,
-        caller_run_id=context.run_id,
-        retry_number=context.retry_number,
-    )
-
-
-def _worker_id(context: dg.OpExecutionContext) -> str:
-    """Unique per op execution, readable in the ledger: Dagster run, op, retry, random."""
-    return (
-        f"dagster:{context.run_id}:{context.op.name}:{context.retry_number}:{uuid.uuid4().hex[:6]}"
-    )
-
-
-def _identity(context: dg.OpExecutionContext, spec: IdempotentJobSpec) -> RunIdentity:
-    return spec.identity_for(context.partition_key)
-
-
-def _model(context: dg.OpExecutionContext, spec: IdempotentJobSpec) -> ModelStep:
-    model: ModelStep = getattr(context.resources, spec.model)
-    return model
-
-
 def lease_for(
-    context: dg.OpExecutionContext,
-    spec: IdempotentJobSpec,
-    ledger: RunLedger,
+    frame: OpFrame,
     run: RunIdentity | str,
     handed: Lease | None,
     config: JobConfig,
@@ -95,13 +69,13 @@ def lease_for(
     another worker still holds the run after the spec's wait. ``hold``: reserved with the
     takeover of ``handed``."""
     got = claim_or_reuse(
-        ledger,
+        frame.ledger,
         run,
-        _worker_id(context),
-        spec.lease_seconds,
+        frame.worker_id,
+        frame.spec.lease_seconds,
         handed=handed,
-        wait_seconds=spec.holder_wait_seconds,
-        origin=_origin(context),
+        wait_seconds=frame.spec.holder_wait_seconds,
+        origin=frame.origin,
         hold=hold,
     )
     if isinstance(got, Busy):
@@ -115,30 +89,25 @@ def lease_for(
     return got
 
 
-def collect_step(context: dg.OpExecutionContext, spec: IdempotentJobSpec) -> Ticket:
+def collect_step(frame: OpFrame) -> Ticket:
     """Register the run, take its lease and checkpoint the collected input (once)."""
-    identity = _identity(context, spec)
-    ledger: RunLedger = context.resources.ledger
-    collector: Collector = getattr(context.resources, spec.collector)
-    config = spec.config_of(_model(context, spec))
-    lease = lease_for(context, spec, ledger, identity, None, config)
+    context, identity = frame.context, frame.identity
+    collector: Collector = getattr(context.resources, frame.spec.collector)
+    lease = lease_for(frame, identity, None, frame.config)
     if isinstance(lease, Ticket):
         return report(context, lease)
     reused_input = lease.stored_raw_input is not None
-    lease = collect_once(ledger, lease, lambda: collector.collect(identity))
+    lease = collect_once(frame.ledger, lease, lambda: collector.collect(identity))
     result = StepResult.INPUT_REUSED if reused_input else StepResult.COLLECTED
     return report(context, Ticket.under(lease, context.run_id, result))
 
 
-def transform_step(
-    context: dg.OpExecutionContext, spec: IdempotentJobSpec, collected: Ticket
-) -> Ticket:
+def transform_step(frame: OpFrame, collected: Ticket) -> Ticket:
     """Call the model on the checkpointed input (read from the ledger) under a live lease."""
+    context, spec, ledger = frame.context, frame.spec, frame.ledger
     if collected.completed:
         return report(context, collected)
-    ledger: RunLedger = context.resources.ledger
-    model = _model(context, spec)
-    config = spec.config_of(model)
+    model, config = frame.model, frame.config
     handed = collected.handed_lease(context.run_id)
     # A first attempt goes straight to the call: its worst case rides on the takeover. A later
     # one may find the answer recorded and make no call, so it reserves only if it calls.
@@ -147,7 +116,7 @@ def transform_step(
         if handed is not None and handed.attempts <= 1 and context.retry_number == 0
         else None
     )
-    lease = lease_for(context, spec, ledger, collected.run_id, handed, config, hold)
+    lease = lease_for(frame, collected.run_id, handed, config, hold)
     if isinstance(lease, Ticket):
         return report(context, lease)
     if lease.attempts > 1 or context.retry_number > 0:  # an earlier attempt may have paid
@@ -155,9 +124,7 @@ def transform_step(
         if recorded is not None:
             ticket = Ticket.under(lease, context.run_id, StepResult.ANSWER_REUSED, recorded)
             return report(context, ticket, recorded.usage)
-    step = StepContext(
-        _identity(context, spec), spec.prompt, lease.run_id, context.run_id, context.op.name
-    )
+    step = StepContext(frame.identity, spec.prompt, lease.run_id, context.run_id, context.op.name)
     try:
         answer = call_model(
             ledger,
@@ -165,11 +132,11 @@ def transform_step(
             lambda raw_input: model.generate(raw_input, step),
             validate=spec.validate,
             config=config,
-            origin=_origin(context),
+            origin=frame.origin,
             heartbeat_seconds=spec.lease_seconds / 3,
             # Declared inside the call's guard: a ledger that cannot take the job's budgets or
             # limits ends the attempt (lease given back, no call recorded).
-            policy=spec.call_policy,
+            policy=frame.policy,
             announces_requests=bool(getattr(model, "announces_requests", False)),
             record_answer=True,  # before the answer goes to the IO manager
         )
@@ -233,13 +200,9 @@ def _commit_or_fail(
         ) from None
 
 
-def persist_step(
-    context: dg.OpExecutionContext,
-    spec: IdempotentJobSpec,
-    transformed: Ticket,
-    ledger: RunLedger,
-) -> Ticket:
+def persist_step(frame: OpFrame, transformed: Ticket) -> Ticket:
     """Commit the answer, its usage and the outbox rows in one transaction."""
+    context, spec, ledger = frame.context, frame.spec, frame.ledger
     if transformed.completed:
         return report(context, transformed)
     answer: BoundAnswer | None = transformed.answer
@@ -250,7 +213,7 @@ def persist_step(
             end_attempt(ledger, handed_over, missing)
         raise missing
     run_id = transformed.run_id
-    identity = _identity(context, spec)
+    identity = frame.identity
     completion: Completion | None = None
     ticket = transformed
     handed = transformed.handed_lease(context.run_id)
@@ -263,7 +226,7 @@ def persist_step(
         # The handed lease was lost, or this is a re-execution: claim, then commit the answer
         # this run already paid for (first commit wins), but only on the revision and
         # checkpoint it was computed on.
-        lease = lease_for(context, spec, ledger, run_id, None, answer.config)
+        lease = lease_for(frame, run_id, None, answer.config)
         if isinstance(lease, Ticket):
             return report(context, lease, costs=CallCosts.of(ledger.model_calls(run_id)))
         completion = _commit_or_fail(ledger, spec, identity, lease, answer)
@@ -316,8 +279,9 @@ def build_ops(
     )
     def collect(context: dg.OpExecutionContext) -> Ticket:
         """Register the run, take its lease and checkpoint the collected input (once)."""
-        with step_span(context, spec) as span:
-            return traced(span, collect_step(context, spec))
+        frame = OpFrame.of(context, spec)
+        with step_span(frame) as span:
+            return traced(span, collect_step(frame))
 
     @dg.op(
         name=f"{spec.name}_transform",
@@ -328,16 +292,18 @@ def build_ops(
     )
     def transform(context: dg.OpExecutionContext, collected: Ticket) -> Ticket:
         """Call the model on the checkpointed input (read from the ledger) under a live lease."""
-        with step_span(context, spec) as span:
-            return traced(span, transform_step(context, spec, collected))
+        frame = OpFrame.of(context, spec)
+        with step_span(frame) as span:
+            return traced(span, transform_step(frame, collected))
 
     @dg.op(name=f"{spec.name}_persist", out=ticket, tags={"kind": "ledger"})
     def persist(
         context: dg.OpExecutionContext, transformed: Ticket, ledger: dg.ResourceParam[RunLedger]
     ) -> Ticket:
         """Commit the answer, its usage and the outbox rows in one transaction."""
-        with step_span(context, spec) as span:
-            return traced(span, persist_step(context, spec, transformed, ledger))
+        frame = OpFrame.of(context, spec, ledger)
+        with step_span(frame) as span:
+            return traced(span, persist_step(frame, transformed))
 
     @dg.op(
         name=f"{spec.name}_deliver",
@@ -347,7 +313,7 @@ def build_ops(
     )
     def deliver(context: dg.OpExecutionContext, persisted: Ticket) -> None:
         """Send this run's undelivered outbox rows, once each, keyed ``<run_id>:<channel>``."""
-        with step_span(context, spec):
+        with step_span(OpFrame.of(context, spec)):
             deliver_step(context, persisted)
 
     return collect, transform, persist, deliver

@@ -16,18 +16,20 @@ import dagster as dg
 
 from idempotent_jobs.core import telemetry
 from idempotent_jobs.core.errors import LedgerError
-from idempotent_jobs.dagster.job_spec import IdempotentJobSpec
+from idempotent_jobs.core.identity import RunIdentity
+from idempotent_jobs.dagster.op_frame import OpFrame
 
 
 @contextmanager
-def step_span(context: dg.OpExecutionContext, spec: IdempotentJobSpec) -> Iterator[Any]:
+def step_span(frame: OpFrame) -> Iterator[Any]:
     """The span of this Dagster step (``None`` without an SDK), with the step's ledger run as
     the run scope of everything under it."""
     if not telemetry.active():  # no SDK: nothing to name
         yield None
         return
+    context = frame.context
     try:
-        identity = spec.identity_for(context.partition_key)
+        identity: RunIdentity | None = frame.identity
     except (LedgerError, dg.DagsterInvariantViolationError):
         identity = None
     scope = (

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from idempotent_jobs import ModelAnswer, ModelUsage, RunIdentity
 from idempotent_jobs.core.admin import LedgerAdmin
 from idempotent_jobs.core.constants import DATABASE_URL_ENV
-from idempotent_jobs.dagster import RunLedgerResource, build_idempotent_job
+from idempotent_jobs.dagster import IdempotentJobSpec, RunLedgerResource, build_idempotent_job
 from idempotent_jobs.dagster.resources import Collector, JsonLinesChannel, ModelStep, StepContext
 from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.dagster_harness import DagsterTestEnv
@@ -161,3 +161,24 @@ def test_metrics_reach_prometheus_through_the_exporter(
     delivered = {"idempotent_jobs_channel": "report_file", "idempotent_jobs_outcome": "delivered"}
     assert value("idempotent_jobs_notifications_total", **delivered) == 1
     assert "idempotent_jobs_run_id" not in scrape  # low cardinality: never a run id
+
+
+def test_each_op_works_out_its_run_identity_once(
+    dagster_env: DagsterTestEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An op's frame (``dagster/op_frame.py``) asks the spec for the partition's identity once,
+    for its span, its claim, its model's step context and its commit alike."""
+    asked: list[str] = []
+    identity_for = IdempotentJobSpec.identity_for
+
+    def counted(spec: IdempotentJobSpec, partition_key: str) -> RunIdentity:
+        asked.append(partition_key)
+        return identity_for(spec, partition_key)
+
+    monkeypatch.setattr(IdempotentJobSpec, "identity_for", counted)
+    with installed():  # with an SDK, each step's span asks too
+        result = _run(dagster_env)
+    assert result.success
+    retried = [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
+    # collect, transform and its retry, persist, deliver: one question each
+    assert len(retried) == 1 and asked == ["support|2026-08-07"] * 5
