@@ -3,6 +3,7 @@ dagster.yaml) and the test code location in ``dagster_defs``."""
 
 import json
 import logging
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -84,8 +85,32 @@ def workspace(
         working_directory=str(PROJECT_ROOT),
         location_name=LOCATION,
     )
-    with create_test_daemon_workspace_context(target, instance) as context:
+    with _process_logging_kept(), create_test_daemon_workspace_context(target, instance) as context:
         yield context
+
+
+#: The loggers Dagster's ``configure_loggers`` sets up (for its daemon, webserver and CLIs).
+_DAGSTER_LOGGERS = ("dagster", "dagit", "dagster-webserver")
+
+
+@contextmanager
+def _process_logging_kept() -> Iterator[None]:
+    """Leave the process's logging and warnings as they were: the daemon's workspace context
+    runs Dagster's ``configure_loggers``, which binds the ``dagster`` logger to the
+    ``sys.stdout`` of that moment (a test's capture, closed when the test ends) and replaces
+    ``warnings.showwarning``. Left so, a later test in this process that logs through Dagster
+    prints ``--- Logging error ---`` with a traceback to its stderr."""
+    loggers = [logging.getLogger(name) for name in _DAGSTER_LOGGERS]
+    saved = [(lg.handlers[:], lg.level, lg.propagate, lg.disabled) for lg in loggers]
+    showwarning = warnings.showwarning
+    try:
+        yield
+    finally:
+        warnings.showwarning = showwarning
+        for logger, (handlers, level, propagate, disabled) in zip(loggers, saved, strict=True):
+            logger.handlers[:] = handlers
+            logger.setLevel(level)
+            logger.propagate, logger.disabled = propagate, disabled
 
 
 def graphql(context: WorkspaceProcessContext, query: str, variables: dict[str, Any]) -> Any:

@@ -2,6 +2,8 @@
 in a clean pair."""
 
 import dataclasses
+import logging
+import warnings
 
 import dagster as dg
 import psycopg
@@ -194,3 +196,16 @@ def test_many_drifted_runs_are_listed_up_to_a_cap(
         )
         == []
     )
+
+
+def test_a_workspace_leaves_the_process_logging_as_it_found_it(
+    dagster_env: DagsterTestEnv,
+) -> None:
+    """Dagster's daemon workspace configures its loggers on the ``sys.stdout`` of the moment
+    (this test's capture) and its own ``warnings.showwarning``: both are put back as it ends, or
+    a later test in this process that logs through Dagster gets a closed stream."""
+    dagster_logger = logging.getLogger("dagster")
+    before = (dagster_logger.handlers[:], dagster_logger.level, warnings.showwarning)
+    with dagster_instance(dagster_env) as instance, workspace(instance):
+        assert dagster_logger.handlers != before[0]  # configured for the daemon meanwhile
+    assert (dagster_logger.handlers, dagster_logger.level, warnings.showwarning) == before
