@@ -3,7 +3,8 @@ budget against a provider that answers 429, 500 and 400, times out after the req
 cuts answers off, or answers well, while an operator changes the model's price with requests
 in flight (inside the provider's handler, so the request was admitted at the old price).
 
-Invariants: spend plus what is in doubt never passes the budget; nothing is left held (no
+Invariants: spend plus what is in doubt never passes the budget (nor grows, when the day's
+spend before the budget was set had passed it: the trial's token part's calls count); nothing is left held (no
 budget hold, nothing reserved, no run leased); every request the provider received is one
 recorded call; the budget's counter is the money the calls were recorded with (the calls the
 provider answered with an error at 0) and what `runs show` says they cost, to the cent; what is
@@ -144,7 +145,10 @@ class MoneyTrials:
             if json.loads(r.body["messages"][1]["content"]).get("trial") == trial
         )
         problems = verdict.problems
-        if spent + in_doubt > CAP:
+        # The budget started with the day's spend of its subject so far (the trial's token
+        # part's calls, at their admitted price): what this part added never passes the cap,
+        # and adds nothing when that spend had passed it already.
+        if spent + in_doubt > max(CAP, spent_before):
             problems.append(f"money: {spent} spent and {in_doubt} in doubt of a {CAP} budget")
             problems.append(f"money: before the trial {spent_before}; calls {self._calls(run_ids)}")
         if reserved != 0 or holds[0] or held[0]:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from idempotent_jobs import (
+    Budget,
     InvalidInputError,
     JobConfig,
     LedgerAdmin,
@@ -252,3 +253,27 @@ def test_a_call_with_no_usage_or_no_price_shows_unknown(ledger: HarnessLedger) -
         [spend] = admin.spend_by_job()
         # In doubt: counted apart, and no part of the money (which is known: nothing else).
         assert spend.unknown_calls == 1 and spend.priced and spend.cost is None
+
+
+@pytest.mark.parametrize("held_by", ["claim", "call"])
+def test_a_call_admitted_before_its_model_was_known_is_priced_by_the_model_it_used(
+    ledger: HarnessLedger, held_by: str
+) -> None:
+    """A tokens budget's hold taken with no model named (``run_idempotent`` with no ``model`` in
+    its configuration: the claim's hold, or the call's own) fixed no price: the call is priced
+    by the price in force for the model it reported when it was admitted, not left unpriced."""
+    ident = identity(subject=f"unnamed-{held_by}")
+    with LedgerAdmin.beside(ledger) as admin:
+        admin.set_price("m-used", "2", "10", effective_from=LONG_AGO)
+        admin.set_budget(Budget(amount=10**6), job_name=ident.job_name)
+        run_idempotent(
+            ledger,
+            ident,
+            collect=lambda i: {"x": 1},
+            transform=lambda raw: ModelAnswer({"summary": "ok"}, ModelUsage("m-used", 1000, 100)),
+            max_tokens_per_call=2000 if held_by == "claim" else None,
+        )
+        # 1000 x 2 + 100 x 10 per million tokens
+        assert _money(admin, ident.run_id) == [Decimal("0.003")]
+        admin.set_price("m-used", "7", "7")  # later: it reprices nothing
+        assert _money(admin, ident.run_id) == [Decimal("0.003")]
