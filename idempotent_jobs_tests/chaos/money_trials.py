@@ -4,8 +4,8 @@ cuts answers off, or answers well, while an operator changes the model's price w
 in flight (inside the provider's handler, so the request was admitted at the old price).
 
 Invariants: spend plus what is in doubt never passes the budget (nor grows, when the day's
-spend before the budget was set had passed it: the trial's token part's calls count); nothing is left held (no
-budget hold, nothing reserved, no run leased); every request the provider received is one
+spend before the budget was set had passed it: the trial's token part's calls count); nothing
+is left held (no budget hold, nothing reserved, no run leased); every request the provider received is one
 recorded call; the budget's counter is the money the calls were recorded with (the calls the
 provider answered with an error at 0) and what `runs show` says they cost, to the cent; what is
 in doubt is what the calls in doubt hold; and
