@@ -3,14 +3,16 @@ budget against a provider that answers 429, 500 and 400, times out after the req
 cuts answers off, or answers well, while an operator changes the model's price with requests
 in flight (inside the provider's handler, so the request was admitted at the old price).
 
-Invariants: spend plus what is in doubt never passes the budget (nor grows, when the day's
-spend before the budget was set had passed it: the trial's token part's calls count); nothing
-is left held (no budget hold, nothing reserved, no run leased); every request the provider received is one
-recorded call; the budget's counter is the money the calls were recorded with (the calls the
-provider answered with an error at 0) and what `runs show` says they cost, to the cent; what is
-in doubt is what the calls in doubt hold; and
-once an operator settles each call in doubt as not billed, nothing is in doubt and the spend
-is unchanged.
+Invariants:
+- spend plus what is in doubt never passes the budget (nor grows, when the day's spend before
+  the budget was set had passed it: the calls of the trial's token part count);
+- nothing is left held (no budget hold, nothing reserved, no run leased);
+- every request the provider received is one recorded call;
+- the budget's counter is the money the calls were recorded with (the calls the provider
+  answered with an error at 0) and what `runs show` says they cost, to the cent;
+- what is in doubt is what the calls in doubt hold;
+- once an operator settles each call in doubt as not billed, nothing is in doubt and the spend
+  is unchanged.
 """
 
 import json
