@@ -115,20 +115,22 @@ def launch_partition_from_ui(page: Page, url: str, partition: str, outcome: str 
     page.goto(f"{url}/locations/idempotent_jobs/jobs/competitor_summary/playground")
     box = page.get_by_placeholder("Partition")
     box.wait_for(timeout=60_000)
-    # The newsletter dialog may show while the partition is typed, and its dismissal closes
-    # the suggestion list: type it again then. The list waits for the partition keys, which a
+    # The newsletter dialog may show while the partition is typed or chosen, and its dismissal
+    # closes the suggestion list (the Enter then chooses nothing): type it again then, until
+    # the partition's tags show it chosen. The list waits for the partition keys, which a
     # loaded CI machine (the rest of the suite on the other core) has taken over 20 s to serve.
+    chosen = page.get_by_text(f"partition/subject: {partition.split('|')[0]}")
     for attempt in range(3):
         box.click()
         box.fill(partition)
         try:
             page.get_by_text(partition, exact=True).first.wait_for(timeout=40_000)
+            box.press("Enter")
+            chosen.wait_for(timeout=30_000)
             break
         except PlaywrightTimeoutError:
             if attempt == 2:
                 raise
-    box.press("Enter")
-    page.get_by_text(f"partition/subject: {partition.split('|')[0]}").wait_for(timeout=30_000)
     page.get_by_role("button", name="Launch Run").click()
     page.wait_for_url("**/runs/**", timeout=60_000)
     page.get_by_text(outcome, exact=True).first.wait_for(timeout=180_000)
