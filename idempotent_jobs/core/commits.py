@@ -99,7 +99,7 @@ def commit(
                 carried=answer.carried_input,
             )
             raise
-        # Not accepted: another answer of this run was accepted first.
+        # `reused`: another answer of this run was accepted first, and this one is not.
         watch.committed("accepted" if completion.accepted else "reused", answer.usage)
         return completion
 
