@@ -138,7 +138,9 @@ def test_no_request_is_sent_for_a_run_another_worker_took_over(
             model,
             config=JobConfig(),
             origin=CallOrigin(caller_step="transform"),
-            heartbeat_seconds=0.05,
+            # Longer than the test: a renewal between the expiry and the takeover would win the
+            # lease back, and the fence is what this test is about.
+            heartbeat_seconds=30,
         )
     assert "second" not in sent
     # The paid request is in the books, as a call of a lost lease.
