@@ -52,6 +52,19 @@ def expire_lease(db: psycopg.Connection, run_id: str) -> None:
     )
 
 
+def take_over(ledger: HarnessLedger, db: psycopg.Connection, run_id: str, worker: str) -> Lease:
+    """Another worker takes the run over: its lease expired (:func:`expire_lease`), then
+    claimed by ``worker``. The holder's heartbeat may renew the lease between the two; each
+    such renewal is followed by another expiry, so the takeover lands whatever the heartbeat's
+    interval (a handful of tries at most, not a wait)."""
+    for _ in range(50):
+        expire_lease(db, run_id)
+        lease = ledger.claim(run_id, worker, 30)
+        if lease is not None:
+            return lease
+    raise AssertionError(f"{worker} could not take {run_id} over in 50 tries")
+
+
 def count(db: psycopg.Connection, table: str, run_id: str) -> int:
     row = db.execute(
         f"SELECT count(*) FROM idempotent_jobs.{table} WHERE run_id = %s",  # noqa: S608

@@ -9,7 +9,7 @@ import pytest
 from idempotent_jobs import LeaseLostError
 from idempotent_jobs.core.heartbeat import LeaseHeartbeat, renewer_for
 from idempotent_jobs.core.records import AdvanceHold, Lease
-from idempotent_jobs_tests.helpers import claimed, expire_lease, identity
+from idempotent_jobs_tests.helpers import claimed, identity, take_over
 from idempotent_jobs_tests.ledgers import HarnessLedger
 
 
@@ -81,8 +81,7 @@ def test_a_lease_taken_over_is_reported_lost(database: str, db: psycopg.Connecti
     with ledger:
         lease = claimed(ledger, identity(), lease=30)
         with LeaseHeartbeat(ledger, lease, 0.05) as beat:
-            expire_lease(db, lease.run_id)
-            assert ledger.claim(lease.run_id, "new-owner", 30) is not None
+            take_over(ledger, db, lease.run_id, "new-owner")
             assert ledger.lost_seen.wait(30)
         with pytest.raises(LeaseLostError):
             beat.raise_if_lost()
