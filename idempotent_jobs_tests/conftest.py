@@ -157,11 +157,33 @@ SELECT md5(string_agg(item, ',' ORDER BY item)) FROM (
   SELECT format('opt %s %s', name, value) FROM idempotent_jobs.ledger_options
 ) AS shape"""
 
+# Empty the ledger's tables for the next test: only those holding rows are truncated (a
+# truncation makes new files for the table and its indexes, ~3 ms a table: the whole schema
+# took ~80 ms a test), and every identity starts again, as `TRUNCATE ... RESTART IDENTITY`.
 _EMPTY = """
-SELECT format('TRUNCATE %s RESTART IDENTITY CASCADE', string_agg(c.oid::regclass::text, ', '))
-FROM pg_class c
-WHERE c.relnamespace = 'idempotent_jobs'::regnamespace AND c.relkind = 'r'
-  AND c.relname NOT IN ('schema_migrations', 'ledger_options')"""
+DO $empty$
+DECLARE
+  t regclass;
+  held boolean;
+  filled text[] := ARRAY[]::text[];
+BEGIN
+  FOR t IN SELECT c.oid::regclass FROM pg_class c
+    WHERE c.relnamespace = 'idempotent_jobs'::regnamespace AND c.relkind = 'r'
+      AND c.relname NOT IN ('schema_migrations', 'ledger_options')
+  LOOP
+    EXECUTE format('SELECT EXISTS (SELECT FROM %s)', t) INTO held;
+    IF held THEN
+      filled := filled || t::text;
+    END IF;
+  END LOOP;
+  IF cardinality(filled) > 0 THEN
+    EXECUTE format('TRUNCATE %s CASCADE', array_to_string(filled, ', '));
+  END IF;
+  PERFORM setval(q.seqrelid, q.seqstart, false) FROM pg_sequence AS q
+  JOIN pg_class AS c ON c.oid = q.seqrelid
+  WHERE c.relnamespace = 'idempotent_jobs'::regnamespace;
+END
+$empty$"""
 
 
 def _shape(conninfo: str) -> str | None:
@@ -192,9 +214,7 @@ def _empty_for_reuse(server_url: str, name: str, template_shape: str) -> bool:
     try:
         with psycopg.connect(conninfo, autocommit=True) as conn:
             conn.execute("SET lock_timeout = '2s'")
-            row = conn.execute(_EMPTY).fetchone()
-            assert row is not None
-            conn.execute(row[0])
+            conn.execute(_EMPTY)
     except psycopg.Error:
         return False
     return True
