@@ -91,6 +91,18 @@ def admin_execute(server_url: str, statement: sql.Composed) -> None:
         conn.execute(statement)
 
 
+def copy_of_template(server_url: str, template_database: str, prefix: str = "ij_test") -> str:
+    """A new database copied from the migrated template (no rows); returns its name."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin_execute(
+        server_url,
+        sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            sql.Identifier(name), sql.Identifier(template_database)
+        ),
+    )
+    return name
+
+
 @pytest.fixture(scope="session")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The package's wheel installed with its extras (and ``create-dagster``) into a virtualenv
@@ -238,13 +250,7 @@ def database(
     if spare:
         name = spare.pop()
     else:
-        name = f"ij_test_{uuid.uuid4().hex[:12]}"
-        admin_execute(
-            server_url,
-            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(name), sql.Identifier(template_database)
-            ),
-        )
+        name = copy_of_template(server_url, template_database)
     yield database_conninfo(server_url, name)
     if template_shape and _empty_for_reuse(server_url, name, template_shape):
         spare.append(name)

@@ -1,8 +1,6 @@
 """The suite lends an emptied database to the next test (conftest's ``database``): whatever
 tables one test wrote, the next finds no row and its identities start again."""
 
-import uuid
-
 import psycopg
 from psycopg import sql
 
@@ -11,7 +9,7 @@ from idempotent_jobs_tests.conftest import (
     _drop,
     _empty_for_reuse,
     _shape,
-    admin_execute,
+    copy_of_template,
     database_conninfo,
 )
 from idempotent_jobs_tests.helpers import claimed, email, identity
@@ -37,13 +35,7 @@ def rows(conn: psycopg.Connection) -> dict[str, int]:
 def test_an_emptied_database_has_no_rows_and_its_identities_start_again(
     server_url: str, template_database: str
 ) -> None:
-    name = f"ij_test_{uuid.uuid4().hex[:12]}"
-    admin_execute(
-        server_url,
-        sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-            sql.Identifier(name), sql.Identifier(template_database)
-        ),
-    )
+    name = copy_of_template(server_url, template_database)
     conninfo = database_conninfo(server_url, name)
     try:
         with HarnessLedger(conninfo) as ledger:

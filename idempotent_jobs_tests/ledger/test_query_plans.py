@@ -2,7 +2,6 @@
 
 import hashlib
 import json
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -14,7 +13,7 @@ from psycopg import sql
 from idempotent_jobs.core.executor import Executor
 from idempotent_jobs.core.settings import LedgerSettings
 from idempotent_jobs.core.sql import Face, face_statements
-from idempotent_jobs_tests.conftest import admin_execute, database_conninfo
+from idempotent_jobs_tests.conftest import admin_execute, copy_of_template, database_conninfo
 
 SEEDED_RUNS = 20_000
 # A run deep in the listing (seeded runs are numbered; their ids are sha256 of the number).
@@ -79,13 +78,7 @@ def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
 def seeded(server_url: str, template_database: str) -> Iterator[str]:
     """A database of this module's own with SEEDED_RUNS completed runs over many windows and
     subjects, five of them failed (seeded once: the tests only read)."""
-    name = f"ij_plans_{uuid.uuid4().hex[:12]}"
-    admin_execute(
-        server_url,
-        sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-            sql.Identifier(name), sql.Identifier(template_database)
-        ),
-    )
+    name = copy_of_template(server_url, template_database, "ij_plans")
     conninfo = database_conninfo(server_url, name)
     with psycopg.connect(conninfo, autocommit=True) as db:
         _seed(db)
