@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import dagster as dg
 from dagster._core.workspace.context import WorkspaceProcessContext
@@ -121,20 +122,36 @@ def submit(
 
 def dequeue(context: WorkspaceProcessContext, launched: list[Launched]) -> None:
     """With no Dagster daemon running, take this launch's runs off the instance's run queue as
-    the daemon's queue loop would (its limits and tag rules apply), so they start now."""
-    from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
-        QueuedRunCoordinatorDaemon,
-    )
+    the daemon's queue loop would (its limits and tag rules apply), so they start now.
 
+    Only this launch's runs: the queue loop takes every queued run, and two ``launch`` commands
+    at once on one instance (no daemon to share) would each start the other's runs too. Both
+    would see a run queued and launch it, and the run's second worker, finding it started,
+    marks it failed while the first completes it."""
     instance = context.instance
-    mine = {run.run_id for run in launched}
-    daemon = QueuedRunCoordinatorDaemon(interval_seconds=1)
+    mine = frozenset(run.run_id for run in launched)
+    daemon = _queue_loop_of(mine)
     for _ in range(600):
         queued = [r for r in mine if _status(instance, r) == dg.DagsterRunStatus.QUEUED]
         if not queued:
             return
         list(daemon.run_iteration(context))
         time.sleep(0.1)
+
+
+def _queue_loop_of(mine: frozenset[str]) -> Any:
+    """Dagster's run queue loop, dequeuing only the runs ``mine`` (its limits still count every
+    run in progress)."""
+    from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
+        QueuedRunCoordinatorDaemon,
+    )
+
+    class OwnRunsQueueLoop(QueuedRunCoordinatorDaemon):
+        def _get_runs_to_dequeue(self, *args: Any, **kwargs: Any) -> list[dg.DagsterRun]:
+            runs = super()._get_runs_to_dequeue(*args, **kwargs)
+            return [run for run in runs if run.run_id in mine]
+
+    return OwnRunsQueueLoop(interval_seconds=1)
 
 
 def daemon_running(instance: dg.DagsterInstance) -> bool:
