@@ -309,8 +309,14 @@ def fleet(
     shutil.copy(HERE / "fleet_job.py", project / "fleet_job.py")
     home = project / "dagster_home"
     home.mkdir()
+    # Each host launches its own runs as it submits them (no run queue): a launch of the
+    # previous release takes every queued run of the instance off the queue, its own or not,
+    # and two hosts starting one run make its second worker mark it failed. What this test
+    # proves is the ledger's schema under a rolling upgrade, not Dagster's queue.
     (home / "dagster.yaml").write_text(
         "storage:\n  postgres:\n    postgres_url:\n      env: IDEMPOTENT_JOBS_DAGSTER_STORAGE_URL\n"
+        "run_coordinator:\n  module: dagster._core.run_coordinator\n"
+        "  class: DefaultRunCoordinator\n"
         "telemetry:\n  enabled: false\n",
         encoding="utf-8",
     )
