@@ -7,15 +7,12 @@ import dagster as dg
 
 from idempotent_jobs.operator.ui_launch import dequeue, submit
 from idempotent_jobs_tests.dagster_defs import SUMMARY_SPEC
-from idempotent_jobs_tests.ledgers import HarnessLedger
 from testkit.dagster_harness import LOCATION, DagsterTestEnv, dagster_instance, workspace
 
 QUEUED, SUCCESS = dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.SUCCESS
 
 
-def test_a_launch_dequeues_its_own_runs_only(
-    dagster_env: DagsterTestEnv, ledger: HarnessLedger
-) -> None:
+def test_a_launch_dequeues_its_own_runs_only(dagster_env: DagsterTestEnv) -> None:
     with dagster_instance(dagster_env) as instance, workspace(instance) as context:
 
         def status(run_id: str) -> dg.DagsterRunStatus:
