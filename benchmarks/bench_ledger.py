@@ -556,11 +556,34 @@ def telemetry_cost(url: str, runs: int) -> None:
         )
 
 
+class StatementTimes(Executor):
+    """Times each statement by name, under the label the benchmark sets (``LABEL[0]``), in
+    the module-level ``STATEMENT_TIMES``: where a difference between two kinds of call is."""
+
+    def fetch(self, name: str, params: Any, row_factory: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return super().fetch(name, params, row_factory)
+        finally:
+            STATEMENT_TIMES.setdefault((LABEL[0], name), []).append(time.perf_counter() - started)
+
+
+STATEMENT_TIMES: dict[tuple[str, str], list[float]] = {}
+LABEL = ["warm"]
+
+
+class StatementTimedLedger(RunLedger):
+    """The worker face, each statement timed by name."""
+
+    executor_class = StatementTimes
+
+
 def budget_cost(url: str, runs: int) -> None:
     """What a budget costs the whole call of a new run: the call's declared worst case reserved
     by the claim's statement (on the budget's counter row, whatever the number of
     subjects) and settled by the commit's trigger, interleaved with calls of a job no budget
-    covers. Target: within 5%."""
+    covers. Target: within 5%. Then the same pairs' statements, one by one: which of them the
+    budget makes dearer (no target)."""
     from idempotent_jobs import Budget, ModelAnswer, ModelUsage
 
     def paid_model(raw: dict[str, Any]) -> ModelAnswer:
@@ -568,12 +591,14 @@ def budget_cost(url: str, runs: int) -> None:
 
     budgets = {"none": None, "budget": Budget(amount=10**15)}
     times: dict[str, list[float]] = {name: [] for name in budgets}
-    with RunLedger(url, pool_min_size=1, pool_max_size=1) as ledger:
+    STATEMENT_TIMES.clear()
+    with StatementTimedLedger(url, pool_min_size=1, pool_max_size=1) as ledger:
         # One call of each, in turn (the order flipped every pair), so both see the same
         # moments of a noisy machine; the first 40 pairs warm both up.
         for n in range(2 * runs + 40):
             order = list(budgets.items())
             for name, budget in order if n % 2 else order[::-1]:
+                LABEL[0] = name if n >= 40 else "warm"
                 started = time.perf_counter()
                 run_idempotent(
                     ledger,
@@ -593,6 +618,19 @@ def budget_cost(url: str, runs: int) -> None:
         f"without {base * 1e3:.3f} ms; target within 5%",
         "ok" if budgeted / base - 1 <= 0.05 else "MISSED",
     )
+    statements = sorted({name for label, name in STATEMENT_TIMES if label != "warm"})
+    for name in statements:
+        without = STATEMENT_TIMES.get(("none", name), [])
+        within = STATEMENT_TIMES.get(("budget", name), [])
+        if not without or not within:
+            continue
+        delta = (pct(within, 0.5) - pct(without, 0.5)) * 1e6
+        row(
+            f"  statement {name}, with a budget (p50)",
+            f"{pct(within, 0.5) * 1e6:.0f} us = {delta:+.0f} us",
+            f"without {pct(without, 0.5) * 1e6:.0f} us",
+            "-",
+        )
 
 
 SECTIONS = (
