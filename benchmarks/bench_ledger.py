@@ -55,6 +55,8 @@ def ident(tag: str, n: int, job: str = "bench") -> RunIdentity:
 
 
 COUNTS = {"statements": 0.0, "seconds": 0.0}
+STATEMENT_TIMES: dict[tuple[str, str], list[float]] = {}
+LABEL = ["warm"]
 
 
 def _counted(started: float, statements: int) -> None:
@@ -64,7 +66,9 @@ def _counted(started: float, statements: int) -> None:
 
 class CountingExecutor(Executor):
     """Counts statements (each is one round trip) and times them and every delivery
-    transaction, in the module-level ``COUNTS``."""
+    transaction, in the module-level ``COUNTS``; and each statement by name, under the label
+    a benchmark sets (``LABEL[0]``), in ``STATEMENT_TIMES``: where a difference between two
+    kinds of call is."""
 
     def fetch(self, name: str, params: Any, row_factory: Any) -> Any:
         started = time.perf_counter()
@@ -72,6 +76,8 @@ class CountingExecutor(Executor):
             return super().fetch(name, params, row_factory)
         finally:
             _counted(started, 1)
+            took = time.perf_counter() - started
+            STATEMENT_TIMES.setdefault((LABEL[0], name), []).append(took)
 
     @contextmanager
     def transaction(self) -> Iterator[psycopg.Connection]:
@@ -556,28 +562,6 @@ def telemetry_cost(url: str, runs: int) -> None:
         )
 
 
-class StatementTimes(Executor):
-    """Times each statement by name, under the label the benchmark sets (``LABEL[0]``), in
-    the module-level ``STATEMENT_TIMES``: where a difference between two kinds of call is."""
-
-    def fetch(self, name: str, params: Any, row_factory: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return super().fetch(name, params, row_factory)
-        finally:
-            STATEMENT_TIMES.setdefault((LABEL[0], name), []).append(time.perf_counter() - started)
-
-
-STATEMENT_TIMES: dict[tuple[str, str], list[float]] = {}
-LABEL = ["warm"]
-
-
-class StatementTimedLedger(RunLedger):
-    """The worker face, each statement timed by name."""
-
-    executor_class = StatementTimes
-
-
 def budget_cost(url: str, runs: int) -> None:
     """What a budget costs the whole call of a new run: the call's declared worst case reserved
     by the claim's statement (on the budget's counter row, whatever the number of
@@ -592,7 +576,7 @@ def budget_cost(url: str, runs: int) -> None:
     budgets = {"none": None, "budget": Budget(amount=10**15)}
     times: dict[str, list[float]] = {name: [] for name in budgets}
     STATEMENT_TIMES.clear()
-    with StatementTimedLedger(url, pool_min_size=1, pool_max_size=1) as ledger:
+    with CountingLedger(url, pool_min_size=1, pool_max_size=1) as ledger:
         # One call of each, in turn (the order flipped every pair), so both see the same
         # moments of a noisy machine; the first 40 pairs warm both up.
         for n in range(2 * runs + 40):

@@ -8,6 +8,7 @@ import json
 import multiprocessing
 import re
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,23 +27,31 @@ TOKENS = 24_000  # per window; each request counts about 1,030
 MAX_TOKENS = 1000
 
 
-def worker(conninfo: str, url: str, job: str, runs: list[tuple[str, int]], out: Any) -> None:
-    """One worker process of one deployment: its runs, one model call each, keeping the limit
-    its deployment's spec declares. It reports how long each call waited for its place, and
-    when it asked for each place and when the place came (the system's monotonic clock)."""
-    from idempotent_jobs import RateLimit, RunIdentity, RunLedger, current_calls, run_idempotent
+def time_places(record: Callable[[tuple[float, float]], None]) -> None:
+    """In this process, ``record`` each request's place under the limit: when it was asked for
+    and when it came (the system's monotonic clock, the one the fake provider stamps arrivals
+    with)."""
     from idempotent_jobs.core.calls import CallBook
-    from idempotent_jobs.models import OpenAIChat, Prompt, RetryPolicy, answer
 
-    places: list[tuple[float, float]] = []
     granted = CallBook.before_request
 
     def timed(book: CallBook, rate: Any = None) -> None:
         asked = time.monotonic()
         granted(book, rate)
-        places.append((asked, time.monotonic()))
+        record((asked, time.monotonic()))
 
     CallBook.before_request = timed  # type: ignore[method-assign,assignment]
+
+
+def worker(conninfo: str, url: str, job: str, runs: list[tuple[str, int]], out: Any) -> None:
+    """One worker process of one deployment: its runs, one model call each, keeping the limit
+    its deployment's spec declares. It reports how long each call waited for its place, and
+    when it asked for each place and when the place came (the system's monotonic clock)."""
+    from idempotent_jobs import RateLimit, RunIdentity, RunLedger, current_calls, run_idempotent
+    from idempotent_jobs.models import OpenAIChat, Prompt, RetryPolicy, answer
+
+    places: list[tuple[float, float]] = []
+    time_places(places.append)
 
     provider = OpenAIChat(model="gpt-4o", api_key="sk", base_url=url, max_tokens=MAX_TOKENS)
     limit = RateLimit(
@@ -143,20 +152,11 @@ FRESH_RUNS = 2  # per worker: 16 requests in all, each from a process of its own
 def one_step(conninfo: str, url: str, subject: str, n: int, placed: Any) -> None:
     """A process started for one model step, as Dagster's multiprocess executor starts one per
     step: everything is imported and made here, so its request is its first. It tells
-    ``placed`` when it asked for its place under the limit and when the place was granted (the
-    system's monotonic clock, the one the fake provider stamps arrivals with)."""
+    ``placed`` when it asked for its place under the limit and when the place was granted."""
     from idempotent_jobs import RunIdentity, RunLedger, run_idempotent
-    from idempotent_jobs.core.calls import CallBook
     from idempotent_jobs.models import OpenAIChat, Prompt, RetryPolicy, answer
 
-    granted = CallBook.before_request
-
-    def timed(book: CallBook, rate: Any = None) -> None:
-        asked = time.monotonic()
-        granted(book, rate)
-        placed.put((f"{subject}/{n}", (asked, time.monotonic())))
-
-    CallBook.before_request = timed  # type: ignore[method-assign,assignment]
+    time_places(lambda place: placed.put((f"{subject}/{n}", place)))
     provider = OpenAIChat(model="gpt-4o", api_key="sk", base_url=url, max_tokens=100)
     with RunLedger(conninfo, pool_max_size=1) as ledger:
         run_idempotent(
