@@ -60,15 +60,17 @@ def _lines(path: Path) -> int:
 
 @contextmanager
 def dagster_instance(
-    env: DagsterTestEnv, *, sync_launcher: bool = True
+    env: DagsterTestEnv, *, sync_launcher: bool = True, **settings: Any
 ) -> Iterator[dg.DagsterInstance]:
     """An instance configured by the project's dagster.yaml (storage on PostgreSQL, run retries),
-    with runs launched in this process when ``sync_launcher``."""
+    with runs launched in this process when ``sync_launcher``, and any other top-level
+    ``settings`` of dagster.yaml (such as ``run_queue``) as given."""
     home = env.tmp_path / "dagster_home"
     home.mkdir(exist_ok=True)
     config = yaml.safe_load((PROJECT_ROOT / "dagster.yaml").read_text())
     if sync_launcher:
         config["run_launcher"] = SYNC_LAUNCHER
+    config.update(settings)
     (home / "dagster.yaml").write_text(yaml.safe_dump(config))
     with dg.DagsterInstance.from_config(str(home)) as instance:
         yield instance

@@ -139,17 +139,36 @@ def dequeue(context: WorkspaceProcessContext, launched: list[Launched]) -> None:
         time.sleep(0.1)
 
 
+class _OwnQueuedRuns:
+    """An instance whose run queue holds only the runs ``mine``; every other read (the runs in
+    progress, the limits) is the instance's own."""
+
+    def __init__(self, instance: dg.DagsterInstance, mine: frozenset[str]) -> None:
+        self._instance, self._mine = instance, mine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._instance, name)
+
+    def get_runs(self, filters: dg.RunsFilter | None = None, *args: Any, **kwargs: Any) -> Any:
+        if filters is not None and list(filters.statuses) == [dg.DagsterRunStatus.QUEUED]:
+            filters = dg.RunsFilter(run_ids=sorted(self._mine), statuses=filters.statuses)
+        return self._instance.get_runs(filters, *args, **kwargs)
+
+
 def _queue_loop_of(mine: frozenset[str]) -> Any:
-    """Dagster's run queue loop, dequeuing only the runs ``mine`` (its limits still count every
-    run in progress)."""
+    """Dagster's run queue loop, choosing among the runs ``mine`` only: its limits still count
+    every run in progress, and another launch's runs queued ahead of them neither start nor
+    take the places the limits leave (a launch that died leaves its runs queued)."""
     from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
         QueuedRunCoordinatorDaemon,
     )
 
     class OwnRunsQueueLoop(QueuedRunCoordinatorDaemon):
-        def _get_runs_to_dequeue(self, *args: Any, **kwargs: Any) -> list[dg.DagsterRun]:
-            runs = super()._get_runs_to_dequeue(*args, **kwargs)
-            return [run for run in runs if run.run_id in mine]
+        def _get_runs_to_dequeue(
+            self, instance: dg.DagsterInstance, *args: Any, **kwargs: Any
+        ) -> list[dg.DagsterRun]:
+            own = _OwnQueuedRuns(instance, mine)
+            return super()._get_runs_to_dequeue(own, *args, **kwargs)  # type: ignore[arg-type]
 
     return OwnRunsQueueLoop(interval_seconds=1)
 

@@ -30,3 +30,22 @@ def test_a_launch_dequeues_its_own_runs_only(dagster_env: DagsterTestEnv) -> Non
         dequeue(context, [theirs])  # the other launch takes its own
         assert status(theirs.run_id) == SUCCESS
         assert dagster_env.model_calls() == 2
+
+
+def test_another_launchs_runs_queued_ahead_take_no_place_under_the_queue_limit(
+    dagster_env: DagsterTestEnv,
+) -> None:
+    """A run queue that starts one run at a time, and another launch's run queued ahead (its
+    launch died, or has not dequeued yet): this launch's run still starts, and the other's stays
+    queued for its own launch."""
+    with (
+        dagster_instance(dagster_env, run_queue={"max_concurrent_runs": 1}) as instance,
+        workspace(instance) as context,
+    ):
+        theirs = submit(context, LOCATION, SUMMARY_SPEC, "workspace-globex|2026-08-07", {})
+        mine = submit(context, LOCATION, SUMMARY_SPEC, "workspace-acme|2026-08-07", {})
+        assert (theirs.status, mine.status) == (QUEUED, QUEUED)
+        dequeue(context, [mine])
+        statuses = {r.run_id: r.status for r in instance.get_runs()}
+        assert (statuses[mine.run_id], statuses[theirs.run_id]) == (SUCCESS, QUEUED)
+        assert dagster_env.model_calls() == 1
