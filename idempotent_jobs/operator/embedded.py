@@ -7,8 +7,12 @@ server already running on that directory is reused, and it keeps running after t
 (the next command reuses it). It listens on a Unix socket only.
 """
 
+import fcntl
 import os
+import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from idempotent_jobs.core.database import DATABASE_URL_ENV
@@ -32,7 +36,8 @@ def start_embedded_postgres(data_dir: Path | None = None) -> str:
     except OSError as exc:
         raise EmbeddedServerError(f"{data_dir.parent} cannot be created: {exc.strerror}") from None
     try:
-        return _start(data_dir)
+        with _one_start_at_a_time():
+            return _start(data_dir)
     except LedgerError:
         raise
     except Exception as exc:  # pgserver's own errors: a wrong major version, an unreadable file
@@ -76,6 +81,50 @@ def _version_hint(data_dir: Path) -> str:
             f"move {data_dir} aside to start a new one)"
         )
     return ""
+
+
+#: Held by whoever starts an embedded server on this machine (see :func:`_one_start_at_a_time`).
+START_LOCK = Path(tempfile.gettempdir()) / "idempotent-jobs-embedded-start.lock"
+
+
+@contextmanager
+def _one_start_at_a_time() -> Iterator[None]:
+    """One process of this machine at a time starts (or finds) an embedded server.
+
+    As root, pgserver runs PostgreSQL as a system user, ``pgserver``, which it creates with
+    ``useradd`` when missing, before it takes its own lock: on a fresh machine, two processes
+    starting at once (`make test`'s two test processes, ``dev`` and a command) both found it
+    missing and the second's ``useradd`` failed (exit 9, the user exists), so that process had
+    no database. The lock is the machine's, not the data directory's, as the user is. Any user
+    may lock it (``flock`` needs no write access), whoever created it; a lock file that cannot
+    be opened at all leaves the start unserialised, as before, rather than refused."""
+    descriptor = _lock_file()
+    try:
+        if descriptor is not None:
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        if descriptor is not None:
+            os.close(descriptor)  # closing releases the lock
+
+
+def _lock_file() -> int | None:
+    """:data:`START_LOCK` opened to lock, created if missing. Not opened with ``O_CREAT`` when it
+    exists: in a sticky world-writable folder such as /tmp, Linux's ``protected_regular``
+    refuses that on another user's file, even to root."""
+    while True:
+        try:
+            return os.open(START_LOCK, os.O_RDONLY)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return None
+        try:
+            return os.open(START_LOCK, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            continue  # another process created it just now: open theirs
+        except OSError:
+            return None
 
 
 def _start(data_dir: Path) -> str:

