@@ -4,6 +4,7 @@ Any AI job fits: the spec names the resource keys of its :class:`Collector` and
 :class:`ModelStep`, and takes its validator and payload builder as functions.
 """
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -59,6 +60,13 @@ def _identity_text(field_name: str, value: object) -> str:
         )
     return text
 
+
+#: A Dagster name (``dagster._core.definitions.utils.VALID_NAME_REGEX``, private there).
+_DAGSTER_NAME = re.compile(r"[A-Za-z0-9_]+")
+
+#: What Dagster refuses in a multi-partition key's dimension (``|`` is refused by every run's
+#: identity rules already): a subject holding one would fail the job's definition, unnamed.
+_NOT_IN_A_PARTITION_KEY = frozenset(",[]")
 
 #: How many partitions' identities a spec keeps (a code server may live for months).
 _IDENTITIES_KEPT = 100_000
@@ -130,7 +138,14 @@ class IdempotentJobSpec:
         """The identity fields are checked when the job is built, by the rules a run applies
         (:func:`clean_identity_text`), so a subject no run could take is refused here, naming
         it, instead of failing every run of it. A subject or name with surrounding spaces
-        would be stripped into another one: refused too."""
+        would be stripped into another one: refused too. The name must be a Dagster name: it
+        names the job, its schedule and its ops."""
+        if not isinstance(self.name, str) or not _DAGSTER_NAME.fullmatch(self.name):
+            raise InvalidInputError(
+                f"IdempotentJobSpec {self.name!r}: name",
+                "must be letters, digits and underscores only, as Dagster names a job and its "
+                "ops (the ledger's name, identity_job_name, may hold other characters)",
+            )
         for field_name, value in (
             ("identity_job_name", self.identity_job_name),
             ("version", self.version),
@@ -142,7 +157,14 @@ class IdempotentJobSpec:
             )
         seen: dict[str, str] = {}
         for subject in self.subjects:
-            text = _identity_text(f"IdempotentJobSpec {self.name!r}: subject {subject!r}", subject)
+            named = f"IdempotentJobSpec {self.name!r}: subject {subject!r}"
+            text = _identity_text(named, subject)
+            if set(text) & _NOT_IN_A_PARTITION_KEY:
+                raise InvalidInputError(
+                    named,
+                    "must not contain ',', '[' or ']' (Dagster's multi-partition keys, "
+                    "window x subject, cannot hold them)",
+                )
             if text in seen:
                 raise InvalidInputError(
                     f"IdempotentJobSpec {self.name!r}: subjects",

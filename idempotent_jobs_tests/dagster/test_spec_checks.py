@@ -44,9 +44,13 @@ def spec(**fields: object) -> IdempotentJobSpec:
         ({"subjects": [" emea"]}, "spaces around it"),
         ({"subjects": ["emea "]}, "spaces around it"),
         ({"subjects": ["a|b"]}, "'|'"),
+        ({"subjects": ["acme", "a,b"]}, "subject 'a,b': must not contain ','"),
+        ({"subjects": ["[eu]"]}, "subject '[eu]': must not contain ','"),
         ({"subjects": "acme"}, "not one string"),
         ({"subjects": ["caf\u00e9", "cafe\u0301"]}, "the same subject once normalised"),
         ({"identity_job_name": " contract-review"}, "identity_job_name"),
+        ({"name": "contract-review"}, "name: must be letters, digits and underscores"),
+        ({"name": ""}, "name: must be letters, digits and underscores"),
         ({"version": ""}, "version"),
     ],
 )
@@ -56,7 +60,7 @@ def test_a_subject_or_name_no_run_could_take_is_refused_when_the_job_is_built(
     with pytest.raises(InvalidInputError) as refused:
         spec(**fields)
     assert named in str(refused.value)
-    assert "contract_review" in str(refused.value)
+    assert f"IdempotentJobSpec {fields.get('name', 'contract_review')!r}" in str(refused.value)
 
 
 def test_a_subject_spelled_in_another_unicode_form_is_kept() -> None:
