@@ -48,7 +48,8 @@ def start_as_on_a_fresh_machine(
 
     from idempotent_jobs.operator.embedded import start_embedded_postgres
 
-    real_ensure = postgres_server.ensure_user_exists
+    names = vars(postgres_server)  # the name pgserver's server calls (imported from its utils)
+    real_ensure = names["ensure_user_exists"]
 
     def ensure_user_exists(username: str) -> Any:
         missing = not users.exists()
@@ -63,7 +64,7 @@ def start_as_on_a_fresh_machine(
                 raise subprocess.CalledProcessError(9, ["useradd", username]) from None
         return real_ensure(username)
 
-    postgres_server.ensure_user_exists = ensure_user_exists
+    names["ensure_user_exists"] = ensure_user_exists
     try:
         results.put(start_embedded_postgres(data_dir))
     except Exception as exc:
