@@ -6,10 +6,11 @@ the output and error files at ``/v1/files/{id}/content``) and Anthropic's Messag
 Each item is answered as the online endpoint would answer its body (the server's ``script``
 then ``default``): an ``Answer`` is a succeeded line, a ``Status`` a per-item error. Knobs: how
 many status reads a batch stays in progress (``polls_to_complete``), expiry with only the first
-``expire_after_items`` done, cancellation, a 5xx on any endpoint (``fail_next``), and a create
-that makes the batch but answers 500 (``lose_next_creates``: the window where a retry would
-submit twice), and the most requests a create takes (``max_requests``, the providers' limits by
-default). ``created`` counts every batch made, per API.
+``expire_after_items`` done, cancellation, an error status on any endpoint (``fail_next``: a
+status, or a status and its message), a create that makes the batch but answers 500
+(``lose_next_creates``: the window where a retry would submit twice), and the most requests a
+create takes (``max_requests``, the providers' limits by default). ``created`` counts every
+batch made, per API.
 """
 
 import email.parser
@@ -71,7 +72,7 @@ class BatchBackend:
     render: Callable[[str, dict[str, Any], Any], tuple[int, dict[str, Any]]]
     polls_to_complete: int = 0
     expire_after_items: int | None = None
-    fail_next: dict[Endpoint, list[int]] = field(default_factory=dict)
+    fail_next: dict[Endpoint, list[int | tuple[int, str]]] = field(default_factory=dict)
     lose_next_creates: int = 0
     #: The most requests a create takes, per API (the providers' documented limits); more is
     #: refused with a 400, as the providers do.
@@ -104,9 +105,10 @@ class BatchBackend:
         with self._lock:
             self.calls.append((api, endpoint))
             failing = self.fail_next.get(endpoint)
-            status = failing.pop(0) if failing else None
-        if status is not None:
-            return self._error(api, status, f"{endpoint} failed")
+            fault = failing.pop(0) if failing else None
+        if fault is not None:  # a status, or a status and the error's message
+            status, message = fault if isinstance(fault, tuple) else (fault, f"{endpoint} failed")
+            return self._error(api, status, message)
         if api == "openai":
             return self._openai(method, parts, params, headers, raw, base)
         return self._anthropic(method, parts, params, raw, base)

@@ -2,6 +2,7 @@
 (:func:`~idempotent_jobs.core.commits.accept_paid_answer`), as an online answer is taken: one bad
 item ends its own attempt only; items with no result are given back. Bounded per step."""
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +19,7 @@ from idempotent_jobs.core.errors import (
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.records import CallOrigin, Lease
 from idempotent_jobs.core.steps import end_attempt
+from idempotent_jobs.models.answers import prompt_texts, redact_echoes
 from idempotent_jobs.models.batches import BatchProvider, ItemResult, ProviderBatch
 
 #: Renew the batch's lease every this many items while collecting.
@@ -102,6 +104,8 @@ def _take(
     if resumed and ledger.batch_item_paid(item):  # recorded before a crash: only its mark left
         ledger.end_batch_item(batch, item.run_id, _after_crash(ledger, item))
         return
+    if result.error is not None:  # its text is recorded: not what the request carried
+        redact_echoes(result.error, getattr(provider, "api_key", None), _sent(steps, item))
     notifications = steps.notifications
 
     def payload(output: dict[str, Any]) -> Mapping[str, dict[str, Any]]:
@@ -128,6 +132,19 @@ def _take(
         ledger.end_batch_item(batch, item.run_id, "failed", describe_error(exc)[:2000])
         return
     ledger.end_batch_item(batch, item.run_id, "accepted" if done.accepted else "not_accepted")
+
+
+def _sent(steps: BatchSteps, item: BatchItem) -> list[str]:
+    """What the item's request carried, as far as it can be known again: the checkpoint it was
+    built from (as JSON: its strings are looked for) and its prompt built again from it (a
+    prompt builder that fails now leaves the checkpoint's strings)."""
+    raw = item.raw_input or {}
+    texts = [json.dumps(raw, ensure_ascii=False)]
+    try:
+        texts += prompt_texts(steps.prompt(raw, item.identity))
+    except Exception:  # noqa: BLE001, S110 - the checkpoint's strings are still looked for
+        pass
+    return texts
 
 
 def _after_crash(ledger: RunLedger, item: BatchItem) -> str:

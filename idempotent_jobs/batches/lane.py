@@ -24,6 +24,7 @@ Every step can be cut at any point and run again: each write is fenced by the ba
 each item's commit by the run's; a collected item is not taken twice.
 """
 
+import json
 from typing import Any
 
 from idempotent_jobs.batches.collection import collect, release_pending
@@ -35,6 +36,7 @@ from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.errors import LeaseLostError, LedgerError, mark_unsent
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.steps import end_attempt
+from idempotent_jobs.models.answers import prompt_texts, redact_echoes
 from idempotent_jobs.models.batches import BatchProvider
 from idempotent_jobs.models.errors import ProviderError
 
@@ -190,11 +192,12 @@ def _submit(
             return 0
         if adopted:
             return duplicates
-    lines = []
+    lines, sent = [], []
     for item in items:
         try:
             prompt = steps.prompt(item.raw_input or {}, item.identity)
             lines.append(provider.batch_line(item.custom_id, prompt, steps.schema))
+            sent += [*prompt_texts(prompt), json.dumps(item.raw_input or {}, ensure_ascii=False)]
         except Exception as exc:  # noqa: BLE001 - that run's attempt ends; the batch goes on
             _end_item(ledger, batch, item, exc)
     if not lines:
@@ -204,6 +207,7 @@ def _submit(
     try:
         made = provider.create_batch(lines, batch.batch_id)
     except ProviderError as exc:
+        redact_echoes(exc, getattr(provider, "api_key", None), sent)  # a refusal may quote one
         if not refused(exc):
             raise  # it may have been made: the next step searches for it first
         # Refused (too many requests, a bad request): the provider made nothing, and the same

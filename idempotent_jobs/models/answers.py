@@ -10,7 +10,7 @@ and what was wrong with it) follows.
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
@@ -123,16 +123,26 @@ def send_with_retries(
 
 
 def _redact_echoes(exc: ProviderError, provider: Provider, prompt: Prompt) -> None:
+    """:func:`redact_echoes` of what ``provider`` was sent: its key and ``prompt``."""
+    redact_echoes(exc, getattr(provider, "api_key", None), prompt_texts(prompt))
+
+
+def prompt_texts(prompt: Prompt) -> list[str]:
+    """The texts a request of ``prompt`` carries (its system blocks and messages)."""
+    return [block.text for block in prompt.system] + [m.content for m in prompt.messages]
+
+
+def redact_echoes(exc: ProviderError, key: object, sent: Sequence[str]) -> None:
     """Take out of ``exc``'s text what the request carried that a provider or a proxy may echo
-    in its error body: the API key (``****``) and the prompt (``[prompt]``), before the text is
+    in its error body: the API key ``key`` (``****``) and the texts ``sent`` (``[prompt]``:
+    a prompt's texts, a raw input as JSON, each JSON text's strings too), before the text is
     stored or shown anywhere, and drop the SDK's error it was made from (which holds the same
-    text). The prompt holds the run's raw input, which never belongs in an error text."""
+    text). The prompt holds the run's raw input, which never belongs in an error text. The
+    online call does it for each failed request; the batch lane for a batch's refusal and for
+    each item's error."""
     try:
-        text = str(exc)
-        key = getattr(provider, "api_key", None)
-        text = redact_known(text, [key] if isinstance(key, str) else [])
-        sent = [block.text for block in prompt.system] + [m.content for m in prompt.messages]
-        exc.args = (redact_known(text, [*sent, *_json_strings(sent)], "[prompt]"),)
+        text = redact_known(str(exc), [key] if isinstance(key, str) else [])
+        exc.args = (redact_known(text, [*sent, *_json_strings(list(sent))], "[prompt]"),)
         # The SDK's own error, chained as the cause, holds the same text unredacted, and an
         # error's causes reach Dagster's event log and every traceback: the chain ends here.
         exc.__cause__ = None

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from idempotent_jobs.core.error_text import redact_known
 from idempotent_jobs.core.rate_limits import RateRequest
 from idempotent_jobs.core.records import ModelUsage
 from idempotent_jobs.models.answers import Reply
@@ -144,7 +145,7 @@ class AnthropicMessages:
     def _error(self, exc: Exception) -> ProviderError:
         import anthropic
 
-        text = str(exc)[:500]
+        text = redact_known(str(exc), [self.api_key])[:500]  # a proxy may echo the key
         if isinstance(exc, anthropic.APIConnectionError) and never_sent(exc):  # timeouts too
             return ProviderUnavailableError(
                 f"could not connect: {text}", provider=self.name, sent=False

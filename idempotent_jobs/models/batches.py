@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from idempotent_jobs.core.error_text import redact_known
 from idempotent_jobs.core.steps import ModelAnswer
 from idempotent_jobs.models.anthropic_messages import AnthropicMessages
 from idempotent_jobs.models.batch_api import (
@@ -76,7 +77,8 @@ class OpenAIBatches(OpenAIChat):
         errors = getattr(made, "errors", None)
         error = None
         if errors is not None and getattr(errors, "data", None):
-            error = "; ".join(str(getattr(e, "message", e)) for e in errors.data)[:2000]
+            error = "; ".join(str(getattr(e, "message", e)) for e in errors.data)
+            error = redact_known(error, [self.api_key])[:2000]
         return ProviderBatch(
             provider_batch_id=str(made.id),
             state=state,
@@ -169,7 +171,8 @@ class OpenAIBatches(OpenAIChat):
         error = body.get("error") if isinstance(body, dict) else None
         message = error.get("message") if isinstance(error, dict) else None
         return ProviderRequestError(
-            f"batch item answered {status}: {str(message or body)[:500]}",
+            f"batch item answered {status}: "
+            + redact_known(str(message or body), [self.api_key])[:500],
             provider=self.name,
             status=status if isinstance(status, int) else None,
             usage=_unbilled(self.name, self.model),
@@ -282,7 +285,7 @@ class AnthropicBatches(AnthropicMessages):
                 inner = inner["error"]
             message = inner.get("message") if isinstance(inner, dict) else inner
             refused = ProviderRequestError(
-                f"batch item errored: {str(message)[:500]}",
+                "batch item errored: " + redact_known(str(message), [self.api_key])[:500],
                 provider=self.name,
                 usage=_unbilled(self.name, self.model),
             )

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from idempotent_jobs.core.error_text import redact_known
 from idempotent_jobs.core.rate_limits import RateRequest
 from idempotent_jobs.core.records import ModelUsage
 from idempotent_jobs.models.answers import Finish, Reply
@@ -160,7 +161,7 @@ class OpenAIChat:
     def _error(self, exc: Exception) -> ProviderError:
         import openai
 
-        text = str(exc)[:500]
+        text = redact_known(str(exc), [self.api_key])[:500]  # a proxy may echo the key
         if isinstance(exc, openai.APIConnectionError) and never_sent(exc):  # timeouts too
             return ProviderUnavailableError(
                 f"could not connect: {text}", provider=self.name, sent=False
