@@ -50,8 +50,16 @@ def _provider(api: str, fake: FakeProviders) -> BatchProvider:
     return AnthropicBatches(model="claude-x", api_key=KEY, base_url=fake.anthropic_url)
 
 
-def _ids(*subjects: str) -> list[RunIdentity]:
-    return [RunIdentity(JOB, s, datetime(2026, 11, 1, tzinfo=UTC), "v1") for s in subjects]
+def _opened(
+    api: str, fake: FakeProviders, ledger: HarnessLedger, *subjects: str
+) -> tuple[BatchProvider, str]:
+    """The batch API of ``api`` on ``fake`` (with the sentinel key), and a batch of
+    ``subjects`` opened on it."""
+    provider = _provider(api, fake)
+    ids = [RunIdentity(JOB, s, datetime(2026, 11, 1, tzinfo=UTC), "v1") for s in subjects]
+    batch = open_intent(ledger, STEPS, provider, ids, worker_id="w1")
+    assert batch is not None
+    return provider, batch.batch_id
 
 
 def _echoes(db: psycopg.Connection) -> list[tuple[str, str, str]]:
@@ -82,11 +90,9 @@ def _errors(db: psycopg.Connection, query: str) -> list[str]:
 def test_an_items_error_echoing_the_key_and_the_prompt_leaves_neither_in_the_ledger(
     api: str, fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
-    provider = _provider(api, fake)
-    batch = open_intent(ledger, STEPS, provider, _ids("kept", "refused:"), worker_id="w1")
-    assert batch is not None
+    provider, batch_id = _opened(api, fake, ledger, "kept", "refused:")
     for _ in range(5):
-        if advance(ledger, STEPS, provider, batch.batch_id, worker_id="w1").collected:
+        if advance(ledger, STEPS, provider, batch_id, worker_id="w1").collected:
             break
     states: dict[str, str] = dict(
         db.execute(
@@ -106,11 +112,9 @@ def test_an_items_error_echoing_the_key_and_the_prompt_leaves_neither_in_the_led
 def test_a_refused_batch_echoing_the_key_and_a_prompt_leaves_neither_in_the_ledger(
     api: str, fake: FakeProviders, ledger: HarnessLedger, db: psycopg.Connection
 ) -> None:
-    provider = _provider(api, fake)
-    batch = open_intent(ledger, STEPS, provider, _ids("one", "two"), worker_id="w1")
-    assert batch is not None
+    provider, batch_id = _opened(api, fake, ledger, "one", "two")
     fake.batches.fail_next = {"create": [(400, f"line 2: {SECRET}: refused for key {KEY}")]}
-    assert advance(ledger, STEPS, provider, batch.batch_id, worker_id="w1").collected
+    assert advance(ledger, STEPS, provider, batch_id, worker_id="w1").collected
     assert _echoes(db) == []
     [error] = _errors(db, "SELECT error FROM idempotent_jobs.batches")
     assert "the provider refused the batch" in error
