@@ -21,6 +21,7 @@ from idempotent_jobs.core.records import CallOrigin, Lease
 from idempotent_jobs.core.steps import end_attempt
 from idempotent_jobs.models.answers import prompt_texts, redact_echoes
 from idempotent_jobs.models.batches import BatchProvider, ItemResult, ProviderBatch
+from idempotent_jobs.models.prompts import Prompt
 
 #: Renew the batch's lease every this many items while collecting.
 RENEW_EVERY_ITEMS = 200
@@ -135,16 +136,21 @@ def _take(
 
 
 def _sent(steps: BatchSteps, item: BatchItem) -> list[str]:
-    """What the item's request carried, as far as it can be known again: the checkpoint it was
-    built from (as JSON: its strings are looked for) and its prompt built again from it (a
-    prompt builder that fails now leaves the checkpoint's strings)."""
+    """What the item's request carried, as far as it can be known again: its prompt built
+    again from its checkpoint, and the checkpoint (a prompt builder that fails now leaves the
+    checkpoint's strings)."""
     raw = item.raw_input or {}
-    texts = [json.dumps(raw, ensure_ascii=False)]
     try:
-        texts += prompt_texts(steps.prompt(raw, item.identity))
-    except Exception:  # noqa: BLE001, S110 - the checkpoint's strings are still looked for
-        pass
-    return texts
+        prompt: Prompt | None = steps.prompt(raw, item.identity)
+    except Exception:  # noqa: BLE001 - the checkpoint's strings are still looked for
+        prompt = None
+    return request_texts(raw, prompt)
+
+
+def request_texts(raw: dict[str, Any], prompt: Prompt | None) -> list[str]:
+    """The texts to keep out of an error about a request built from ``raw`` (a checkpoint) as
+    ``prompt``: the prompt's, and the checkpoint as JSON (its strings are looked for)."""
+    return [json.dumps(raw, ensure_ascii=False), *(prompt_texts(prompt) if prompt else ())]
 
 
 def _after_crash(ledger: RunLedger, item: BatchItem) -> str:

@@ -24,10 +24,9 @@ Every step can be cut at any point and run again: each write is fenced by the ba
 each item's commit by the run's; a collected item is not taken twice.
 """
 
-import json
 from typing import Any
 
-from idempotent_jobs.batches.collection import collect, release_pending
+from idempotent_jobs.batches.collection import collect, release_pending, request_texts
 from idempotent_jobs.batches.job import BatchProgress, BatchSteps
 from idempotent_jobs.batches.opening import open_intent
 from idempotent_jobs.batches.search import refused, search_provider
@@ -36,7 +35,7 @@ from idempotent_jobs.core.error_text import describe_error
 from idempotent_jobs.core.errors import LeaseLostError, LedgerError, mark_unsent
 from idempotent_jobs.core.ledger import RunLedger
 from idempotent_jobs.core.steps import end_attempt
-from idempotent_jobs.models.answers import prompt_texts, redact_echoes
+from idempotent_jobs.models.answers import redact_echoes
 from idempotent_jobs.models.batches import BatchProvider
 from idempotent_jobs.models.errors import ProviderError
 
@@ -197,7 +196,7 @@ def _submit(
         try:
             prompt = steps.prompt(item.raw_input or {}, item.identity)
             lines.append(provider.batch_line(item.custom_id, prompt, steps.schema))
-            sent += [*prompt_texts(prompt), json.dumps(item.raw_input or {}, ensure_ascii=False)]
+            sent.append((prompt, item.raw_input or {}))
         except Exception as exc:  # noqa: BLE001 - that run's attempt ends; the batch goes on
             _end_item(ledger, batch, item, exc)
     if not lines:
@@ -207,7 +206,9 @@ def _submit(
     try:
         made = provider.create_batch(lines, batch.batch_id)
     except ProviderError as exc:
-        redact_echoes(exc, getattr(provider, "api_key", None), sent)  # a refusal may quote one
+        # A refusal may quote a request: its prompt and checkpoint are looked for (only now).
+        texts = [text for prompt, raw in sent for text in request_texts(raw, prompt)]
+        redact_echoes(exc, getattr(provider, "api_key", None), texts)
         if not refused(exc):
             raise  # it may have been made: the next step searches for it first
         # Refused (too many requests, a bad request): the provider made nothing, and the same
