@@ -19,9 +19,10 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 # The project's own modules too (an editable install is not compiled; a file edited since is
-# compiled again, in memory, by whatever imports it).
+# compiled again, in memory, by whatever imports it). Quiet but for a file that cannot compile,
+# which it names.
 install: $(STAMP)
-	@$(BIN)/python -m compileall -q idempotent_jobs idempotent_jobs_tests testkit >/dev/null
+	@$(BIN)/python -m compileall -q idempotent_jobs idempotent_jobs_tests testkit
 
 demo: install
 	$(BIN)/idempotent-jobs demo
