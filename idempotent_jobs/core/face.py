@@ -2,7 +2,6 @@
 are opened and closed. A face runs only its own statements (``sql/<face>.sql``); its executor is
 private to it."""
 
-import os
 import threading
 from collections.abc import Callable
 from typing import Any, ClassVar, Concatenate, Generic, NoReturn, ParamSpec, Self, TypeVar, overload
@@ -13,6 +12,7 @@ from idempotent_jobs.core.executor import Executor
 from idempotent_jobs.core.settings import LedgerSettings
 from idempotent_jobs.core.sql import Face
 from idempotent_jobs.core.stores import Stores
+from idempotent_jobs.core.this_process import fork_generation
 
 S = TypeVar("S")
 P = ParamSpec("P")
@@ -98,7 +98,7 @@ class LedgerFace:
         self.settings = LedgerSettings.of(settings, **options)
         self._db = self.executor_class(self.settings, self.face, pool=pool)
         self._stores = Stores.over(self._db, self.settings)
-        self._local_pid = os.getpid()
+        self._local_generation = fork_generation()
         self._local_lock = threading.Lock()
         self._local: dict[str, Any] = {}
 
@@ -119,8 +119,9 @@ class LedgerFace:
         """This face's ``key`` object in this process (``make()`` the first time): what lives
         as long as the face and must not cross a fork (a thread, a lock), such as the lease
         renewer. A forked child starts with none (the parent's threads did not follow it)."""
-        if self._local_pid != os.getpid():  # a forked child: the parent's lock may be held
-            self._local_pid, self._local_lock, self._local = os.getpid(), threading.Lock(), {}
+        if self._local_generation != fork_generation():  # forked: the parent's lock may be held
+            self._local_generation, self._local_lock = fork_generation(), threading.Lock()
+            self._local = {}
         with self._local_lock:
             if key not in self._local:
                 self._local[key] = make()

@@ -5,9 +5,6 @@ Dagster ops call the same steps one per op, so a failure leaves the same ledger 
 either. Other schedulers call :func:`run_idempotent` directly.
 """
 
-import os
-import socket
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,6 +22,7 @@ from idempotent_jobs.core.policy import NO_POLICY, CallPolicy
 from idempotent_jobs.core.rate_limits import RateLimit
 from idempotent_jobs.core.records import AdvanceHold, CallOrigin, JobConfig, RunStatus
 from idempotent_jobs.core.steps import ModelAnswer, call_model
+from idempotent_jobs.core.this_process import default_worker_id
 
 JSONDict = dict[str, Any]
 DEFAULT_LEASE_SECONDS = 300.0
@@ -50,11 +48,6 @@ class RunOutcome:
     epoch: int | None = None
     config_changed: tuple[str, ...] = ()
     output_pruned_at: datetime | None = None
-
-
-def default_worker_id() -> str:
-    """A worker id unique to this call: host, process and a random suffix."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 @dataclass(frozen=True)

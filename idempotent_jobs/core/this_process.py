@@ -1,0 +1,44 @@
+"""What names this process, read once per process instead of once per run.
+
+``os.getpid()`` and ``socket.gethostname()`` are system calls, and ``uuid.uuid4()`` reads the
+kernel's random source: a worker id made of the three cost every run three of them. The
+host and the process id are kept here and made again in a forked child (before any code of
+the child runs, by ``os.register_at_fork``), so a child never names itself as its parent.
+``fork_generation`` tells process-local state (threads, locks) that it was inherited.
+"""
+
+import os
+import random
+import socket
+
+_host = socket.gethostname()
+_pid = os.getpid()
+_generation = 0
+
+
+def _forked() -> None:
+    global _pid, _generation
+    _pid = os.getpid()
+    _generation += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def process_id() -> int:
+    """This process's id (``os.getpid()``, without the system call)."""
+    return _pid
+
+
+def fork_generation() -> int:
+    """How many forks separate this process from the one that imported this module: a value
+    kept beside process-local state says whether that state was inherited from a parent."""
+    return _generation
+
+
+def default_worker_id() -> str:
+    """A worker id unique to this call: host, process and a random 32-bit suffix.
+
+    The suffix comes from the ``random`` module, which CPython reseeds in a forked child, so
+    two processes forked from one parent do not draw the same suffixes."""
+    return f"{_host}:{_pid}:{random.getrandbits(32):08x}"
