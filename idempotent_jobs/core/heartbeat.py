@@ -2,9 +2,10 @@
 
 One daemon thread per ledger and process renews every lease held through that ledger, each at
 its own interval. Holding a lease costs a dictionary entry, not a thread: a step that ends within
-its first interval makes no renewal and wakes nothing. The thread is created on first use, exits
-after a while with nothing held, and a forked child gets a renewer of its own (the parent's
-thread and lock do not survive a fork).
+its first interval makes no renewal and, while the thread looks at its holds often anyway (for a
+second after a lease was last held or let go: :data:`IDLE_LOOK_SECONDS`), wakes nothing. The
+thread is created on first use, exits after a while with nothing held, and a forked child gets a
+renewer of its own (the parent's thread and lock do not survive a fork).
 
 The same thread stores a checkpoint that travels with a model call (``run_idempotent``'s: sent
 beside the call, not awaited before it): :data:`CARRY_SECONDS` into the call, so a call that
@@ -13,6 +14,7 @@ a step that answers sooner leaves it to its commit, which stores it in the same 
 checkpoint is never sent twice: whoever takes it (the thread, or the step ending) sends it.
 """
 
+import math
 import threading
 import time
 import weakref
@@ -30,6 +32,11 @@ IDLE_EXIT_SECONDS = 30.0
 #: How long into a model call a checkpoint that travels with it is stored by the renewer (a
 #: call answered sooner commits it instead); far shorter than any provider's answer.
 CARRY_SECONDS = 0.01
+#: For how long after a lease was last held or let go the thread looks at the holds every
+#: :data:`CARRY_SECONDS` instead of waiting to be woken: a worker running call after call
+#: then wakes no thread per call (a futex call and a thread switch each), at the price of at
+#: most a hundred looks after the last one.
+IDLE_LOOK_SECONDS = 1.0
 
 
 @dataclass(eq=False)
@@ -58,6 +65,11 @@ class LeaseRenewer:
         self._wake = threading.Condition()
         self._holds: set[LeaseHold] = set()
         self._thread: threading.Thread | None = None
+        # When the thread, waiting, will look at the holds again by itself (monotonic); minus
+        # infinity while it is not waiting (it looks again before it waits). A hold due sooner
+        # wakes it; any other needs no wake-up.
+        self._wakes_at = -math.inf
+        self._busy_at = -math.inf  # when a lease was last held or let go
         self.thread_name = f"lease-renewer-{id(self):x}"
 
     @property
@@ -79,14 +91,15 @@ class LeaseRenewer:
         due = renew_due if checkpoint is None else min(now + CARRY_SECONDS, renew_due)
         hold = LeaseHold(lease, interval_seconds, due, checkpoint=checkpoint, renew_due=renew_due)
         with self._wake:
-            soonest = min((h.due for h in self._holds), default=None)
             self._holds.add(hold)
+            self._busy_at = now
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name=self.thread_name, daemon=True
                 )
+                self._wakes_at = -math.inf
                 self._thread.start()
-            elif soonest is None or hold.due < soonest:
+            elif hold.due < self._wakes_at:
                 self._wake.notify()
         return hold
 
@@ -94,6 +107,7 @@ class LeaseRenewer:
         """Stop renewing; returns once no renewal of this lease is in flight."""
         with self._wake:
             self._holds.discard(hold)
+            self._busy_at = time.monotonic()
             while hold.renewing:
                 self._wake.wait()
 
@@ -115,20 +129,34 @@ class LeaseRenewer:
                 now = time.monotonic()
                 due = [h for h in self._holds if h.due <= now]
                 if not due:
+                    # Lately busy (a lease held or let go within IDLE_LOOK_SECONDS): look again
+                    # within CARRY_SECONDS, as soon as a new hold's checkpoint can fall due, so
+                    # that hold need not wake this thread.
+                    look = CARRY_SECONDS if now - self._busy_at < IDLE_LOOK_SECONDS else math.inf
                     if self._holds:
                         idle_since = None
-                        self._wake.wait(min(h.due for h in self._holds) - now)
+                        self._sleep(min(min(h.due for h in self._holds) - now, look), now)
                         continue
                     idle_since = idle_since if idle_since is not None else now
-                    if now - idle_since >= IDLE_EXIT_SECONDS:
+                    idle = now - idle_since
+                    if idle >= IDLE_EXIT_SECONDS:
                         self._thread = None
                         return
-                    self._wake.wait(IDLE_EXIT_SECONDS - (now - idle_since))
+                    self._sleep(min(IDLE_EXIT_SECONDS - idle, look), now)
                     continue
                 for hold in due:
                     hold.renewing = True
             for hold in due:
                 self._renew(hold)
+
+    def _sleep(self, seconds: float, now: float) -> None:
+        """Wait (the condition held) until ``seconds`` from ``now`` or a wake-up, saying until
+        when for :meth:`hold`."""
+        self._wakes_at = now + seconds
+        try:
+            self._wake.wait(seconds)
+        finally:
+            self._wakes_at = -math.inf
 
     def _renew(self, hold: LeaseHold) -> None:
         lease, lost, stored = hold.lease, False, False

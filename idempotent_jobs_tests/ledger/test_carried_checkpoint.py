@@ -16,6 +16,8 @@ import psycopg
 import pytest
 
 from idempotent_jobs import InvalidInputError, run_idempotent
+from idempotent_jobs.core import heartbeat
+from idempotent_jobs.core.heartbeat import renewer_for
 from idempotent_jobs.core.json_values import json_fingerprint
 from idempotent_jobs_tests.helpers import (
     Collector,
@@ -71,6 +73,45 @@ def test_a_call_that_lasts_finds_its_checkpoint_stored_before_it_answers(
     assert outcome.executed and seen == [collector.value]
     # The model's own reads of the run (`get_run`) apart, as the worker sent them:
     assert [name for name in sent if name != "get_run"] == ["begin", "save_raw_input", "complete"]
+
+
+@pytest.mark.parametrize("looking", [True, False], ids=["lately-busy", "asleep"])
+def test_the_renewer_stores_a_carried_checkpoint_without_being_woken_while_it_looks(
+    ledger: HarnessLedger, monkeypatch: pytest.MonkeyPatch, looking: bool
+) -> None:
+    """A renewer busy lately looks at its holds every ``CARRY_SECONDS``, so a new call's hold
+    wakes no thread (a futex call and a thread switch saved per run); one asleep past that
+    (``IDLE_LOOK_SECONDS``) is woken by the hold. Either way the checkpoint is stored."""
+    monkeypatch.setattr(heartbeat, "IDLE_LOOK_SECONDS", 3600.0 if looking else 0.0)
+    wake = renewer_for(ledger)._wake  # noqa: SLF001 - counting its wake-ups is the point
+    wakes: list[int] = []  # a hold's notify(); a renewal's notify_all() (it calls notify) apart
+    all_of, notify, notify_all = [False], wake.notify, wake.notify_all
+
+    def counted_notify(n: int = 1) -> None:
+        if not all_of[0]:
+            wakes.append(n)
+        notify(n)
+
+    def counted_notify_all() -> None:
+        all_of[0] = True
+        try:
+            notify_all()
+        finally:
+            all_of[0] = False
+
+    monkeypatch.setattr(wake, "notify", counted_notify)
+    monkeypatch.setattr(wake, "notify_all", counted_notify_all)
+    run_idempotent(ledger, identity(hour=0), collect=Collector(), transform=lambda raw: {})
+    for hour in range(1, 4):
+        collector = Collector()
+
+        def transform(raw: dict[str, Any], hour: int = hour) -> dict[str, Any]:
+            return {"stored": wait_for_checkpoint(ledger, identity(hour=hour).run_id)}
+
+        done = run_idempotent(ledger, identity(hour=hour), collect=collector, transform=transform)
+        assert done.output == {"stored": collector.value}
+    if looking:
+        assert wakes == []
 
 
 @pytest.mark.parametrize("fails_in", ["transform", "notifications"])
