@@ -14,12 +14,17 @@ import socket
 _host = socket.gethostname()
 _pid = os.getpid()
 _generation = 0
+#: The suffixes' source: seeded from the kernel's, and again in a forked child. Not the
+#: ``random`` module's own, which a job may seed (``random.seed(42)`` is common in ML code):
+#: two processes so seeded would draw the same suffixes.
+_suffixes = random.Random()
 
 
 def _forked() -> None:
     global _pid, _generation
     _pid = os.getpid()
     _generation += 1
+    _suffixes.seed()
 
 
 os.register_at_fork(after_in_child=_forked)
@@ -37,8 +42,6 @@ def fork_generation() -> int:
 
 
 def default_worker_id() -> str:
-    """A worker id unique to this call: host, process and a random 32-bit suffix.
-
-    The suffix comes from the ``random`` module, which CPython reseeds in a forked child, so
-    two processes forked from one parent do not draw the same suffixes."""
-    return f"{_host}:{_pid}:{random.getrandbits(32):08x}"
+    """A worker id unique to this call: host, process and a random 32-bit suffix (from a
+    generator of this module's own, seeded by the kernel in each process)."""
+    return f"{_host}:{_pid}:{_suffixes.getrandbits(32):08x}"

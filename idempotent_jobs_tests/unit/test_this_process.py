@@ -2,6 +2,7 @@
 
 import multiprocessing
 import os
+import random
 import socket
 
 from idempotent_jobs.core.this_process import default_worker_id, fork_generation, process_id
@@ -32,3 +33,13 @@ def test_a_worker_id_names_host_and_process_and_a_forked_child_names_its_own() -
     # Each child's ids carry its own pid, and the two children drew different suffixes.
     suffixes = [{i.rsplit(":", 1)[1] for i in worker_ids} for worker_ids in (first, second)]
     assert suffixes[0].isdisjoint(suffixes[1]) and set(ids).isdisjoint(first | second)
+
+
+def test_a_job_seeding_the_random_module_does_not_repeat_worker_ids() -> None:
+    """ML code often calls ``random.seed(42)``; two processes doing so must not draw the same
+    worker ids (a worker id equal to another's would pass for its lease's owner)."""
+    random.seed(42)
+    first = [default_worker_id() for _ in range(20)]
+    random.seed(42)
+    again = [default_worker_id() for _ in range(20)]
+    assert set(first).isdisjoint(again)
