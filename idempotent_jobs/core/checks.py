@@ -159,8 +159,8 @@ def caller_params(origin: CallOrigin | None) -> dict[str, Any]:
 
 
 def origin_params(origin: CallOrigin | None) -> dict[str, Any]:
-    """Where a call was made, under short names (the statements that record a call must fit
-    psycopg's query cache, see test_sql)."""
+    """Where a call was made, under short names (from when the statements that record a call
+    had to fit psycopg's query cache; the executor numbers placeholders itself now)."""
     origin = origin or CallOrigin()
     return {
         "c_step": optional_name("caller_step", origin.caller_step),
@@ -200,8 +200,7 @@ def usage_params(usage: ModelUsage | None) -> dict[str, Any]:
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
         "u_rm": model_name(usage.requested_model),
-        # The usage's parts, under short names: the statements that record a call must fit
-        # psycopg's query cache (see test_sql).
+        # The usage's parts, under short names (see origin_params).
         "u_cr": usage.cache_read_tokens,
         "u_cw": usage.cache_write_tokens,
         "u_cw1h": usage.cache_write_1h_tokens,

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any, LiteralString, TypeVar
 
 import psycopg
-from psycopg import sql
+from psycopg import RawCursor, sql
 from psycopg.rows import RowFactory, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -47,7 +47,7 @@ from idempotent_jobs.core.schema import (
     not_migrated,
 )
 from idempotent_jobs.core.settings import LedgerSettings
-from idempotent_jobs.core.sql import Face, statement
+from idempotent_jobs.core.sql import Face, positional, statement
 from idempotent_jobs.core.upgrade import MigrationReport, upgrade
 
 Row = TypeVar("Row")
@@ -89,6 +89,7 @@ class Executor:
         #: Whether :meth:`open` found a connection pooler between the ledger and PostgreSQL.
         self.pooled = False
         self._rendered: dict[str, LiteralString] = {}
+        self._positional: dict[str, tuple[LiteralString, tuple[str, ...]]] = {}
         self._open_lock = threading.Lock()
 
     def __repr__(self) -> str:  # the conninfo may hold a password: never shown
@@ -305,15 +306,19 @@ class Executor:
         outbox marks, which run in :meth:`transaction`.
         """
         pool = self._pool_or_open()
-        query = self.query(name)
+        form = self._positional.get(name)
+        if form is None:  # numbered once (see core.sql.positional), sent as it is
+            form = self._positional[name] = positional(self.query(name))
+        query, names = form
+        values = [params[n] for n in names]
         for attempt in range(self.connection_retries + 1):
             conn: psycopg.Connection | None = None
             try:
-                with pool.connection() as conn, conn.cursor(row_factory=row_factory) as cur:
+                with pool.connection() as conn, RawCursor(conn, row_factory=row_factory) as cur:
                     if not self._own_pool:
                         configure_connection(conn)
                     try:
-                        cur.execute(query, params)
+                        cur.execute(query, values)
                     except psycopg.errors.FeatureNotSupported as exc:
                         if not stale_plan(exc):
                             raise
@@ -321,7 +326,7 @@ class Executor:
                         # (an added column): forget its plans and prepare afresh, once. The
                         # refused statement did nothing (it failed before executing).
                         conn.execute("DEALLOCATE ALL")
-                        cur.execute(query, params)
+                        cur.execute(query, values)
                     return cur.fetchall()
             except psycopg.errors.UniqueViolation as exc:
                 if exc.diag.constraint_name == "runs_identity_key":

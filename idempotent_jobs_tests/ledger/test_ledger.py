@@ -478,9 +478,11 @@ def test_begin_registers_and_claims_in_one_statement(
     )
     assert len(operator.attempts(ident.run_id)) == 1
 
+    ledger.save_raw_input(lease, {"collected": True})
     expire_lease(db, ident.run_id)
     taken, lease2 = ledger.begin(ident, "w2", 30)
     assert lease2 is not None and lease2.epoch == 2 and taken.attempts == 2
+    assert lease2.stored_raw_input == taken.raw_input == {"collected": True}  # claimed: read
     assert [a.outcome for a in operator.attempts(ident.run_id)] == ["lease_lost", None]
     with pytest.raises(LeaseLostError):
         ledger.save_raw_input(lease, {"stale": True})
@@ -492,6 +494,10 @@ def test_begin_registers_and_claims_in_one_statement(
         {"summary": "s"},
         2,
     )
+    # A completed run comes back without its checkpoint (it may be large; nothing reads it),
+    # which stays stored.
+    assert done.raw_input is None and done.input_fingerprint == taken.input_fingerprint
+    assert operator.get(ident.run_id).raw_input == {"collected": True}  # type: ignore[union-attr]
 
 
 def test_begin_refuses_a_mismatched_identity(ledger: HarnessLedger, db: psycopg.Connection) -> None:

@@ -18,6 +18,7 @@ from idempotent_jobs.core.sql import (
     Face,
     face_statements,
     parse_statements,
+    positional,
     store_statements,
 )
 from idempotent_jobs_tests.ledgers import harness_statements
@@ -243,21 +244,37 @@ def test_no_string_literal_spans_lines() -> None:
             assert code.count("'") % 2 == 0 and code.count('"') % 2 == 0, (statement.name, line)
 
 
-def test_every_statement_fits_psycopgs_query_cache() -> None:
-    """psycopg reuses its conversion of a statement only up to a fixed length; longer ones are
-    converted again on every execute. Rendered with the longest schema name, each must fit."""
+def test_a_named_statement_is_numbered_in_postgresqls_own_form() -> None:
+    """What the executor sends through psycopg's ``RawCursor``: no parsing at each execute,
+    whatever the statement's length (psycopg's cache of parsed queries stops at 4,096 bytes)."""
+    text, names = positional("SELECT %(a)s, %(b)s::int, %(a)s || 'x%%y' FROM t WHERE c = %(c)s")
+    assert text == "SELECT $1, $2::int, $1 || 'x%y' FROM t WHERE c = $3"
+    assert names == ("a", "b", "c")
+    with pytest.raises(ValueError, match="no %"):
+        positional("SELECT 'a' LIKE 'b%'")
+
+
+def test_every_statement_is_numbered_with_each_of_its_names() -> None:
     settings = LedgerSettings("postgresql://unused@127.0.0.1:9/x", schema="s" * 63)
-    lengths = {
-        name: len(Executor(settings, face).query(name))
-        for face in FACES
-        for name in face_statements(face)
-    }
-    too_long = {n: k for n, k in lengths.items() if k > _queries.MAX_CACHED_STATEMENT_LENGTH}
-    # Retention's batch runs once per 5,000 runs, off every job's path: converting it again
-    # costs nothing anyone waits for.
-    too_long.pop("prune_batch", None)
-    assert too_long == {}
-    assert lengths["begin"] > 2000  # written out whole, not glued from fragments
+    for face in FACES:
+        executor = Executor(settings, face)
+        for name in face_statements(face):
+            query = executor.query(name)
+            text, names = positional(query)
+            assert "%" not in text or "%%" in query, name
+            assert set(names) == set(re.findall(r"%\(([a-z_0-9]+)\)s", query)), name
+            assert len(re.findall(r"\$\d+", text)) == len(re.findall(r"%\(", query)), name
+
+
+def test_the_statements_run_by_name_outside_fetch_fit_psycopgs_query_cache() -> None:
+    """The outbox's delivery runs three statements on its own connection, in pipeline mode, as
+    psycopg parses them (core/stores/outbox.py): each must stay under the cache's limit, or it
+    is parsed again at every execute. Rendered with the longest schema name."""
+    settings = LedgerSettings("postgresql://unused@127.0.0.1:9/x", schema="s" * 63)
+    executor = Executor(settings, "worker")
+    for name in ("lock_undelivered", "mark_delivery_failed", "mark_delivered"):
+        assert len(executor.query(name)) <= _queries.MAX_CACHED_STATEMENT_LENGTH, name
+    assert len(executor.query("begin")) > 4096  # written out whole, as psycopg's cache would not
 
 
 @pytest.mark.parametrize(

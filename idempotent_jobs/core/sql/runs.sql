@@ -29,7 +29,9 @@ WHERE (r.job_name, r.subject_id, r.scheduled_at, r.version)
 -- Register and claim in one statement: a new run is inserted claimed (epoch 1); an existing one is
 -- claimed under the rule of `claim` (and only if its identity fields match), else only updated_at
 -- moves. A completed run is only read, never locked or written: reusing a result costs no write
--- (only an explicit revise changes a completed run). `claimed` says whether this statement took
+-- (only an explicit revise changes a completed run), and its checkpoint is not read: `raw_input`
+-- comes back NULL (nothing needs it, and it may be large). Each part names the columns it returns
+-- (a column a later migration adds is not among them). `claimed` says whether this statement took
 -- the lease. No row back: a first registration raced this one, or the run completed while this
 -- statement waited for its row lock; either is committed now: run the statement again.
 -- `drill_armed` says whether a failure drill of the job is armed, so a model call under this
@@ -48,11 +50,20 @@ WITH inserted AS (
     %(worker_id)s, now() + make_interval(secs => %(lease_seconds)s), 1, 1, now(),
     %(caller_run_id)s, %(caller_step)s)
   ON CONFLICT (run_id) DO NOTHING
-  RETURNING r AS run, true AS claimed,
+  RETURNING r.run_id, r.job_name, r.subject_id, r.scheduled_at, r.version, r.status, r.raw_input,
+    r.output, r.lease_owner, r.lease_expires_at, r.lease_epoch, r.attempts, r.last_error,
+    r.created_at, r.updated_at, r.completed_at, r.revision, r.input_fingerprint,
+    r.config_fingerprint, r.config_parts, r.raw_input_pruned_at, r.output_pruned_at,
+    r.attempts_pruned_at, true AS claimed,
     set_config('synchronous_commit',
       COALESCE(%(lease_commit)s::text, current_setting('synchronous_commit')), true)
 ), done AS (
-  SELECT r AS run, false AS claimed FROM {schema}.runs AS r
+  SELECT r.run_id, r.job_name, r.subject_id, r.scheduled_at, r.version, r.status,
+    NULL::jsonb AS raw_input, r.output, r.lease_owner, r.lease_expires_at, r.lease_epoch,
+    r.attempts, r.last_error, r.created_at, r.updated_at, r.completed_at, r.revision,
+    r.input_fingerprint, r.config_fingerprint, r.config_parts, r.raw_input_pruned_at,
+    r.output_pruned_at, r.attempts_pruned_at, false AS claimed
+  FROM {schema}.runs AS r
   WHERE r.run_id = %(run_id)s AND r.status = 'completed'
 ), prev AS (
   SELECT r.run_id, r.status, r.lease_owner, r.lease_epoch, r.lease_started_at,
@@ -82,14 +93,19 @@ WITH inserted AS (
     updated_at = now()
   FROM prev
   WHERE r.run_id = prev.run_id
-  RETURNING r AS run, prev.claimable AS claimed, prev.status AS prev_status,
+  RETURNING r.run_id, r.job_name, r.subject_id, r.scheduled_at, r.version, r.status, r.raw_input,
+    r.output, r.lease_owner, r.lease_expires_at, r.lease_epoch, r.attempts, r.last_error,
+    r.created_at, r.updated_at, r.completed_at, r.revision, r.input_fingerprint,
+    r.config_fingerprint, r.config_parts, r.raw_input_pruned_at, r.output_pruned_at,
+    r.attempts_pruned_at,
+    prev.claimable AS claimed, prev.status AS prev_status,
     prev.lease_owner AS prev_owner, prev.lease_epoch AS prev_epoch,
     prev.lease_started_at AS prev_started_at, prev.lease_caller_run_id AS prev_caller_run_id,
     prev.lease_caller_step AS prev_caller_step
 ), lost AS (
   INSERT INTO {schema}.run_attempts (run_id, lease_epoch, worker_id, caller_run_id, caller_step,
     started_at, ended_at, outcome)
-  SELECT (run).run_id, prev_epoch, prev_owner, prev_caller_run_id, prev_caller_step,
+  SELECT run_id, prev_epoch, prev_owner, prev_caller_run_id, prev_caller_step,
     COALESCE(prev_started_at, now()), now(),
     CASE WHEN prev_owner = %(worker_id)s THEN 'superseded' ELSE 'lease_lost' END
   FROM claimed
@@ -107,11 +123,20 @@ FROM (
     u.claimed AND EXISTS (SELECT FROM {schema}.spend_budgets AS b
       WHERE %(job_name)s::text = ANY(b.jobs)) AS budgeted
   FROM (
-    SELECT (run).*, claimed FROM inserted
+    SELECT run_id, job_name, subject_id, scheduled_at, version, status, raw_input, output,
+      lease_owner, lease_expires_at, lease_epoch, attempts, last_error, created_at, updated_at,
+      completed_at, revision, input_fingerprint, config_fingerprint, config_parts,
+      raw_input_pruned_at, output_pruned_at, attempts_pruned_at, claimed FROM inserted
     UNION ALL
-    SELECT (run).*, claimed FROM done
+    SELECT run_id, job_name, subject_id, scheduled_at, version, status, raw_input, output,
+      lease_owner, lease_expires_at, lease_epoch, attempts, last_error, created_at, updated_at,
+      completed_at, revision, input_fingerprint, config_fingerprint, config_parts,
+      raw_input_pruned_at, output_pruned_at, attempts_pruned_at, claimed FROM done
     UNION ALL
-    SELECT (run).*, claimed FROM claimed
+    SELECT run_id, job_name, subject_id, scheduled_at, version, status, raw_input, output,
+      lease_owner, lease_expires_at, lease_epoch, attempts, last_error, created_at, updated_at,
+      completed_at, revision, input_fingerprint, config_fingerprint, config_parts,
+      raw_input_pruned_at, output_pruned_at, attempts_pruned_at, claimed FROM claimed
   ) AS u
 ) AS u
 
