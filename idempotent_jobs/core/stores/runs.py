@@ -75,7 +75,9 @@ class RunsStore(Store):
     ) -> tuple[RunRecord, Lease | None]:
         """Register the run (a new row, or the stored one) and :meth:`claim` it, in one
         statement. Returns the record and the new lease, or the record and ``None`` when the run
-        is completed (nothing is written) or another worker holds it (only updated_at moves).
+        is completed (nothing is written, and the record comes without its checkpoint:
+        ``raw_input`` is ``None``, read it with ``LedgerAdmin.get``) or another worker holds it
+        (only updated_at moves).
         :class:`IdentityConflictError` when the run id is stored with other identity fields.
         ``origin``: the caller's run and step, recorded with the claim and its attempt.
         ``hold``: the coming model call's worst case, reserved in the same statement when it
