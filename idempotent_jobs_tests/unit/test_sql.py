@@ -267,12 +267,20 @@ def test_every_statement_is_numbered_with_each_of_its_names() -> None:
 
 
 def test_the_statements_run_by_name_outside_fetch_fit_psycopgs_query_cache() -> None:
-    """The outbox's delivery runs three statements on its own connection, in pipeline mode, as
-    psycopg parses them (core/stores/outbox.py): each must stay under the cache's limit, or it
-    is parsed again at every execute. Rendered with the longest schema name."""
+    """A statement a store runs itself (``self._db.query(name)`` on a connection of its own:
+    the outbox's delivery, in pipeline mode) is parsed by psycopg, not numbered by the
+    executor: each must stay under the cache's limit, or it is parsed again at every execute.
+    Found in the package's source, rendered with the longest schema name."""
+    package = Path(sql_package.__file__).resolve().parents[1]
+    used = {
+        name
+        for path in package.rglob("*.py")
+        for name in re.findall(r'_db\.query\("([a-z_]+)"\)', path.read_text(encoding="utf-8"))
+    }
+    assert {"lock_undelivered", "mark_delivered"} <= used  # the search finds the outbox's
     settings = LedgerSettings("postgresql://unused@127.0.0.1:9/x", schema="s" * 63)
     executor = Executor(settings, "worker")
-    for name in ("lock_undelivered", "mark_delivery_failed", "mark_delivered"):
+    for name in sorted(used):
         assert len(executor.query(name)) <= _queries.MAX_CACHED_STATEMENT_LENGTH, name
     assert len(executor.query("begin")) > 4096  # written out whole, as psycopg's cache would not
 
