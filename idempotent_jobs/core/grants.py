@@ -63,7 +63,8 @@ WORKER_PRIVILEGES: dict[str, tuple[str, ...]] = {
 }
 # What a worker keeps once the roles are split: reads of prices, budgets and limits (counters,
 # holds and doubts change through the ledger's functions); the rate-limit buckets' times (taking
-# a place moves them); a batch's every column but the operator's cancel request.
+# a place moves them); a batch's every column but the operator's cancel request; a model call's
+# outcome, not what it cost.
 _BATCH_WORKER_COLUMNS = (
     "job_name, provider, model, state, provider_batch_id, items, lease_owner, lease_epoch, "
     "lease_expires_at, lease_seconds, created_at, submit_started_at, submitted_at, ended_at, "
@@ -80,6 +81,9 @@ SPLIT_WORKER_PRIVILEGES: dict[str, tuple[str, ...]] = {
     "budget_doubts": ("SELECT",),
     "rate_limits": ("SELECT", "UPDATE (requests_tat, tokens_tat)"),
     "batches": ("SELECT", "INSERT", f"UPDATE ({_BATCH_WORKER_COLUMNS})"),
+    # A recorded call's price, money and counts are decided as it is recorded (the ledger's
+    # trigger): a worker's commit or failure changes only its outcome, error and answer.
+    "model_calls": ("SELECT", "INSERT", "UPDATE (outcome, error, answer)"),
 }
 #: What the operator role holds beyond today's worker map.
 OPERATOR_EXTRA: dict[str, tuple[str, ...]] = {

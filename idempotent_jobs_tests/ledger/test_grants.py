@@ -373,3 +373,72 @@ def test_split_roles_leave_workers_admitting_and_settling_and_operators_setting(
         pytest.raises(psycopg.errors.InsufficientPrivilege),
     ):
         conn.execute("DELETE FROM idempotent_jobs.price_history")
+
+
+def test_a_worker_changes_what_a_budget_counts_only_by_its_own_calls_as_they_were(
+    login_role: MakeRole, ledger: HarnessLedger, db: psycopg.Connection
+) -> None:
+    """Under split roles the ledger's functions are a worker's only way to the counters, so
+    they check what they are given: a negative worst case is refused (it lowered what the
+    budget held), a job is held under only through a lease of its run (any job could be named),
+    the settling functions are the trigger's alone (a row of the worker's making lowered what
+    was spent), and a call's counts are never negative nor its money a worker's to change."""
+    from idempotent_jobs import Budget, LedgerAdmin
+
+    as_worker = login_role(worker_role(SCHEMA))
+    with LedgerAdmin.beside(ledger) as owner:
+        owner.set_price("m", "1", "1")
+        owner.set_budget(Budget(amount="5", unit="money", period="month"), job_name="money-job")
+    identity = RunIdentity("money-job", "a", datetime(2026, 12, 1, tzinfo=UTC), "v1")
+    with HarnessLedger(as_worker) as worker:
+        done = run_idempotent(
+            worker,
+            identity,
+            collect=lambda i: {"x": 1},
+            transform=answer,
+            max_tokens_per_call=100,
+            config=JobConfig.of(prompt="", model="m", validator=""),
+        )
+    assert done.executed
+
+    def books() -> list[tuple[Any, ...]]:
+        return db.execute(
+            "SELECT k.budget_id, k.spent, k.reserved, k.in_doubt, k.calls,"
+            " (SELECT sum(money) FROM idempotent_jobs.model_calls),"
+            " (SELECT count(*) FROM idempotent_jobs.budget_holds)"
+            " FROM idempotent_jobs.budget_counters AS k ORDER BY 1"
+        ).fetchall()
+
+    before = books()
+    assert before == [
+        ("job:money/month:money-job", Decimal("0.000012"), 0, 0, 1, Decimal("0.000012"), 0)
+    ]
+    admit = (
+        "SELECT outcome FROM idempotent_jobs.reserve_budget(%s, 1, 'w', %s, 0, 0, 'm', NULL,"
+        " NULL, 'money-job', '')"
+    )
+    with psycopg.connect(as_worker, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="from 0"):
+            conn.execute(admit, (identity.run_id, -(10**9)))
+        # The run is completed: no lease of it, whichever job the caller names.
+        assert conn.execute(admit, (identity.run_id, 100)).fetchall() == [("lease_lost",)]
+        assert conn.execute(admit, ("no-such-run", 100)).fetchall() == [("lease_lost",)]
+        for statement in (
+            "SELECT idempotent_jobs.settle_recorded_call(c) FROM idempotent_jobs.model_calls AS c",
+            "SELECT idempotent_jobs.settle_budget_by_budget(c)"
+            " FROM idempotent_jobs.model_calls AS c",
+            "SELECT * FROM idempotent_jobs.reserve_under_budgets('r', 1, 'w', 1, 0, 0, 'm', NULL,"
+            " NULL, 'money-job', '')",
+            "UPDATE idempotent_jobs.model_calls SET money = 0",
+            "UPDATE idempotent_jobs.model_calls SET input_tokens = 0, price_id = NULL",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(statement)
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute(
+                "INSERT INTO idempotent_jobs.model_calls (run_id, lease_epoch, revision, worker_id,"
+                " model_name, input_tokens, output_tokens, outcome, requested_model)"
+                " VALUES (%s, 1, 0, 'w', 'm', -1000000000, 0, 'failed', 'm')",
+                (identity.run_id,),
+            )
+    assert books() == before
