@@ -11,12 +11,12 @@
 -- same names with the same arguments, and their prepared statements plan the new function.
 
 -- 1. The admission checks what it is given, then admits as before: a worst case is never
--- negative; the run's job and subject are read from the run under the caller's lease, or, for
--- a shadow (epoch 0, worker `shadow:<id>`), with a pending item of a shadow still running. The
--- job and subject a caller passes are not used: the statements that passed them (begin, the
--- checkpoint, a request's admission) have just written the run's row, which this function
--- sees. Measured on PostgreSQL 15, 2,000 calls each, interleaved: +18 to +29 us a call. The
--- admission itself is 0020's function, kept under a name only the ledger's owner may call.
+-- negative; the run's job and subject are read from the run under the caller's lease (0020's
+-- own check), or, for a shadow (epoch 0, worker `shadow:<id>`), with a pending item of a shadow
+-- still running. The job and subject a caller passes are not used: the statements that passed
+-- them (begin, the checkpoint, a request's admission) have just written the run's row, which
+-- the lease check sees. The admission itself is 0020's function, kept under a name only the
+-- ledger's owner may call.
 ALTER FUNCTION {schema}.reserve_budget(text, integer, text, bigint, bigint, bigint, text, text,
   text, text, text) RENAME TO reserve_under_budgets;
 REVOKE EXECUTE ON FUNCTION {schema}.reserve_under_budgets(text, integer, text, bigint, bigint,
@@ -29,34 +29,25 @@ RETURNS TABLE (outcome text, budget_id text, amount numeric, spent numeric,
     reserved numeric, wanted numeric, period_start date, subject_id text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$
 DECLARE
-  r record;
+  job text;
+  subject text;
 BEGIN
   IF max_input < 0 OR max_output < 0 OR max_total < 0 THEN
     RAISE EXCEPTION 'reserve_budget: a worst case is a number of tokens from 0, got input %, '
       'output %, total %', max_input, max_output, max_total
       USING ERRCODE = 'invalid_parameter_value';
   END IF;
-  -- Two statements, not one with OR: each keeps one generic plan (with the shadow's branch
-  -- folded away, a plan made for each call's values looked cheaper, and was made every call).
   IF p_epoch = 0 AND starts_with(p_worker, 'shadow:') THEN
-    SELECT x.job_name, x.subject_id INTO r FROM {schema}.runs AS x
+    SELECT x.job_name, x.subject_id INTO job, subject FROM {schema}.runs AS x
     WHERE x.run_id = p_run_id AND EXISTS (SELECT FROM {schema}.shadow_items AS i
       JOIN {schema}.shadows AS s ON s.shadow_id = i.shadow_id
       WHERE i.shadow_id = substr(p_worker, 8) AND i.run_id = p_run_id
         AND i.state = 'pending' AND s.state IN ('started', 'submitted'));
-  ELSE
-    SELECT x.job_name, x.subject_id INTO r FROM {schema}.runs AS x
-    WHERE x.run_id = p_run_id AND x.status = 'running' AND x.lease_owner = p_worker
-      AND x.lease_epoch = p_epoch;
   END IF;
-  IF NOT FOUND THEN
-    RETURN QUERY SELECT 'lease_lost'::text, NULL::text, NULL::numeric, NULL::numeric,
-      NULL::numeric, NULL::numeric, NULL::date, NULL::text;
-    RETURN;
-  END IF;
+  -- No job given: the admission reads it from the run under the caller's lease, or says the
+  -- lease was lost.
   RETURN QUERY SELECT * FROM {schema}.reserve_under_budgets(p_run_id, p_epoch, p_worker,
-    max_input, max_output, max_total, requested, answered, call_tier, r.job_name,
-    r.subject_id);
+    max_input, max_output, max_total, requested, answered, call_tier, job, subject);
 END
 $body$;
 
