@@ -382,7 +382,8 @@ def test_a_worker_changes_what_a_budget_counts_only_by_its_own_calls_as_they_wer
     they check what they are given: a negative worst case is refused (it lowered what the
     budget held), a job is held under only through a lease of its run (any job could be named),
     the settling functions are the trigger's alone (a row of the worker's making lowered what
-    was spent), and a call's counts are never negative nor its money a worker's to change."""
+    was spent), a spec declares only its own job's budgets (and groups), and a call's counts
+    are never negative nor its money a worker's to change."""
     from idempotent_jobs import Budget, LedgerAdmin
 
     as_worker = login_role(worker_role(SCHEMA))
@@ -434,6 +435,21 @@ def test_a_worker_changes_what_a_budget_counts_only_by_its_own_calls_as_they_wer
         ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(statement)
+        # A spec declares its own job's budgets and groups: not another job's, at any amount.
+        declare = (
+            "SELECT * FROM idempotent_jobs.declare_spec_budgets('other-job', ARRAY[%s],"
+            " ARRAY[%s], ARRAY[%s], ARRAY['money'], ARRAY['month'], ARRAY[1e18]::numeric[])"
+        )
+        for budget_id, scope, name in (
+            ("job:money/month:money-job", "job", "money-job"),
+            ("subject:money/month:money-job", "subject", "money-job"),
+            ("job:money/month:other-job", "job", "money-job"),
+            ("job:money/month:other-job", "group", "other-job"),
+        ):
+            with pytest.raises(psycopg.errors.InvalidParameterValue, match="its own budgets"):
+                conn.execute(declare, (budget_id, scope, name))
+        conn.execute(declare, ("group:money/month:team", "group", "team"))
+        conn.execute(declare, ("job:money/month:other-job", "job", "other-job"))
         with pytest.raises(psycopg.errors.CheckViolation):
             conn.execute(
                 "INSERT INTO idempotent_jobs.model_calls (run_id, lease_epoch, revision, worker_id,"
@@ -442,3 +458,11 @@ def test_a_worker_changes_what_a_budget_counts_only_by_its_own_calls_as_they_wer
                 (identity.run_id,),
             )
     assert books() == before
+    declared = db.execute(
+        "SELECT budget_id, jobs FROM idempotent_jobs.spend_budgets ORDER BY 1"
+    ).fetchall()
+    assert declared == [
+        ("group:money/month:team", ["other-job"]),
+        ("job:money/month:money-job", ["money-job"]),
+        ("job:money/month:other-job", ["other-job"]),
+    ]

@@ -7,7 +7,8 @@
 -- job of its choosing (`fenced_job`), which skipped the lease check, so against any budget of
 -- any run. It could call `settle_recorded_call` with a model call row of its own making, whose
 -- negative money lowered what the budget had spent, or insert a call with negative tokens,
--- which the trigger priced below zero. Expand only: the previous release's workers call the
+-- which the trigger priced below zero; and it could declare another job's budget at 10^18
+-- before that job's own spec did. Expand only: the previous release's workers call the
 -- same names with the same arguments, and their prepared statements plan the new function.
 
 -- 1. The admission checks what it is given, then admits as before: a worst case is never
@@ -51,13 +52,43 @@ BEGIN
 END
 $body$;
 
--- 2. Settling is the trigger's alone: the trigger runs as the ledger's owner, and the functions
+-- 2. A spec declares its own job's budgets (and groups, which any job may join): a budget of
+-- another job's name, or an id that does not say its scope, unit, period and name, is refused.
+-- A worker could declare `job:tokens/day:<another job>` at 10^18 before that job's own spec
+-- did, and the other job's declaration then found it held and kept it.
+ALTER FUNCTION {schema}.declare_spec_budgets(text, text[], text[], text[], text[], text[],
+  numeric[]) RENAME TO declare_spec_budgets_as_given;
+REVOKE EXECUTE ON FUNCTION {schema}.declare_spec_budgets_as_given(text, text[], text[],
+  text[], text[], text[], numeric[]) FROM PUBLIC;
+
+CREATE FUNCTION {schema}.declare_spec_budgets(p_job text, p_ids text[], p_scopes text[],
+    p_names text[], p_units text[], p_periods text[], p_amounts numeric[])
+RETURNS TABLE (budget_id text, declared numeric, held numeric, held_by text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$
+DECLARE
+  bad text;
+BEGIN
+  SELECT w.id INTO bad
+  FROM unnest(p_ids, p_scopes, p_names, p_units, p_periods) AS w(id, scope, name, unit, period)
+  WHERE w.id IS DISTINCT FROM w.scope || ':' || w.unit || '/' || w.period || ':' || w.name
+    OR (w.scope <> 'group' AND w.name IS DISTINCT FROM p_job)
+  LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION 'declare_spec_budgets: job % may declare its own budgets and groups, not %',
+      p_job, bad USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  RETURN QUERY SELECT * FROM {schema}.declare_spec_budgets_as_given(p_job, p_ids, p_scopes,
+    p_names, p_units, p_periods, p_amounts);
+END
+$body$;
+
+-- 3. Settling is the trigger's alone: the trigger runs as the ledger's owner, and the functions
 -- it calls may no longer be called by anyone else with a row of their own making.
 ALTER FUNCTION {schema}.settle_call() SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 REVOKE EXECUTE ON FUNCTION {schema}.settle_recorded_call({schema}.model_calls) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION {schema}.settle_budget_by_budget({schema}.model_calls) FROM PUBLIC;
 
--- 3. A recorded call's token counts are never negative (its money follows from them). Checked
+-- 4. A recorded call's token counts are never negative (its money follows from them). Checked
 -- for the rows written from now on: the rows already recorded are not read again.
 ALTER TABLE {schema}.model_calls ADD CONSTRAINT model_calls_counts_not_negative
   CHECK (input_tokens >= 0 AND output_tokens >= 0 AND cache_read_tokens >= 0
