@@ -8,14 +8,31 @@ from psycopg.types.json import set_json_loads
 from idempotent_jobs.core.errors import (
     LedgerPermissionError,
 )
-from idempotent_jobs.core.grants import reader_role, worker_role
+from idempotent_jobs.core.grants import (
+    OPERATOR_STATEMENTS,
+    operator_role,
+    reader_role,
+    worker_role,
+)
 from idempotent_jobs.core.json_values import read_json
 
 
 def permission_error(
-    exc: psycopg.errors.InsufficientPrivilege, schema_name: str
+    exc: psycopg.errors.InsufficientPrivilege, schema_name: str, statement: str | None = None
 ) -> LedgerPermissionError:
+    """The typed error for a privilege PostgreSQL refused. Refused one of the operator's
+    statements (``statement``: its name), the role needs the operator's group role; else what
+    every worker needs."""
     worker, reader = worker_role(schema_name), reader_role(schema_name)
+    doing = OPERATOR_STATEMENTS.get(statement or "")
+    if doing is not None:
+        operator = operator_role(schema_name)
+        return LedgerPermissionError(
+            f"{doing} is the operator role's, and this database role may not: "
+            f"{exc.diag.message_primary or exc}. Grant it the group role {operator} "
+            f"(`GRANT {operator} TO <role>`), or run the command with an operator's URL; "
+            "`idempotent-jobs doctor` says what a role may do"
+        )
     return LedgerPermissionError(
         f"the database role lacks a privilege: {exc.diag.message_primary or exc}. Workers need "
         f"USAGE on schema {schema_name} and the table privileges of the group role {worker} "

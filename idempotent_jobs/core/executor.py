@@ -338,7 +338,7 @@ class Executor:
             except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
                 raise SchemaNotMigratedError() from None
             except psycopg.errors.InsufficientPrivilege as exc:
-                raise permission_error(exc, self.schema) from None
+                raise permission_error(exc, self.schema, name) from None
             except psycopg.errors.TransactionRollback as exc:
                 # A deadlock victim (racing first inserts of one run can meet on its two unique
                 # keys in opposite orders): the statement was rolled back whole, so run it again.

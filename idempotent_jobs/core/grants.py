@@ -92,6 +92,18 @@ OPERATOR_EXTRA: dict[str, tuple[str, ...]] = {
     "batches": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "ledger_options": ("SELECT", "INSERT", "UPDATE"),
 }
+#: The statements only the operator role may run once the roles are split, and what each does:
+#: a worker's role refused one is told it needs the operator's, not the worker's it has.
+OPERATOR_STATEMENTS: dict[str, str] = {
+    "set_price": "setting a price",
+    "delete_prices": "deleting prices",
+    "set_budget": "setting a budget",
+    "clear_budget": "clearing a budget",
+    "set_rate_limit": "setting a rate limit",
+    "delete_rate_limit": "deleting a rate limit",
+    "request_batch_cancel": "cancelling a batch",
+    "settle_doubt": "settling a call in doubt",
+}
 #: The option ``migrate --split-roles`` records.
 SPLIT_OPTION = "split_roles"
 _WRITES = ("INSERT", "UPDATE", "DELETE", "TRUNCATE")

@@ -466,3 +466,36 @@ def test_a_worker_changes_what_a_budget_counts_only_by_its_own_calls_as_they_wer
         ("job:money/month:money-job", ["money-job"]),
         ("job:money/month:other-job", ["other-job"]),
     ]
+
+
+def test_an_operators_command_run_as_a_worker_names_the_operator_role(
+    login_role: MakeRole,
+    ledger: HarnessLedger,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A worker's role refused one of the operator's commands is told which group role it
+    needs (it has the worker's already), in one line, exit 2."""
+    monkeypatch.setenv("IDEMPOTENT_JOBS_DATABASE_URL", login_role(worker_role(SCHEMA)))
+    for argv, doing in (
+        (["prices", "set", "m", "--input", "1", "--output", "1"], "setting a price"),
+        (["budgets", "set", "--job", "j", "--tokens", "5", "--per", "day"], "setting a budget"),
+        (
+            ["limits", "set", "openai", "gpt-4o", "--requests-per-minute", "5"],
+            "setting a rate limit",
+        ),
+        (
+            ["costs", "settle", "1", "--input-tokens", "0", "--output-tokens", "0"],
+            "settling a call in doubt",
+        ),
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert f"{doing} is the operator role's" in err, err
+        assert "GRANT idempotent_jobs_operator TO <role>" in err and len(err.splitlines()) == 1
+    # Every statement the message is for is one of the operator face's, and only of it.
+    from idempotent_jobs.core.grants import OPERATOR_STATEMENTS
+    from idempotent_jobs.core.sql import face_statements
+
+    admin, worker = set(face_statements("admin")), set(face_statements("worker"))
+    assert set(OPERATOR_STATEMENTS) <= admin - worker
